@@ -1,0 +1,161 @@
+//! Test support shared by the workspace's integration tests.
+//!
+//! Every test gets its own database ([`TestDb`]), and its own slot, publication,
+//! exchange and queue names ([`unique_name`]), so tests run in parallel. The services
+//! are the ones `scripts/test-services.sh` prepares: a Postgres cluster of the tests'
+//! own with `wal_level=logical` (port `OUTBOX_TEST_PG_PORT`, default 55432) and the
+//! machine's RabbitMQ (`OUTBOX_TEST_AMQP`).
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+
+/// Port of the tests' own Postgres cluster.
+pub fn pg_port() -> u16 {
+    std::env::var("OUTBOX_TEST_PG_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(55432)
+}
+
+/// `major/name` of the tests' cluster, for `pg_ctlcluster`.
+pub fn pg_cluster() -> (String, String) {
+    let spec = std::env::var("OUTBOX_TEST_PG_CLUSTER").unwrap_or_else(|_| {
+        let version = std::fs::read_dir("/usr/lib/postgresql")
+            .ok()
+            .and_then(|d| {
+                d.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .filter_map(|n| n.parse::<u32>().ok())
+                    .max()
+            })
+            .unwrap_or(15);
+        format!("{version}/outbox_test")
+    });
+    let (v, n) = spec.split_once('/').unwrap_or(("15", "outbox_test"));
+    (v.to_string(), n.to_string())
+}
+
+/// Path of the CA certificate that signed the test cluster's server certificate.
+pub fn pg_ca_file() -> String {
+    std::env::var("OUTBOX_TEST_PG_CA").unwrap_or_else(|_| {
+        let (v, n) = pg_cluster();
+        format!("/etc/postgresql/{v}/{n}/certs/ca.crt")
+    })
+}
+
+/// AMQP URL of the test broker.
+pub fn amqp_url() -> String {
+    std::env::var("OUTBOX_TEST_AMQP")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
+}
+
+/// A name no other test uses: `prefix_` followed by 12 hex digits. Valid as a Postgres
+/// identifier (slot, publication, database, role) and as an AMQP name.
+pub fn unique_name(prefix: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{prefix}_{}", &id[..12])
+}
+
+/// libpq key=value conninfo for `user` on `dbname` of the test cluster.
+pub fn pg_conninfo(dbname: &str) -> String {
+    format!(
+        "host=127.0.0.1 port={} user=postgres dbname={dbname}",
+        pg_port()
+    )
+}
+
+/// URL form of [`pg_conninfo`].
+pub fn pg_url(dbname: &str) -> String {
+    format!("postgresql://postgres@127.0.0.1:{}/{dbname}", pg_port())
+}
+
+/// Runs SQL on the test cluster with `psql` (synchronous: usable from `Drop`).
+/// Returns stdout; panics with psql's stderr on failure.
+pub fn psql(dbname: &str, sql: &str) -> String {
+    let out = Command::new("psql")
+        .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres"])
+        .args(["-p", &pg_port().to_string(), "-d", dbname, "-c", sql])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "psql failed on {sql:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim_end().to_string()
+}
+
+/// A fresh database on the test cluster, dropped (with its slots) on drop.
+pub struct TestDb {
+    pub name: String,
+}
+
+impl TestDb {
+    /// Creates a database named after `prefix` plus a unique suffix.
+    pub fn new(prefix: &str) -> TestDb {
+        let name = unique_name(prefix);
+        psql("postgres", &format!("CREATE DATABASE {name}"));
+        TestDb { name }
+    }
+
+    /// libpq key=value conninfo for this database as `postgres`.
+    pub fn conninfo(&self) -> String {
+        pg_conninfo(&self.name)
+    }
+
+    /// URL for this database as `postgres`.
+    pub fn url(&self) -> String {
+        pg_url(&self.name)
+    }
+
+    /// Runs SQL in this database with psql.
+    pub fn psql(&self, sql: &str) -> String {
+        psql(&self.name, sql)
+    }
+
+    /// An ordinary tokio-postgres client on this database (its connection task is
+    /// spawned on the current runtime).
+    pub async fn client(&self) -> tokio_postgres::Client {
+        let (client, conn) = tokio_postgres::connect(&self.conninfo(), tokio_postgres::NoTls)
+            .await
+            .expect("connect to test database");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        client
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = &self.name;
+        // Slots keep a database alive; end their walsenders first, then drop them.
+        let sql = format!(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+               WHERE database = '{name}' AND active_pid IS NOT NULL;"
+        );
+        let _ = Command::new("psql")
+            .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
+            .args(["-p", &pg_port().to_string(), "-d", "postgres", "-c", &sql])
+            .output();
+        for _ in 0..50 {
+            let sql = format!(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots \
+                   WHERE database = '{name}' AND NOT active; \
+                 SELECT count(*) FROM pg_replication_slots WHERE database = '{name}';"
+            );
+            let out = Command::new("psql")
+                .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
+                .args(["-p", &pg_port().to_string(), "-d", "postgres", "-c", &sql])
+                .output();
+            match out {
+                Ok(o) if String::from_utf8_lossy(&o.stdout).trim_end().ends_with('0') => break,
+                _ => std::thread::sleep(std::time::Duration::from_millis(100)),
+            }
+        }
+        let _ = Command::new("psql")
+            .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
+            .args(["-p", &pg_port().to_string(), "-d", "postgres"])
+            .args(["-c", &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")])
+            .output();
+    }
+}

@@ -1,0 +1,99 @@
+//! The reader's output: domain items, not wire types.
+//!
+//! For every committed transaction that touched a relayed outbox table the reader
+//! emits that transaction's [`OutboxEvent`]s in insert order, then one
+//! [`WalItem::Commit`]. Between transactions it emits [`WalItem::Keepalive`] with the
+//! server's WAL end, which the relay may confirm when nothing is in flight.
+//! Items travel in [`WalBatch`]es: one channel hop per socket read, not per event.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+pub use pgoutput::Lsn;
+
+/// Postgres type OIDs the relay treats specially (SPEC §5).
+pub mod oid {
+    pub const BYTEA: u32 = 17;
+    pub const TEXT: u32 = 25;
+    pub const JSON: u32 = 114;
+    pub const VARCHAR: u32 = 1043;
+    pub const BPCHAR: u32 = 1042;
+    pub const JSONB: u32 = 3802;
+    pub const UUID: u32 = 2950;
+}
+
+/// Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
+pub const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
+
+/// A relayed outbox table as the reader last saw it in a Relation message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxTable {
+    /// `schema.table`, as in the `outbox_table` header.
+    pub qualified_name: String,
+    pub schema: String,
+    pub name: String,
+    /// Type OID of the payload column (decides body encoding and content type).
+    pub payload_type: u32,
+    /// Type OID of the headers column, if the table has one.
+    pub headers_type: Option<u32>,
+}
+
+/// One committed outbox insert. Column values are the text form Postgres sends
+/// (pgoutput text mode), sliced from the WAL message without copying; `None` = NULL.
+#[derive(Debug, Clone)]
+pub struct OutboxEvent {
+    pub table: Arc<OutboxTable>,
+    /// Transaction id of the inserting transaction.
+    pub xid: u32,
+    /// LSN of the transaction's commit record (the `commit_lsn` header).
+    pub commit_lsn: Lsn,
+    /// Commit time, microseconds since the Unix epoch.
+    pub commit_time_micros: i64,
+    pub id: Option<Bytes>,
+    pub aggregate_type: Option<Bytes>,
+    pub aggregate_id: Option<Bytes>,
+    pub event_type: Option<Bytes>,
+    pub payload: Option<Bytes>,
+    pub headers: Option<Bytes>,
+    pub correlation_id: Option<Bytes>,
+}
+
+/// End of a committed transaction whose events (possibly none) came before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommitMarker {
+    pub xid: u32,
+    /// LSN of the commit record.
+    pub commit_lsn: Lsn,
+    /// End of the commit record: the position to confirm (flush) to Postgres once
+    /// every event of this transaction and all earlier ones is acked.
+    pub end_lsn: Lsn,
+    /// Commit time, microseconds since the Unix epoch.
+    pub commit_time_micros: i64,
+    /// How many outbox events of this transaction were emitted before this marker.
+    pub events: u64,
+}
+
+/// One item of the reader's ordered output.
+#[derive(Debug, Clone)]
+pub enum WalItem {
+    Event(OutboxEvent),
+    Commit(CommitMarker),
+    /// The server's WAL end from a keepalive (or an XLogData header) while no
+    /// transaction is open: safe to confirm when nothing is in flight.
+    Keepalive(Lsn),
+}
+
+/// Items from one read of the replication socket, in order.
+pub type WalBatch = Vec<WalItem>;
+
+impl fmt::Display for OutboxTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.qualified_name)
+    }
+}
+
+/// Converts a Postgres timestamp (µs since 2000-01-01) to µs since the Unix epoch.
+pub fn pg_to_unix_micros(pg_micros: i64) -> i64 {
+    pg_micros.saturating_add(PG_EPOCH_OFFSET_MICROS)
+}

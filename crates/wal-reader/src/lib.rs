@@ -1,0 +1,6 @@
+//! The replication connection: turns a Postgres logical replication slot into an
+//! ordered stream of committed outbox events.
+
+pub mod event;
+
+pub use event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Prepares every service the test suite needs, idempotently, on a fresh machine or one
+# where they already run:
+#   * a Postgres cluster of the tests' own ("outbox_test", port 55432 by default) with
+#     wal_level=logical, TLS (a CA and server certificate generated here) and pg_hba
+#     lines for SCRAM/md5/password test roles; started if stopped;
+#   * the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest); started if stopped.
+# Prints the environment the tests read (OUTBOX_TEST_PG_*), and writes it to
+# target/test-services.env as well.
+set -euo pipefail
+
+PORT="${OUTBOX_TEST_PG_PORT:-55432}"
+NAME="${OUTBOX_TEST_PG_CLUSTER:-outbox_test}"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+log() { printf 'test-services: %s\n' "$*" >&2; }
+
+need_pkg() {
+  local bin="$1" pkg="$2"
+  if ! command -v "$bin" >/dev/null 2>&1; then
+    log "installing $pkg"
+    if [ -z "${APT_UPDATED:-}" ]; then apt-get update -qq >/dev/null; APT_UPDATED=1; fi
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null
+  fi
+}
+
+need_pkg pg_createcluster postgresql
+need_pkg openssl openssl
+need_pkg rabbitmqctl rabbitmq-server
+
+VERSION="$(ls /usr/lib/postgresql | sort -V | tail -n 1)"
+PGBIN="/usr/lib/postgresql/$VERSION/bin"
+DATA="/var/lib/postgresql/$VERSION/$NAME"
+CONF="/etc/postgresql/$VERSION/$NAME"
+
+# ---------------------------------------------------------------- Postgres cluster
+if [ ! -d "$CONF" ]; then
+  log "creating cluster $VERSION/$NAME on port $PORT"
+  pg_createcluster "$VERSION" "$NAME" --port "$PORT" -- --auth=trust >/dev/null
+fi
+
+CERTS="$CONF/certs"
+if [ ! -f "$CERTS/server.crt" ]; then
+  log "generating a test CA and server certificate"
+  mkdir -p "$CERTS"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox-relay test CA" \
+    -keyout "$CERTS/ca.key" -out "$CERTS/ca.crt" >/dev/null 2>&1
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$CERTS/server.key" -out "$CERTS/server.csr" >/dev/null 2>&1
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$CERTS/san.ext"
+  openssl x509 -req -in "$CERTS/server.csr" -CA "$CERTS/ca.crt" -CAkey "$CERTS/ca.key" \
+    -CAcreateserial -days 3650 -extfile "$CERTS/san.ext" -out "$CERTS/server.crt" >/dev/null 2>&1
+  chown -R postgres:postgres "$CERTS"
+  chmod 600 "$CERTS/server.key" "$CERTS/ca.key"
+  chmod 644 "$CERTS/ca.crt" "$CERTS/server.crt"
+fi
+
+cat > "$CONF/conf.d/outbox-test.conf" <<CONFEOF
+# Written by outbox-relay scripts/test-services.sh
+listen_addresses = '127.0.0.1'
+port = $PORT
+wal_level = logical
+max_replication_slots = 200
+max_wal_senders = 200
+max_connections = 400
+max_prepared_transactions = 20
+wal_sender_timeout = '10s'
+fsync = off
+full_page_writes = off
+shared_buffers = '256MB'
+max_wal_size = '2GB'
+ssl = on
+ssl_cert_file = '$CERTS/server.crt'
+ssl_key_file = '$CERTS/server.key'
+password_encryption = 'scram-sha-256'
+log_min_messages = warning
+CONFEOF
+chown postgres:postgres "$CONF/conf.d/outbox-test.conf"
+
+cat > "$CONF/pg_hba.conf" <<HBAEOF
+# Written by outbox-relay scripts/test-services.sh
+local all postgres trust
+local all all trust
+host all +outbox_auth_scram 127.0.0.1/32 scram-sha-256
+host all +outbox_auth_md5 127.0.0.1/32 md5
+host all +outbox_auth_password 127.0.0.1/32 password
+hostssl all +outbox_auth_tls 127.0.0.1/32 scram-sha-256
+hostnossl all +outbox_auth_tls 127.0.0.1/32 reject
+host all all 127.0.0.1/32 trust
+host all all ::1/128 trust
+HBAEOF
+chown postgres:postgres "$CONF/pg_hba.conf"
+
+status_line="$(pg_lsclusters --no-header | awk -v v="$VERSION" -v n="$NAME" '$1==v && $2==n {print $4}')"
+if [ "$status_line" != "online" ]; then
+  log "starting cluster $VERSION/$NAME"
+  pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$NAME" start
+else
+  # Pick up configuration changes (wal_level needs a restart).
+  cur="$(su postgres -c "psql -XAtq -p $PORT -h 127.0.0.1 -c 'show wal_level'" 2>/dev/null || true)"
+  if [ "$cur" != "logical" ]; then
+    pg_ctlcluster --skip-systemctl-redirect "$VERSION" "$NAME" restart -m fast
+  else
+    su postgres -c "psql -XAtq -p $PORT -h 127.0.0.1 -c 'select pg_reload_conf()'" >/dev/null
+  fi
+fi
+
+for i in $(seq 1 60); do
+  if su postgres -c "psql -XAtq -p $PORT -h 127.0.0.1 -c 'select 1'" >/dev/null 2>&1; then break; fi
+  sleep 0.5
+done
+su postgres -c "psql -XAtq -p $PORT -h 127.0.0.1" >/dev/null <<'SQLEOF'
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_auth_scram') THEN CREATE ROLE outbox_auth_scram NOLOGIN; END IF;
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_auth_md5') THEN CREATE ROLE outbox_auth_md5 NOLOGIN; END IF;
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_auth_password') THEN CREATE ROLE outbox_auth_password NOLOGIN; END IF;
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_auth_tls') THEN CREATE ROLE outbox_auth_tls NOLOGIN; END IF;
+END $$;
+SQLEOF
+wal="$(su postgres -c "psql -XAtq -p $PORT -h 127.0.0.1 -c 'show wal_level'")"
+[ "$wal" = "logical" ] || { log "cluster is not at wal_level=logical"; exit 1; }
+
+# ---------------------------------------------------------------- RabbitMQ
+rabbit_ok() { rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; }
+if ! rabbit_ok; then
+  log "starting RabbitMQ"
+  if ! pgrep -f 'beam.*rabbit' >/dev/null 2>&1; then
+    rabbitmq-server -detached >/dev/null 2>&1 || true
+  else
+    rabbitmqctl start_app >/dev/null 2>&1 || true
+  fi
+  for i in $(seq 1 60); do rabbit_ok && break; sleep 1; done
+  rabbit_ok || { log "RabbitMQ did not start"; exit 1; }
+fi
+# A test that sets a memory alarm restores it on drop; a test process killed outright
+# cannot, so put back the configured watermark if one was left at 0.
+cur_wm="$(rabbitmqctl -q environment 2>/dev/null | grep -o '{vm_memory_high_watermark,[^}]*}' | head -n1 || true)"
+if printf '%s' "$cur_wm" | grep -qE ',0(\.0)?}'; then
+  conf_wm="$(grep -E '^\s*vm_memory_high_watermark\.relative' /etc/rabbitmq/rabbitmq.conf 2>/dev/null | sed 's/.*=\s*//' | head -n1)"
+  log "RabbitMQ memory alarm was left set; restoring watermark ${conf_wm:-0.4}"
+  rabbitmqctl -q set_vm_memory_high_watermark "${conf_wm:-0.4}" >/dev/null
+fi
+
+mkdir -p "$ROOT/target"
+cat > "$ROOT/target/test-services.env" <<ENVEOF
+OUTBOX_TEST_PG_PORT=$PORT
+OUTBOX_TEST_PG_CLUSTER=$VERSION/$NAME
+OUTBOX_TEST_PG_CA=$CERTS/ca.crt
+OUTBOX_TEST_PG_BIN=$PGBIN
+OUTBOX_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/%2f
+ENVEOF
+cat "$ROOT/target/test-services.env"
+log "ready"
