@@ -2,5 +2,7 @@
 //! ordered stream of committed outbox events.
 
 pub mod event;
+pub mod mapping;
 
 pub use event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
+pub use mapping::{ColumnMapping, TableName};
