@@ -1,6 +1,7 @@
 //! The replication connection: turns a Postgres logical replication slot into an
 //! ordered stream of committed outbox events.
 
+pub mod admin;
 pub mod event;
 pub mod mapping;
 

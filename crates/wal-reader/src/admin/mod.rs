@@ -1,0 +1,50 @@
+//! Slot and publication administration, and every precondition the relay checks
+//! before it streams.
+//!
+//! All functions run over an ordinary SQL connection (`tokio_postgres::Client`) that
+//! the caller opens; the replication connection is not involved. Each unmet
+//! precondition is an [`AdminError`] variant whose message is one sentence naming the
+//! fix, and [`AdminError::is_precondition`] separates those (exit code 2) from runtime
+//! failures (exit code 1).
+//!
+//! What is checked, and why:
+//!
+//! | check | verifies | why |
+//! |---|---|---|
+//! | [`check_wal_level`] | `wal_level = logical` | logical decoding is impossible otherwise; changing it needs a restart |
+//! | [`check_replication_role`] | REPLICATION attribute or superuser | needed to open a replication connection and to create/drop slots |
+//! | [`check_publication`] | publication exists, publishes inserts, contains every configured table | pgoutput silently sends nothing for a table outside the publication |
+//! | [`check_columns`] | table exists, mapped columns exist (and their types) | the reader finds columns by name; a typo would yield empty events |
+//! | [`check_published_columns`] | a publication column list (PG 15+) keeps every mapped column | a column left out never reaches the reader |
+//! | [`require_slot`] | slot exists, logical, `pgoutput`, this database, not `lost` | a slot of another plugin or database cannot be decoded; a lost slot has no WAL |
+//! | [`check_slot_free`] | no other process holds the slot | one reader per slot; `run` waits, `slot drop` refuses unless forced |
+//! | [`SlotState::check_start_lsn`] | `--start-lsn` is not before `confirmed_flush_lsn` | Postgres would silently start later |
+//! | [`create_slot`] | also: room under `max_replication_slots`/`max_wal_senders`, Postgres 17+ for failover slots | fail with the setting to change, before Postgres does |
+//!
+//! [`Preflight`] runs them all in that order and returns one result per check.
+//!
+//! Safety: slot and publication names are validated (lowercase letters, digits,
+//! underscores, ≤ 63 characters) before they reach the server; values are passed as
+//! bind parameters, and identifiers in DDL are quoted ([`ident`]). Messages never
+//! contain connection strings: only names and the server's own error text.
+
+mod columns;
+mod error;
+pub mod ident;
+mod preflight;
+mod publication;
+mod server;
+mod slot;
+
+pub use columns::{check_columns, check_published_columns, ColumnInfo, TableColumns};
+pub use error::AdminError;
+pub use preflight::{CheckResult, CheckStatus, Preflight};
+pub use publication::{check_publication, ensure_publication};
+pub use server::{
+    check_replication_role, check_wal_level, server_version, server_version_num, wal_level,
+    Capacity,
+};
+pub use slot::{
+    check_slot_free, create_slot, drop_slot, require_slot, slot_state, SlotCreated, SlotState,
+    FORCE_DROP_TIMEOUT,
+};
