@@ -1,0 +1,166 @@
+//! Connecting to the first reachable broker URL and opening the confirm-mode channel.
+
+use std::pin::Pin;
+
+use futures_util::Stream;
+use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
+use lapin::tcp::OwnedTLSConfig;
+use lapin::types::{FieldTable, LongString};
+use lapin::{
+    Channel, Connection, ConnectionProperties, DefaultConnectionBuilder, ErrorKind, Event,
+    ExchangeKind,
+};
+
+use crate::error::{redact_url, PublishError};
+use crate::PublisherConfig;
+
+/// An open connection, its one channel and its event stream.
+pub(crate) struct Session {
+    pub connection: Connection,
+    pub channel: Channel,
+    pub events: Pin<Box<dyn Stream<Item = Event> + Send>>,
+    /// Index in `urls` of the node this session is connected to.
+    pub url_index: usize,
+}
+
+/// What was being done when an error happened (decides how it is classified).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Connect,
+    Declare,
+}
+
+/// Connects to the URLs in order starting at `start`: the first node that answers
+/// wins. A definite error (login, vhost, exchange) stops at once; when every node is
+/// unreachable the last error is returned.
+pub(crate) async fn connect_any(
+    config: &PublisherConfig,
+    tls: &OwnedTLSConfig,
+    start: usize,
+) -> Result<Session, PublishError> {
+    let count = config.urls.len();
+    let mut last = None;
+    for offset in 0..count {
+        let index = (start + offset) % count;
+        match connect_one(config, tls, index).await {
+            Ok(session) => return Ok(session),
+            Err(e) if e.is_transient() => {
+                tracing::debug!(error = %e, "broker node unreachable; trying the next");
+                last = Some(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| PublishError::InvalidConfig {
+        key: "url",
+        reason: "no URL configured; set at least one amqp:// or amqps:// URL".into(),
+    }))
+}
+
+async fn connect_one(
+    config: &PublisherConfig,
+    tls: &OwnedTLSConfig,
+    index: usize,
+) -> Result<Session, PublishError> {
+    let url = &config.urls[index];
+    let redacted = redact_url(url);
+    let properties = ConnectionProperties::default()
+        .with_connection_name(LongString::from(config.connection_name.as_str()));
+    let builder = DefaultConnectionBuilder::new()
+        .map_err(|e| classify(&redacted, &config.exchange, Stage::Connect, &e))?
+        .with_uri_str(url.clone())
+        .with_properties(properties)
+        .with_tls_config(tls.clone());
+    let connection = builder
+        .connect()
+        .await
+        .map_err(|e| classify(&redacted, &config.exchange, Stage::Connect, &e))?;
+    let events = Box::pin(connection.events_listener());
+    let channel = open_channel(&connection, config, &redacted).await?;
+    Ok(Session {
+        connection,
+        channel,
+        events,
+        url_index: index,
+    })
+}
+
+/// Opens a channel in confirm mode and declares (or checks) the exchanges.
+pub(crate) async fn open_channel(
+    connection: &Connection,
+    config: &PublisherConfig,
+    redacted_url: &str,
+) -> Result<Channel, PublishError> {
+    let connect_err =
+        |e: lapin::Error| classify(redacted_url, &config.exchange, Stage::Connect, &e);
+    let channel = connection.create_channel().await.map_err(connect_err)?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(|e| classify(redacted_url, &config.exchange, Stage::Connect, &e))?;
+    if !config.exchange.is_empty() {
+        let options = ExchangeDeclareOptions {
+            passive: !config.declare_exchange,
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(
+                config.exchange.as_str().into(),
+                exchange_kind(&config.exchange_type),
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| classify(redacted_url, &config.exchange, Stage::Declare, &e))?;
+    }
+    if let Some(dlx) = &config.dead_letter_exchange {
+        // The dead-letter exchange is the operator's: only check that it exists.
+        let options = ExchangeDeclareOptions {
+            passive: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(
+                dlx.as_str().into(),
+                ExchangeKind::Fanout,
+                options,
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| classify(redacted_url, dlx, Stage::Declare, &e))?;
+    }
+    Ok(channel)
+}
+
+pub(crate) fn exchange_kind(kind: &str) -> ExchangeKind {
+    match kind {
+        "direct" => ExchangeKind::Direct,
+        "fanout" => ExchangeKind::Fanout,
+        "headers" => ExchangeKind::Headers,
+        "topic" => ExchangeKind::Topic,
+        other => ExchangeKind::Custom(other.to_string()),
+    }
+}
+
+/// Sorts a lapin error into the publisher's kinds by the AMQP reply code.
+fn classify(url: &str, exchange: &str, stage: Stage, error: &lapin::Error) -> PublishError {
+    let url = url.to_string();
+    let reason = error.to_string();
+    match error.kind() {
+        ErrorKind::ProtocolError(amqp) => match (amqp.get_id(), stage) {
+            (403, Stage::Connect) if reason.contains("vhost") => {
+                PublishError::VirtualHost { url, reason }
+            }
+            (403, Stage::Connect) => PublishError::AuthenticationRefused { url, reason },
+            (530, _) | (402, _) => PublishError::VirtualHost { url, reason },
+            (403 | 404 | 406, Stage::Declare) => PublishError::Exchange {
+                exchange: exchange.to_string(),
+                reason,
+            },
+            _ => PublishError::Unreachable { url, reason },
+        },
+        ErrorKind::AuthProviderError(_) => PublishError::AuthenticationRefused { url, reason },
+        _ => PublishError::Unreachable { url, reason },
+    }
+}

@@ -1,0 +1,468 @@
+//! Turning an [`OutboxEvent`] into the AMQP message of SPEC §5.
+//!
+//! The routing-key template is compiled once ([`RoutingKeyTemplate::parse`]); the
+//! constant header keys and the operator's extra headers are built once
+//! ([`MessageBuilder`]), and per message only the values are filled in.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::BasicProperties;
+use wal_reader::event::{oid, OutboxEvent};
+
+use crate::error::PublishError;
+
+/// Longest AMQP short string (routing keys, property values, header names).
+const SHORT_STRING_MAX: usize = 255;
+
+/// One field a routing-key template may substitute.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Literal(String),
+    AggregateType,
+    AggregateId,
+    EventType,
+    Table,
+}
+
+/// A compiled `routing_key` template: literal text and `{aggregate_type}`,
+/// `{aggregate_id}`, `{event_type}`, `{table}` placeholders.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoutingKeyTemplate {
+    parts: Vec<Part>,
+}
+
+impl RoutingKeyTemplate {
+    /// Compiles a template; an unknown or unclosed placeholder is an error.
+    pub fn parse(template: &str) -> Result<Self, PublishError> {
+        let invalid = |reason: String| PublishError::InvalidConfig {
+            key: "routing_key",
+            reason,
+        };
+        let mut parts = Vec::new();
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            if open > 0 {
+                parts.push(Part::Literal(rest[..open].to_string()));
+            }
+            let after = &rest[open + 1..];
+            let close = after.find('}').ok_or_else(|| {
+                invalid(format!(
+                    "{template:?} has a '{{' without a closing '}}'; close the placeholder"
+                ))
+            })?;
+            parts.push(match &after[..close] {
+                "aggregate_type" => Part::AggregateType,
+                "aggregate_id" => Part::AggregateId,
+                "event_type" => Part::EventType,
+                "table" => Part::Table,
+                other => {
+                    return Err(invalid(format!(
+                        "unknown placeholder {{{other}}} in {template:?}; use {{aggregate_type}}, {{aggregate_id}}, {{event_type}} or {{table}}"
+                    )))
+                }
+            });
+            rest = &after[close + 1..];
+        }
+        if !rest.is_empty() {
+            parts.push(Part::Literal(rest.to_string()));
+        }
+        Ok(Self { parts })
+    }
+
+    /// The routing key of one event (NULL fields render as empty text). Keys longer
+    /// than AMQP allows (255 bytes) are cut at a character boundary.
+    pub fn render(&self, event: &OutboxEvent) -> String {
+        let mut key = String::with_capacity(64);
+        for part in &self.parts {
+            match part {
+                Part::Literal(text) => key.push_str(text),
+                Part::AggregateType => push_text(&mut key, event.aggregate_type.as_ref()),
+                Part::AggregateId => push_text(&mut key, event.aggregate_id.as_ref()),
+                Part::EventType => push_text(&mut key, event.event_type.as_ref()),
+                Part::Table => key.push_str(&event.table.qualified_name),
+            }
+        }
+        truncate_at_char(&mut key, SHORT_STRING_MAX);
+        key
+    }
+}
+
+fn push_text(out: &mut String, value: Option<&Bytes>) {
+    if let Some(value) = value {
+        out.push_str(&String::from_utf8_lossy(value));
+    }
+}
+
+fn truncate_at_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
+fn short(value: Option<&Bytes>) -> Option<ShortString> {
+    value.map(|v| {
+        let mut s = String::from_utf8_lossy(v).into_owned();
+        truncate_at_char(&mut s, SHORT_STRING_MAX);
+        ShortString::from(s)
+    })
+}
+
+fn long(value: Option<&Bytes>) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(
+        value.map(|v| v.to_vec()).unwrap_or_default(),
+    ))
+}
+
+/// The body of a message: the payload's bytes (SPEC §5). bytea arrives as Postgres'
+/// text form and is decoded to raw bytes; every other type is passed through as is.
+pub fn body(payload_type: u32, payload: Option<&Bytes>) -> Bytes {
+    match payload {
+        None => Bytes::new(),
+        Some(value) if payload_type == oid::BYTEA => decode_bytea(value)
+            .map(Bytes::from)
+            .unwrap_or_else(|| value.clone()),
+        Some(value) => value.clone(),
+    }
+}
+
+/// Decodes bytea's text output: the hex form `\x0102…` (the default) or the escape
+/// form (`\\` and `\ooo` octal escapes). `None` when the text is neither.
+pub fn decode_bytea(text: &[u8]) -> Option<Vec<u8>> {
+    if let Some(hex) = text.strip_prefix(b"\\x") {
+        if hex.len() % 2 != 0 {
+            return None;
+        }
+        return hex
+            .chunks_exact(2)
+            .map(|pair| Some(hex_digit(pair[0])? << 4 | hex_digit(pair[1])?))
+            .collect();
+    }
+    let mut out = Vec::with_capacity(text.len());
+    let mut i = 0;
+    while i < text.len() {
+        if text[i] != b'\\' {
+            out.push(text[i]);
+            i += 1;
+        } else if text.get(i + 1) == Some(&b'\\') {
+            out.push(b'\\');
+            i += 2;
+        } else {
+            let digits = text.get(i + 1..i + 4)?;
+            let mut byte: u32 = 0;
+            for &d in digits {
+                if !(b'0'..=b'7').contains(&d) {
+                    return None;
+                }
+                byte = byte * 8 + u32::from(d - b'0');
+            }
+            out.push(u8::try_from(byte).ok()?);
+            i += 4;
+        }
+    }
+    Some(out)
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// `content_type` by the payload column's type.
+pub fn content_type(payload_type: u32) -> &'static str {
+    match payload_type {
+        oid::JSON | oid::JSONB => "application/json",
+        oid::TEXT | oid::VARCHAR | oid::BPCHAR => "text/plain",
+        _ => "application/octet-stream",
+    }
+}
+
+/// A message ready to publish (and to publish again after a failure).
+#[derive(Debug, Clone)]
+pub struct OutboundMessage {
+    pub routing_key: ShortString,
+    pub body: Bytes,
+    pub properties: BasicProperties,
+    /// Commit time of the event's transaction (µs since the Unix epoch).
+    pub commit_time_micros: i64,
+}
+
+/// Builds [`OutboundMessage`]s; holds everything that is the same for every message.
+#[derive(Debug, Clone)]
+pub struct MessageBuilder {
+    template: RoutingKeyTemplate,
+    /// The operator's extra headers (e.g. `replay = "true"`), built once.
+    extra_headers: Vec<(ShortString, AMQPValue)>,
+    app_id: ShortString,
+    delivery_mode: u8,
+    /// The last table seen and its `outbox_table` header value, so the value is not
+    /// rebuilt per message.
+    table_cache: Option<(Arc<wal_reader::event::OutboxTable>, AMQPValue)>,
+}
+
+impl MessageBuilder {
+    pub fn new(
+        routing_key: &str,
+        extra_headers: &[(String, String)],
+    ) -> Result<Self, PublishError> {
+        Ok(Self {
+            template: RoutingKeyTemplate::parse(routing_key)?,
+            extra_headers: extra_headers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        ShortString::from(k.as_str()),
+                        AMQPValue::LongString(LongString::from(v.as_str())),
+                    )
+                })
+                .collect(),
+            app_id: ShortString::from("outbox-relay"),
+            delivery_mode: 2,
+            table_cache: None,
+        })
+    }
+
+    /// The headers table of one event (SPEC §5): the headers column's keys first, so
+    /// the relay's own headers and the extra headers win on a name clash.
+    pub fn headers(&mut self, event: &OutboxEvent) -> FieldTable {
+        let mut table = FieldTable::default();
+        if let Some(raw) = &event.headers {
+            add_json_headers(&mut table, raw);
+        }
+        for (key, value) in &self.extra_headers {
+            table.insert(key.clone(), value.clone());
+        }
+        let outbox_table = match &self.table_cache {
+            Some((cached, value)) if Arc::ptr_eq(cached, &event.table) => value.clone(),
+            _ => {
+                let value =
+                    AMQPValue::LongString(LongString::from(event.table.qualified_name.as_str()));
+                self.table_cache = Some((event.table.clone(), value.clone()));
+                value
+            }
+        };
+        table.insert("aggregate_type".into(), long(event.aggregate_type.as_ref()));
+        table.insert("aggregate_id".into(), long(event.aggregate_id.as_ref()));
+        table.insert("event_type".into(), long(event.event_type.as_ref()));
+        table.insert("outbox_table".into(), outbox_table);
+        table.insert(
+            "commit_lsn".into(),
+            AMQPValue::LongString(LongString::from(event.commit_lsn.to_string())),
+        );
+        table.insert("xid".into(), AMQPValue::LongLongInt(i64::from(event.xid)));
+        table
+    }
+
+    /// The complete message of one event.
+    pub fn build(&mut self, event: &OutboxEvent) -> OutboundMessage {
+        let payload_type = event.table.payload_type;
+        let mut properties = BasicProperties::default()
+            .with_content_type(content_type(payload_type).into())
+            .with_delivery_mode(self.delivery_mode)
+            .with_timestamp(u64::try_from(event.commit_time_micros / 1_000_000).unwrap_or(0))
+            .with_app_id(self.app_id.clone())
+            .with_headers(self.headers(event));
+        if let Some(id) = short(event.id.as_ref()) {
+            properties = properties.with_message_id(id);
+        }
+        if let Some(kind) = short(event.event_type.as_ref()) {
+            properties = properties.with_type(kind);
+        }
+        if let Some(correlation) = short(event.correlation_id.as_ref()) {
+            properties = properties.with_correlation_id(correlation);
+        }
+        OutboundMessage {
+            routing_key: ShortString::from(self.template.render(event)),
+            body: body(payload_type, event.payload.as_ref()),
+            properties,
+            commit_time_micros: event.commit_time_micros,
+        }
+    }
+}
+
+/// Adds every key of a JSON object: strings as strings, other values as their JSON
+/// text. Anything that is not a JSON object adds nothing (and is logged).
+fn add_json_headers(table: &mut FieldTable, raw: &[u8]) {
+    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw) {
+        Ok(map) => {
+            for (key, value) in map {
+                if key.len() > SHORT_STRING_MAX {
+                    tracing::warn!(
+                        key_len = key.len(),
+                        "header name longer than 255 bytes skipped"
+                    );
+                    continue;
+                }
+                let value = match value {
+                    serde_json::Value::String(s) => LongString::from(s),
+                    other => LongString::from(other.to_string()),
+                };
+                table.insert(ShortString::from(key), AMQPValue::LongString(value));
+            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "headers column is not a JSON object; no extra headers added");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use wal_reader::event::{Lsn, OutboxTable};
+
+    fn table(payload_type: u32) -> Arc<OutboxTable> {
+        Arc::new(OutboxTable {
+            qualified_name: "public.outbox".into(),
+            schema: "public".into(),
+            name: "outbox".into(),
+            payload_type,
+            headers_type: Some(oid::JSONB),
+        })
+    }
+
+    fn event(payload_type: u32, payload: Option<&'static [u8]>) -> OutboxEvent {
+        OutboxEvent {
+            table: table(payload_type),
+            xid: 4242,
+            commit_lsn: Lsn(0x1_0000_00A0),
+            commit_time_micros: 1_700_000_000_123_456,
+            id: Some(Bytes::from_static(b"6f1c2a4e-0000-4000-8000-000000000001")),
+            aggregate_type: Some(Bytes::from_static(b"order")),
+            aggregate_id: Some(Bytes::from_static(b"42")),
+            event_type: Some(Bytes::from_static(b"created")),
+            payload: payload.map(Bytes::from_static),
+            headers: Some(Bytes::from_static(
+                br#"{"traceparent":"00-abc-def-01","n":5,"o":{"a":[1,true]},"aggregate_type":"spoof"}"#,
+            )),
+            correlation_id: None,
+        }
+    }
+
+    fn text(v: Option<&AMQPValue>) -> String {
+        match v {
+            Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
+            other => panic!("not a long string: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn routing_key_template() {
+        let t = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+        assert_eq!(t.render(&event(oid::JSONB, None)), "order.created");
+        let t = RoutingKeyTemplate::parse("x.{table}:{aggregate_id}-").unwrap();
+        assert_eq!(t.render(&event(oid::JSONB, None)), "x.public.outbox:42-");
+        let t = RoutingKeyTemplate::parse("fixed").unwrap();
+        assert_eq!(t.render(&event(oid::JSONB, None)), "fixed");
+        let mut e = event(oid::JSONB, None);
+        e.aggregate_type = None;
+        let t = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+        assert_eq!(t.render(&e), ".created");
+        assert!(RoutingKeyTemplate::parse("{nope}").is_err());
+        assert!(RoutingKeyTemplate::parse("a.{event_type").is_err());
+        let long = "é".repeat(200);
+        let t = RoutingKeyTemplate::parse(&long).unwrap();
+        let key = t.render(&e);
+        assert!(key.len() <= 255 && key.len() >= 254);
+    }
+
+    #[test]
+    fn bytea_hex_and_escape() {
+        assert_eq!(decode_bytea(b"\\x00ff10Ab").unwrap(), vec![0, 255, 16, 171]);
+        assert_eq!(decode_bytea(b"\\x").unwrap(), Vec::<u8>::new());
+        assert!(decode_bytea(b"\\x0").is_none());
+        assert!(decode_bytea(b"\\xzz").is_none());
+        assert_eq!(
+            decode_bytea(b"ab\\\\c\\001\\377").unwrap(),
+            b"ab\\c\x01\xff".to_vec()
+        );
+        assert!(decode_bytea(b"\\9").is_none());
+        assert_eq!(
+            body(oid::BYTEA, Some(&Bytes::from_static(b"\\xdeadbeef"))).as_ref(),
+            &[0xde, 0xad, 0xbe, 0xef]
+        );
+        assert_eq!(
+            body(oid::JSONB, Some(&Bytes::from_static(b"\\xdeadbeef"))).as_ref(),
+            b"\\xdeadbeef"
+        );
+        assert!(body(oid::JSONB, None).is_empty());
+    }
+
+    #[test]
+    fn content_types() {
+        assert_eq!(content_type(oid::JSONB), "application/json");
+        assert_eq!(content_type(oid::JSON), "application/json");
+        assert_eq!(content_type(oid::TEXT), "text/plain");
+        assert_eq!(content_type(oid::VARCHAR), "text/plain");
+        assert_eq!(content_type(oid::BYTEA), "application/octet-stream");
+        assert_eq!(content_type(oid::UUID), "application/octet-stream");
+    }
+
+    #[test]
+    fn headers_and_properties() {
+        let mut b = MessageBuilder::new(
+            "{aggregate_type}.{event_type}",
+            &[("replay".into(), "true".into())],
+        )
+        .unwrap();
+        let mut e = event(oid::JSONB, Some(br#"{"a": 1}"#));
+        e.correlation_id = Some(Bytes::from_static(b"corr-1"));
+        let m = b.build(&e);
+        assert_eq!(m.routing_key.as_str(), "order.created");
+        assert_eq!(m.body.as_ref(), br#"{"a": 1}"#);
+        let p = &m.properties;
+        assert_eq!(
+            p.message_id().as_ref().unwrap().as_str(),
+            "6f1c2a4e-0000-4000-8000-000000000001"
+        );
+        assert_eq!(p.kind().as_ref().unwrap().as_str(), "created");
+        assert_eq!(
+            p.content_type().as_ref().unwrap().as_str(),
+            "application/json"
+        );
+        assert_eq!(*p.delivery_mode(), Some(2));
+        assert_eq!(*p.timestamp(), Some(1_700_000_000));
+        assert_eq!(p.app_id().as_ref().unwrap().as_str(), "outbox-relay");
+        assert_eq!(p.correlation_id().as_ref().unwrap().as_str(), "corr-1");
+        let h = p.headers().as_ref().unwrap().inner();
+        assert_eq!(text(h.get("aggregate_type")), "order");
+        assert_eq!(text(h.get("aggregate_id")), "42");
+        assert_eq!(text(h.get("event_type")), "created");
+        assert_eq!(text(h.get("outbox_table")), "public.outbox");
+        assert_eq!(text(h.get("commit_lsn")), "1/A0");
+        assert_eq!(h.get("xid"), Some(&AMQPValue::LongLongInt(4242)));
+        assert_eq!(text(h.get("traceparent")), "00-abc-def-01");
+        assert_eq!(text(h.get("n")), "5");
+        assert_eq!(text(h.get("o")), r#"{"a":[1,true]}"#);
+        assert_eq!(text(h.get("replay")), "true");
+        assert_eq!(h.len(), 10);
+
+        // Cached table value is reused and still right for another table.
+        let mut other = event(oid::BYTEA, None);
+        other.table = Arc::new(OutboxTable {
+            qualified_name: "s.t".into(),
+            ..(*table(oid::BYTEA)).clone()
+        });
+        other.headers = Some(Bytes::from_static(b"not json"));
+        let m = b.build(&other);
+        let h = m.properties.headers().as_ref().unwrap().inner();
+        assert_eq!(text(h.get("outbox_table")), "s.t");
+        assert_eq!(h.len(), 7);
+        assert!(m.properties.correlation_id().is_none());
+        assert_eq!(
+            m.properties.content_type().as_ref().unwrap().as_str(),
+            "application/octet-stream"
+        );
+        assert!(m.body.is_empty());
+    }
+}

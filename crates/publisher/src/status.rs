@@ -1,0 +1,96 @@
+//! What the relay reads for `/readyz` and metrics, and the metric names.
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use wal_reader::event::Lsn;
+
+pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
+pub const EVENTS_ACKED: &str = "outbox_relay_events_acked_total";
+pub const EVENTS_NACKED: &str = "outbox_relay_events_nacked_total";
+pub const EVENTS_RETURNED: &str = "outbox_relay_events_returned_total";
+pub const EVENTS_DEAD_LETTERED: &str = "outbox_relay_events_dead_lettered_total";
+pub const PUBLISH_RETRIES: &str = "outbox_relay_publish_retries_total";
+/// With label `side = "rabbitmq"`.
+pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
+pub const IN_FLIGHT: &str = "outbox_relay_in_flight";
+pub const ACKED_LSN: &str = "outbox_relay_acked_lsn";
+pub const PUBLISH_LATENCY: &str = "outbox_relay_publish_latency_seconds";
+
+#[derive(Debug, Default)]
+struct Inner {
+    connected: AtomicBool,
+    blocked: AtomicBool,
+    in_flight: AtomicUsize,
+    /// Commit time (µs since the Unix epoch) of the oldest unacked event; `i64::MIN`
+    /// when nothing is in flight.
+    oldest_unacked_micros: AtomicI64,
+    acked_lsn: AtomicU64,
+}
+
+/// A cheap, cloneable view of the publisher's state, updated as it runs.
+#[derive(Debug, Clone)]
+pub struct PublisherStatus(Arc<Inner>);
+
+impl PublisherStatus {
+    pub(crate) fn new(acked: Lsn) -> Self {
+        let inner = Inner::default();
+        inner
+            .oldest_unacked_micros
+            .store(i64::MIN, Ordering::Relaxed);
+        inner.acked_lsn.store(acked.0, Ordering::Relaxed);
+        Self(Arc::new(inner))
+    }
+
+    /// True while a connection with a confirm-mode channel is open.
+    pub fn connected(&self) -> bool {
+        self.0.connected.load(Ordering::Relaxed)
+    }
+
+    /// True while the broker blocks publishing (a memory or disk alarm).
+    pub fn blocked(&self) -> bool {
+        self.0.blocked.load(Ordering::Relaxed)
+    }
+
+    /// Ready to publish: connected and not blocked.
+    pub fn ready(&self) -> bool {
+        self.connected() && !self.blocked()
+    }
+
+    /// Messages received and not yet below the acked watermark.
+    pub fn in_flight(&self) -> usize {
+        self.0.in_flight.load(Ordering::Relaxed)
+    }
+
+    /// Commit time (µs since the Unix epoch) of the oldest event not yet acked.
+    pub fn oldest_unacked_commit_micros(&self) -> Option<i64> {
+        let v = self.0.oldest_unacked_micros.load(Ordering::Relaxed);
+        (v != i64::MIN).then_some(v)
+    }
+
+    /// The acked watermark.
+    pub fn acked_lsn(&self) -> Lsn {
+        Lsn(self.0.acked_lsn.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn set_connected(&self, v: bool) {
+        self.0.connected.store(v, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_blocked(&self, v: bool) {
+        self.0.blocked.store(v, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_in_flight(&self, n: usize, oldest_micros: Option<i64>) {
+        self.0.in_flight.store(n, Ordering::Relaxed);
+        self.0
+            .oldest_unacked_micros
+            .store(oldest_micros.unwrap_or(i64::MIN), Ordering::Relaxed);
+        metrics::gauge!(IN_FLIGHT).set(n as f64);
+    }
+
+    pub(crate) fn set_acked_lsn(&self, lsn: Lsn) {
+        self.0.acked_lsn.store(lsn.0, Ordering::Relaxed);
+        metrics::gauge!(ACKED_LSN).set(lsn.0 as f64);
+    }
+}
