@@ -54,6 +54,8 @@ impl From<Lsn> for u64 {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
+
     use super::*;
 
     #[test]
