@@ -179,16 +179,22 @@ mod tests {
     }
 
     fn default_columns() -> Vec<ColumnInfo> {
-        ["id", "aggregate_type", "aggregate_id", "event_type", "payload"]
-            .into_iter()
-            .map(col)
-            .collect()
+        [
+            "id",
+            "aggregate_type",
+            "aggregate_id",
+            "event_type",
+            "payload",
+        ]
+        .into_iter()
+        .map(col)
+        .collect()
     }
 
     #[test]
     fn headers_column_is_optional() {
-        let cols = resolve(&table(), 1, &ColumnMapping::default(), &default_columns())
-            .expect("resolves");
+        let cols =
+            resolve(&table(), 1, &ColumnMapping::default(), &default_columns()).expect("resolves");
         assert!(cols.headers.is_none());
         assert_eq!(cols.mapped().len(), 5);
     }

@@ -31,7 +31,9 @@ pub enum AdminError {
     #[error("role \"{role}\" has neither the REPLICATION attribute nor superuser: run ALTER ROLE \"{role}\" REPLICATION as an administrator")]
     NotReplicationRole { role: String },
 
-    #[error("replication slot \"{slot}\" does not exist: create it with `outbox-relay slot create`")]
+    #[error(
+        "replication slot \"{slot}\" does not exist: create it with `outbox-relay slot create`"
+    )]
     SlotMissing { slot: String },
 
     #[error("replication slot \"{slot}\" already exists: use `outbox-relay slot create --if-not-exists` to keep it, or remove it first with `outbox-relay slot drop`")]
@@ -92,7 +94,9 @@ pub enum AdminError {
         statement: String,
     },
 
-    #[error("table {table} does not exist: create it (see sql/outbox.sql) or fix [postgres] tables")]
+    #[error(
+        "table {table} does not exist: create it (see sql/outbox.sql) or fix [postgres] tables"
+    )]
     TableMissing { table: String },
 
     #[error("table {table} is not in publication \"{publication}\": run ALTER PUBLICATION {publication} ADD TABLE {table}")]

@@ -85,14 +85,22 @@ pub fn quote_literal(text: &str) -> String {
 
 /// `"schema"."table"`, always quoted: safe for any name.
 pub fn quote_table(table: &TableName) -> String {
-    format!("{}.{}", quote_ident(&table.schema), quote_ident(&table.name))
+    format!(
+        "{}.{}",
+        quote_ident(&table.schema),
+        quote_ident(&table.name)
+    )
 }
 
 /// A table as an operator would type it: `schema.table`, quoting only the parts that
 /// need it (anything but lowercase letters, digits and underscores, not starting with
 /// a digit). Used in messages that contain SQL to run.
 pub fn display_table(table: &TableName) -> String {
-    format!("{}.{}", display_ident(&table.schema), display_ident(&table.name))
+    format!(
+        "{}.{}",
+        display_ident(&table.schema),
+        display_ident(&table.name)
+    )
 }
 
 fn display_ident(name: &str) -> String {
@@ -131,7 +139,15 @@ mod tests {
 
     #[test]
     fn rejects_bad_names_with_the_rule() {
-        for bad in ["", "Outbox", "a-b", "a b", "x'; drop table t; --", "é", &"a".repeat(64)] {
+        for bad in [
+            "",
+            "Outbox",
+            "a-b",
+            "a b",
+            "x'; drop table t; --",
+            "é",
+            &"a".repeat(64),
+        ] {
             let e = validate_slot_name(bad).expect_err(bad);
             assert!(e.is_precondition());
             let msg = e.to_string();
@@ -146,7 +162,10 @@ mod tests {
         assert_eq!(quote_ident("outbox"), "\"outbox\"");
         assert_eq!(quote_ident("we\"ird"), "\"we\"\"ird\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
-        assert_eq!(quote_table(&table("public", "Out\"box")), "\"public\".\"Out\"\"box\"");
+        assert_eq!(
+            quote_table(&table("public", "Out\"box")),
+            "\"public\".\"Out\"\"box\""
+        );
     }
 
     #[test]

@@ -173,10 +173,7 @@ mod tests {
 
     #[test]
     fn validation_comes_first() {
-        assert!(matches!(
-            validate("p", &[]),
-            Err(AdminError::NoTables)
-        ));
+        assert!(matches!(validate("p", &[]), Err(AdminError::NoTables)));
         assert!(matches!(
             validate("P", &[TableName::parse("t").expect("name")]),
             Err(AdminError::InvalidName { .. })

@@ -8,7 +8,9 @@ use super::AdminError;
 
 /// The server's `wal_level` setting (`minimal`, `replica` or `logical`).
 pub async fn wal_level(c: &Client) -> Result<String, AdminError> {
-    let row = c.query_one("SELECT current_setting('wal_level')", &[]).await?;
+    let row = c
+        .query_one("SELECT current_setting('wal_level')", &[])
+        .await?;
     Ok(row.try_get(0)?)
 }
 

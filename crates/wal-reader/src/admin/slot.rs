@@ -134,8 +134,16 @@ pub async fn slot_state(c: &Client, slot: &str) -> Result<Option<SlotState>, Adm
 /// The state query for a server version: columns added after Postgres 13 are read
 /// as constants on older servers.
 fn slot_state_sql(version: i32) -> String {
-    let two_phase = if version >= 140000 { "s.two_phase" } else { "false" };
-    let failover = if version >= 170000 { "s.failover" } else { "false" };
+    let two_phase = if version >= 140000 {
+        "s.two_phase"
+    } else {
+        "false"
+    };
+    let failover = if version >= 170000 {
+        "s.failover"
+    } else {
+        "false"
+    };
     format!(
         "SELECT s.slot_name::text, s.plugin::text, s.slot_type, s.database::text, \
                 s.active, s.active_pid, s.confirmed_flush_lsn::text, s.restart_lsn::text, \
@@ -410,7 +418,11 @@ mod tests {
 
         let e = check_usable(&state(), "other").expect_err("database");
         assert!(matches!(e, AdminError::SlotOtherDatabase { .. }));
-        assert!(e.to_string().contains("point [postgres] url at database \"app\""), "{e}");
+        assert!(
+            e.to_string()
+                .contains("point [postgres] url at database \"app\""),
+            "{e}"
+        );
 
         let mut lost = state();
         lost.wal_status = Some("lost".into());

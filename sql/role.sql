@@ -1,0 +1,49 @@
+-- A least-privilege role for outbox-relay.
+--
+-- Run as a superuser (or a role with CREATEROLE that may grant REPLICATION), in the
+-- application's database, after sql/outbox.sql:
+--
+--   psql -d app -v ON_ERROR_STOP=1 -f sql/role.sql
+--   psql -d app -v ON_ERROR_STOP=1 -v relay_role=my_relay -f sql/role.sql  (another name)
+--
+-- then give the role a password without it appearing in any file or shell history:
+--
+--   psql -d app -c '\password outbox_relay'
+--
+-- and allow it in pg_hba.conf. A logical replication connection matches ordinary
+-- *database* lines (not the `replication` keyword), e.g.
+--   hostssl app outbox_relay 10.0.0.0/8 scram-sha-256
+--
+-- What the relay needs, and why:
+--   LOGIN REPLICATION        open a replication connection, create/drop its slot
+--   CONNECT on the database  connect at all
+--   USAGE on the schema      see the outbox table
+--   SELECT on the outbox     the checks before streaming, `peek`, and
+--                            `replay --from-table`
+--   DELETE on the outbox     only with `[retention] keep` (commented out below)
+--
+-- The publication: CREATE PUBLICATION … FOR TABLE needs CREATE on the database and
+-- ownership of every table in it, which a least-privilege role should not have. So
+-- the usual setup is: an administrator (the tables' owner) creates the publication
+-- once (sql/outbox.sql does), and the relay role only creates and uses its slot
+-- (`outbox-relay slot create` leaves an existing publication as it is). If you do
+-- want the relay to create the publication, grant CREATE on the database and make
+-- the relay role a member of the table owner's role (commented out below).
+
+\if :{?relay_role}
+\else
+\set relay_role outbox_relay
+\endif
+
+CREATE ROLE :"relay_role" LOGIN REPLICATION;
+
+GRANT CONNECT ON DATABASE :"DBNAME" TO :"relay_role";
+GRANT USAGE ON SCHEMA public TO :"relay_role";
+GRANT SELECT ON public.outbox TO :"relay_role";
+
+-- Only with [retention] keep = "…":
+-- GRANT DELETE ON public.outbox TO :"relay_role";
+
+-- Only if the relay itself should create the publication (`slot create`):
+-- GRANT CREATE ON DATABASE :"DBNAME" TO :"relay_role";
+-- GRANT <owner of public.outbox> TO :"relay_role";
