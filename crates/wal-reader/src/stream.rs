@@ -1,0 +1,602 @@
+//! The replication stream: `START_REPLICATION … LOGICAL`, decoding, and LSN feedback.
+//!
+//! ```text
+//!             socket ──read (only when the consumer has room)──► read buffer
+//!                                                                   │ frames (Bytes slices)
+//!                            parse_copy_data ◄──────────────────────┘
+//!                  XLogData │             │ keepalive ──(reply_requested)──► status update
+//!                           ▼             ▼
+//!      pgoutput Decoder ─► Begin/Relation/Insert/Commit ─► WalBatch ──► mpsc ──► publisher
+//!                                                                                  │
+//!      status update (write = received, flush = acked) ◄── watch<Lsn> acked ◄──────┘
+//! ```
+//!
+//! # How LSN progress is tracked
+//!
+//! - Each transaction's events carry its commit LSN (from Begin); its
+//!   [`CommitMarker`] carries the *end* LSN of the commit record. Postgres resumes a
+//!   slot *after* the confirmed position, so confirming a commit LSN would re-send that
+//!   transaction; the end LSN is the position to confirm.
+//! - The reader never decides what is confirmed: it reports as `flush` only what the
+//!   consumer sends back on the `acked` watch (the publisher's acked watermark), never
+//!   less than the slot's position at start (Postgres 15 would move the slot back).
+//! - Between transactions the reader emits [`WalItem::Keepalive`] with the server's
+//!   WAL end; the publisher passes it through the same ordered watermark, so an idle
+//!   outbox (or WAL from other tables) does not pin WAL on the server.
+//! - A status update is sent whenever `acked` advances, on every `status_interval`
+//!   (capped at half of `wal_sender_timeout`), and at once when the server asks.
+//!
+//! # Backpressure and memory
+//!
+//! The reader only reads the socket when the previous batch has been handed to the
+//! consumer, so a stalled broker stops reading at the TCP level. Events go on as they
+//! are decoded (pgoutput v1 only sends committed transactions): nothing is collected
+//! per transaction, so any transaction size streams through in bounded memory.
+//!
+//! # Clean stop
+//!
+//! On `stop`, the reader finishes the open transaction (reads up to its Commit), then
+//! closes its output. It keeps answering the server until the consumer drops the
+//! `acked` sender (all confirms are in), sends a last status update with the final
+//! watermark, ends the copy and closes the connection.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use pgoutput::logical::{Column, Decoder, LogicalMessage, Relation, TupleData};
+use pgoutput::replication::{
+    encode_standby_status_update, parse_copy_data, pg_now_micros, ReplicationMessage,
+};
+use tokio::sync::{mpsc, watch};
+use tracing::{debug, info, warn};
+
+use crate::conn::ReplicationConnection;
+use crate::conninfo::PgConnectOptions;
+use crate::error::ReaderError;
+use crate::event::{
+    pg_to_unix_micros, CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem,
+};
+use crate::mapping::{ColumnMapping, TableName};
+
+/// What the reader needs to stream.
+#[derive(Debug, Clone)]
+pub struct ReaderConfig {
+    pub conn: PgConnectOptions,
+    pub slot: String,
+    pub publication: String,
+    /// The outbox tables to relay; inserts into other published tables are skipped.
+    pub tables: Vec<TableName>,
+    pub mapping: ColumnMapping,
+    /// Start here instead of the slot's position (`run --start-lsn`). Must not be
+    /// older than the slot's `confirmed_flush_lsn`.
+    pub start_lsn: Option<Lsn>,
+    /// Period of standby status updates (capped at half of `wal_sender_timeout`).
+    pub status_interval: Duration,
+}
+
+/// Where a reader started, as found on the server.
+#[derive(Debug, Clone)]
+pub struct StartInfo {
+    pub server_version: String,
+    /// The slot's `confirmed_flush_lsn` when the reader started.
+    pub slot_confirmed: Lsn,
+    /// The position passed to `START_REPLICATION`.
+    pub start_lsn: Lsn,
+    pub wal_sender_timeout: Option<Duration>,
+    /// The walsender's process id.
+    pub backend_pid: i32,
+}
+
+/// How a reader ended without error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReaderExit {
+    /// The last flush position sent to Postgres.
+    pub flushed: Lsn,
+}
+
+/// Mapped column positions of a relayed relation.
+#[derive(Debug, Clone)]
+struct RelayedRelation {
+    table: Arc<OutboxTable>,
+    id: usize,
+    aggregate_type: usize,
+    aggregate_id: usize,
+    event_type: usize,
+    payload: usize,
+    headers: Option<usize>,
+    correlation_id: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OpenTx {
+    xid: u32,
+    commit_lsn: Lsn,
+    commit_time_micros: i64,
+    events: u64,
+}
+
+/// A streaming replication session on one slot.
+pub struct WalReader {
+    conn: ReplicationConnection,
+    cfg: ReaderConfig,
+    info: StartInfo,
+    decoder: Decoder,
+    /// Relation id → mapped columns, or `None` for a relation we skip.
+    relations: HashMap<u32, Option<RelayedRelation>>,
+    open: Option<OpenTx>,
+    /// Highest position received (reported as `write`).
+    received: Lsn,
+    /// Highest flush position reported (never below the slot's position at start).
+    flushed: Lsn,
+    status_buf: BytesMut,
+}
+
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+fn quote_ident(s: &str) -> String {
+    format!("\"{}\"", s.replace('"', "\"\""))
+}
+
+/// Parses a Postgres duration setting as `SHOW` prints it ("60s", "1min", "500ms", "0").
+pub fn parse_pg_duration(s: &str) -> Option<Duration> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().ok()?;
+    let ms = match unit.trim() {
+        "" | "ms" => n,
+        "s" => n * 1000,
+        "min" => n * 60_000,
+        "h" => n * 3_600_000,
+        "d" => n * 86_400_000,
+        "us" => n / 1000,
+        _ => return None,
+    };
+    Some(Duration::from_millis(ms))
+}
+
+impl WalReader {
+    /// Connects, checks the slot, and starts streaming.
+    pub async fn start(cfg: ReaderConfig) -> Result<WalReader, ReaderError> {
+        let mut conn = ReplicationConnection::connect(&cfg.conn).await?;
+        let timeout = conn
+            .simple_query("SHOW wal_sender_timeout")
+            .await?
+            .first()
+            .and_then(|r| r.first().cloned().flatten())
+            .and_then(|v| parse_pg_duration(&v))
+            .filter(|d| !d.is_zero());
+        let rows = conn
+            .simple_query(&format!(
+                "SELECT plugin, database, confirmed_flush_lsn, active_pid, current_database(), wal_status \
+                   FROM pg_replication_slots WHERE slot_name = {}",
+                quote_literal(&cfg.slot)
+            ))
+            .await?;
+        let Some(row) = rows.first() else {
+            return Err(ReaderError::Precondition(format!(
+                "replication slot {:?} does not exist: create it with `outbox-relay slot create`",
+                cfg.slot
+            )));
+        };
+        let field = |i: usize| row.get(i).cloned().flatten();
+        if field(0).as_deref() != Some("pgoutput") {
+            return Err(ReaderError::Precondition(format!(
+                "replication slot {:?} uses plugin {:?}, not pgoutput: drop it and run `outbox-relay slot create`",
+                cfg.slot,
+                field(0).unwrap_or_default()
+            )));
+        }
+        if field(1) != field(4) {
+            return Err(ReaderError::Precondition(format!(
+                "replication slot {:?} belongs to database {:?}, not {:?}: fix the database in [postgres] url or the slot name",
+                cfg.slot,
+                field(1).unwrap_or_default(),
+                field(4).unwrap_or_default()
+            )));
+        }
+        if field(5).as_deref() == Some("lost") {
+            return Err(ReaderError::Precondition(format!(
+                "replication slot {:?} was invalidated (its WAL is gone): drop and recreate it (`outbox-relay slot drop`, `slot create`) and recover with `outbox-relay replay --from-table`",
+                cfg.slot
+            )));
+        }
+        if let Some(pid) = field(3).and_then(|p| p.parse().ok()) {
+            return Err(ReaderError::SlotInUse {
+                slot: cfg.slot.clone(),
+                pid,
+            });
+        }
+        let slot_confirmed: Lsn = field(2).and_then(|l| l.parse().ok()).unwrap_or(Lsn::ZERO);
+        let start_lsn = match cfg.start_lsn {
+            Some(l) if l != Lsn::ZERO && l < slot_confirmed => {
+                return Err(ReaderError::Precondition(format!(
+                    "cannot start at {l}: Postgres cannot stream from before the slot's confirmed position; the earliest LSN that can be replayed is {slot_confirmed} (to re-publish older events use `outbox-relay replay`)"
+                )))
+            }
+            Some(l) if l > slot_confirmed => {
+                warn!(start_lsn = %l, slot_confirmed = %slot_confirmed,
+                    "starting after the slot's position: transactions committed before the start LSN are skipped");
+                l
+            }
+            _ => slot_confirmed,
+        };
+        let sql = format!(
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+            quote_ident(&cfg.slot),
+            start_lsn,
+            quote_literal(&quote_ident(&cfg.publication)),
+        );
+        conn.start_copy_both(&sql, &cfg.slot).await?;
+        let info = StartInfo {
+            server_version: conn.server_version().to_string(),
+            slot_confirmed,
+            start_lsn,
+            wal_sender_timeout: timeout,
+            backend_pid: conn.backend_pid(),
+        };
+        info!(slot = %cfg.slot, start = %start_lsn, confirmed = %slot_confirmed,
+            server = %info.server_version, tls = conn.is_tls(), "replication started");
+        Ok(WalReader {
+            conn,
+            info,
+            decoder: Decoder::new(),
+            relations: HashMap::new(),
+            open: None,
+            received: start_lsn,
+            flushed: slot_confirmed.max(start_lsn),
+            status_buf: BytesMut::with_capacity(64),
+            cfg,
+        })
+    }
+
+    /// Where this session started.
+    pub fn start_info(&self) -> &StartInfo {
+        &self.info
+    }
+
+    /// Streams until `stop` turns true (then finishes at a transaction boundary) or an
+    /// error. `out` receives batches in order; `acked` is the consumer's acked
+    /// watermark, reported to Postgres as the flush position.
+    pub async fn run(
+        mut self,
+        out: mpsc::Sender<WalBatch>,
+        mut acked: watch::Receiver<Lsn>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<ReaderExit, ReaderError> {
+        let server_timeout = self.info.wal_sender_timeout;
+        let mut interval = self.cfg.status_interval.max(Duration::from_millis(10));
+        if let Some(t) = server_timeout {
+            interval = interval.min(t / 2);
+        }
+        // How long the socket may stay silent while we wait on it before we ask the
+        // server for a reply, and how long after asking before we give up.
+        let silence = server_timeout.unwrap_or(Duration::from_secs(60));
+        let mut tick = tokio::time::interval(interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+        let mut out = Some(out);
+        let mut pending: WalBatch = Vec::new();
+        let mut stopping = *stop.borrow();
+        let mut last_recv = Instant::now();
+        let mut asked_at: Option<Instant> = None;
+        let mut consumer_gone = false;
+
+        loop {
+            if consumer_gone {
+                out = None;
+                pending.clear();
+            }
+            // Finished reading: the consumer has everything; wait for its last acks.
+            if stopping && self.open.is_none() && pending.is_empty() && out.is_some() {
+                out = None;
+                debug!("reader stopped at a transaction boundary");
+            }
+            let reading = out.is_some() && pending.is_empty();
+            if !reading {
+                last_recv = Instant::now();
+                asked_at = None;
+            }
+            tokio::select! {
+                biased;
+                changed = acked.changed() => {
+                    if changed.is_err() {
+                        // The consumer is done (clean stop) or gone (its error ends the
+                        // pipeline): report the final watermark and close.
+                        let last = *acked.borrow();
+                        self.send_status(last, false).await?;
+                        self.conn.finish_copy(Duration::from_secs(5)).await?;
+                        info!(flushed = %self.flushed, "replication stopped");
+                        return Ok(ReaderExit { flushed: self.flushed });
+                    }
+                    let a = *acked.borrow_and_update();
+                    if a > self.flushed {
+                        self.send_status(a, false).await?;
+                    }
+                }
+                res = stop.changed(), if !stopping => {
+                    if res.is_err() || *stop.borrow() {
+                        stopping = true;
+                    }
+                }
+                _ = tick.tick() => {
+                    let a = *acked.borrow();
+                    let mut reply = false;
+                    if reading {
+                        match asked_at {
+                            Some(t) if t.elapsed() > silence => {
+                                return Err(ReaderError::Timeout(last_recv.elapsed()));
+                            }
+                            None if last_recv.elapsed() > silence => {
+                                asked_at = Some(Instant::now());
+                                reply = true;
+                            }
+                            _ => {}
+                        }
+                    }
+                    self.send_status(a, reply).await?;
+                }
+                permit = async { out.as_ref().expect("guarded").reserve().await }, if out.is_some() && !pending.is_empty() => {
+                    match permit {
+                        Ok(p) => p.send(std::mem::take(&mut pending)),
+                        // Consumer gone: stop reading; wait for `acked` to close.
+                        Err(_) => consumer_gone = true,
+                    }
+                }
+                n = self.conn.fill(), if reading => {
+                    if n? == 0 {
+                        return Err(ReaderError::Io(std::io::Error::new(
+                            std::io::ErrorKind::UnexpectedEof,
+                            "Postgres closed the replication connection",
+                        )));
+                    }
+                    last_recv = Instant::now();
+                    asked_at = None;
+                    let reply = self.drain_frames(&mut pending, stopping)?;
+                    if reply {
+                        let a = *acked.borrow();
+                        self.send_status(a, false).await?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decodes every complete frame in the read buffer into `pending`. Returns true
+    /// when the server asked for an immediate reply. When `stopping`, stops after the
+    /// first Commit that closes the open transaction.
+    fn drain_frames(
+        &mut self,
+        pending: &mut WalBatch,
+        stopping: bool,
+    ) -> Result<bool, ReaderError> {
+        let mut reply = false;
+        while let Some(msg) = self.conn.try_message()? {
+            match msg.tag {
+                b'd' => {}
+                b'E' => {
+                    let e = crate::conn::parse_error(&msg.body);
+                    return Err(ReaderError::from_server(
+                        e,
+                        self.conn.user(),
+                        Some(&self.cfg.slot),
+                    ));
+                }
+                b'c' => {
+                    return Err(ReaderError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "Postgres ended the replication stream (CopyDone)",
+                    )))
+                }
+                b'N' | b'S' => continue,
+                other => {
+                    return Err(ReaderError::Protocol(format!(
+                        "message {:?} during replication",
+                        other as char
+                    )))
+                }
+            }
+            match parse_copy_data(msg.body)? {
+                ReplicationMessage::PrimaryKeepalive(k) => {
+                    reply |= k.reply_requested;
+                    self.received = self.received.max(k.wal_end);
+                    if self.open.is_none() && !stopping {
+                        if let Some(WalItem::Keepalive(l)) = pending.last_mut() {
+                            *l = (*l).max(k.wal_end);
+                        } else {
+                            pending.push(WalItem::Keepalive(k.wal_end));
+                        }
+                    }
+                }
+                ReplicationMessage::XLogData(x) => {
+                    self.received = self.received.max(x.wal_start);
+                    let done = self.handle_logical(x.data, pending)?;
+                    if done && stopping {
+                        // Leave what follows for the next session.
+                        return Ok(reply);
+                    }
+                }
+            }
+        }
+        Ok(reply)
+    }
+
+    /// Handles one pgoutput message; returns true when it closed a transaction.
+    fn handle_logical(&mut self, data: Bytes, pending: &mut WalBatch) -> Result<bool, ReaderError> {
+        match self.decoder.decode(data)? {
+            LogicalMessage::Begin(b) => {
+                self.open = Some(OpenTx {
+                    xid: b.xid,
+                    commit_lsn: b.final_lsn,
+                    commit_time_micros: pg_to_unix_micros(b.commit_time),
+                    events: 0,
+                });
+            }
+            LogicalMessage::Commit(c) => {
+                let tx = self
+                    .open
+                    .take()
+                    .ok_or_else(|| ReaderError::Protocol("Commit without Begin".into()))?;
+                self.received = self.received.max(c.end_lsn);
+                pending.push(WalItem::Commit(CommitMarker {
+                    xid: tx.xid,
+                    commit_lsn: c.commit_lsn,
+                    end_lsn: c.end_lsn,
+                    commit_time_micros: pg_to_unix_micros(c.commit_time),
+                    events: tx.events,
+                }));
+                return Ok(true);
+            }
+            LogicalMessage::Relation(r) => {
+                let mapped = self.map_relation(&r)?;
+                if let Some(m) = &mapped {
+                    debug!(table = %m.table.qualified_name, relation_id = r.id, "outbox relation mapped");
+                }
+                self.relations.insert(r.id, mapped);
+            }
+            LogicalMessage::Insert(ins) => {
+                let rel = match self.relations.get(&ins.relation_id) {
+                    Some(Some(rel)) => rel,
+                    Some(None) => return Ok(false),
+                    None => {
+                        return Err(ReaderError::Protocol(format!(
+                            "insert into relation {} before its Relation message",
+                            ins.relation_id
+                        )))
+                    }
+                };
+                let tx = self
+                    .open
+                    .as_mut()
+                    .ok_or_else(|| ReaderError::Protocol("Insert outside a transaction".into()))?;
+                tx.events += 1;
+                pending.push(WalItem::Event(build_event(rel, tx, &ins.tuple)));
+            }
+            // Updates, deletes, truncates, types, origins and messages do not publish.
+            LogicalMessage::Update(_)
+            | LogicalMessage::Delete(_)
+            | LogicalMessage::Truncate(_)
+            | LogicalMessage::Type(_)
+            | LogicalMessage::Origin(_)
+            | LogicalMessage::Message(_) => {}
+            other => {
+                return Err(ReaderError::Protocol(format!(
+                    "unexpected message with protocol version 1: {other:?}"
+                )))
+            }
+        }
+        Ok(false)
+    }
+
+    fn map_relation(&self, r: &Relation) -> Result<Option<RelayedRelation>, ReaderError> {
+        let Some(table) = self
+            .cfg
+            .tables
+            .iter()
+            .find(|t| t.schema == r.namespace && t.name == r.name)
+        else {
+            return Ok(None);
+        };
+        let find = |name: &str| r.columns.iter().position(|c| c.name == name);
+        let m = &self.cfg.mapping;
+        let require = |key: &str, name: &str| {
+            find(name).ok_or_else(|| {
+                ReaderError::Precondition(format!(
+                    "table {table} has no column {name:?} (mapping.{key}): add the column or set [mapping] {key} to an existing column"
+                ))
+            })
+        };
+        let payload = require("payload", &m.payload)?;
+        let headers = m.headers.as_deref().and_then(find);
+        let rel = RelayedRelation {
+            id: require("id", &m.id)?,
+            aggregate_type: require("aggregate_type", &m.aggregate_type)?,
+            aggregate_id: require("aggregate_id", &m.aggregate_id)?,
+            event_type: require("event_type", &m.event_type)?,
+            payload,
+            headers,
+            correlation_id: match m.correlation_id.as_deref() {
+                Some(c) => Some(require("correlation_id", c)?),
+                None => None,
+            },
+            table: Arc::new(OutboxTable {
+                qualified_name: table.qualified(),
+                schema: table.schema.clone(),
+                name: table.name.clone(),
+                payload_type: r.columns[payload].type_oid,
+                headers_type: headers.map(|h| r.columns[h].type_oid),
+            }),
+        };
+        Ok(Some(rel))
+    }
+
+    async fn send_status(&mut self, acked: Lsn, reply: bool) -> Result<(), ReaderError> {
+        let flush = self.flushed.max(acked);
+        self.status_buf.clear();
+        encode_standby_status_update(
+            self.received.max(flush),
+            flush,
+            flush,
+            pg_now_micros(),
+            reply,
+            &mut self.status_buf,
+        );
+        let payload = std::mem::take(&mut self.status_buf);
+        self.conn.queue_copy_data(&payload);
+        self.status_buf = payload;
+        self.conn.flush().await?;
+        if flush > self.flushed {
+            metrics::gauge!("outbox_relay_confirmed_lsn").set(flush.0 as f64);
+        }
+        self.flushed = flush;
+        Ok(())
+    }
+}
+
+fn column(tuple: &TupleData, i: usize) -> Option<Bytes> {
+    match tuple.columns.get(i) {
+        Some(Column::Text(b)) | Some(Column::Binary(b)) => Some(b.clone()),
+        _ => None,
+    }
+}
+
+fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxEvent {
+    OutboxEvent {
+        table: rel.table.clone(),
+        xid: tx.xid,
+        commit_lsn: tx.commit_lsn,
+        commit_time_micros: tx.commit_time_micros,
+        id: column(tuple, rel.id),
+        aggregate_type: column(tuple, rel.aggregate_type),
+        aggregate_id: column(tuple, rel.aggregate_id),
+        event_type: column(tuple, rel.event_type),
+        payload: column(tuple, rel.payload),
+        headers: rel.headers.and_then(|i| column(tuple, i)),
+        correlation_id: rel.correlation_id.and_then(|i| column(tuple, i)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pg_durations() {
+        assert_eq!(parse_pg_duration("60s"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_pg_duration("1min"), Some(Duration::from_secs(60)));
+        assert_eq!(parse_pg_duration("500ms"), Some(Duration::from_millis(500)));
+        assert_eq!(parse_pg_duration("0"), Some(Duration::ZERO));
+        assert_eq!(parse_pg_duration("abc"), None);
+    }
+
+    #[test]
+    fn quoting() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_literal(&quote_ident("p")), "'\"p\"'");
+    }
+}
