@@ -1,7 +1,9 @@
 //! One struct per pgoutput message. Field names follow the protocol documentation
 //! ("Logical Replication Message Formats"); times are raw Postgres timestamps
 //! (µs since 2000-01-01 UTC). `xid: Option<u32>` fields are `Some` exactly for messages
-//! that arrive inside a Stream Start..Stream Stop block.
+//! that arrive inside a Stream Start..Stream Stop block; the xid is that of the
+//! (sub)transaction that made the change, which is either the Stream Start's xid or one
+//! of its subtransactions' (the `subxid` a later Stream Abort may name).
 
 use bytes::Bytes;
 

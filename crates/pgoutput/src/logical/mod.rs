@@ -36,7 +36,9 @@
 //! Nothing in a message says whether its optional leading `[xid]` is there: the server
 //! adds it to Relation, Type, Insert, Update, Delete, Truncate and Message exactly while
 //! it is inside a Stream Start..Stream Stop block (an in-progress transaction streamed
-//! with `streaming 'on'`). [`Decoder`] therefore keeps one bit, `in_stream`, set by a
+//! with `streaming 'on'`). That xid is the (sub)transaction's that made the change:
+//! the Stream Start xid or a subtransaction of it (observed on Postgres 15 after a
+//! `SAVEPOINT`), which a Stream Abort with `subxid != xid` later discards. [`Decoder`] therefore keeps one bit, `in_stream`, set by a
 //! successfully decoded Stream Start and cleared by Stream Stop, and the order of
 //! messages matters: use one `Decoder` per replication connection and give it every
 //! message in order. Messages that cannot occur inside a block (Begin, Commit, the
