@@ -460,15 +460,18 @@ impl Runner {
 
     /// Sleeps the backoff for `attempt` (1-based); false when the shutdown
     /// deadline passes first.
-    async fn sleep_backoff(&self, attempt: u32) -> bool {
+    fn sleep_backoff(&self, attempt: u32) -> impl Future<Output = bool> + Send + 'static {
         let delay = backoff(
             self.config.backoff_initial,
             self.config.backoff_max,
             attempt,
             rand::thread_rng().gen_range(0.5..=1.0),
         );
-        let wake = Instant::now() + delay;
-        match self.deadline {
+        Self::sleep_unless_deadline(Instant::now() + delay, self.deadline)
+    }
+
+    async fn sleep_unless_deadline(wake: Instant, deadline: Option<Instant>) -> bool {
+        match deadline {
             Some(deadline) if deadline <= wake => {
                 tokio::time::sleep_until(deadline).await;
                 false

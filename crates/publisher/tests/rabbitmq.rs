@@ -1,0 +1,521 @@
+//! The publisher against the real RabbitMQ (testkit's broker, guest/guest).
+//!
+//! Every test uses its own exchange and queue names and deletes them at the end.
+//! All RabbitMQ tests live in this one binary because one of them
+//! (`blocked_broker_freezes_the_watermark`) raises a broker-wide memory alarm: it
+//! takes `support::BROKER` for writing while every other test holds it for reading,
+//! so within this crate it never overlaps another test. Its blocked window is a few
+//! seconds, and the alarm is lifted by a guard even if the test panics.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::ExchangeKind;
+use publisher::{Publisher, PublisherConfig};
+use support::*;
+use wal_reader::event::{oid, Lsn, WalItem};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_every_message_in_order_with_spec_properties() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_all_x");
+    let queue = testkit::unique_name("pub_all_q");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    broker.queue(&queue, FieldTable::default()).await;
+    broker.bind(&queue, &exchange, "#").await;
+    let mut consumer = broker.consumer(&queue, 1000).await;
+
+    let mut config = config(&exchange);
+    config.max_in_flight = 1000;
+    let mut running = start(config).await;
+
+    let json = table("outbox", oid::JSONB);
+    let bytea = table("outbox_bin", oid::BYTEA);
+    let text = table("outbox_text", oid::TEXT);
+    let mut stream = Stream::new(json.clone());
+    // (body, content type) expected for each message, in order.
+    let mut expected: Vec<(Vec<u8>, &str, String)> = Vec::new();
+    let total = 10_000;
+    let mut tx_size = 1;
+    while (stream.events as usize) < total {
+        let n = tx_size.min(total - stream.events as usize);
+        let mut items = Vec::with_capacity(n + 1);
+        for _ in 0..n {
+            let k = stream.events;
+            let mut event = match k % 100 {
+                // bytea payload: Postgres' hex text, published as raw bytes.
+                3 => {
+                    let mut e =
+                        stream.event(Some(Bytes::from(format!("\\x00ff{:02x}0a", k % 256))));
+                    e.table = bytea.clone();
+                    expected.push((
+                        vec![0, 0xff, (k % 256) as u8, 0x0a],
+                        "application/octet-stream",
+                        "public.outbox_bin".into(),
+                    ));
+                    e
+                }
+                // NULL payload: empty body.
+                5 => {
+                    let e = stream.event(None);
+                    expected.push((Vec::new(), "application/json", "public.outbox".into()));
+                    e
+                }
+                7 => {
+                    let mut e = stream.event(Some(Bytes::from(format!("plain \\x text {k}"))));
+                    e.table = text.clone();
+                    expected.push((
+                        format!("plain \\x text {k}").into_bytes(),
+                        "text/plain",
+                        "public.outbox_text".into(),
+                    ));
+                    e
+                }
+                _ => {
+                    let body = format!(r#"{{"n": {k}, "s": "ünïcode"}}"#);
+                    let e = stream.event(Some(Bytes::from(body.clone())));
+                    expected.push((
+                        body.into_bytes(),
+                        "application/json",
+                        "public.outbox".into(),
+                    ));
+                    e
+                }
+            };
+            if k % 50 == 0 {
+                event.headers = None;
+            }
+            items.push(WalItem::Event(event));
+        }
+        running.send(stream.commit(items)).await;
+        tx_size = tx_size % 97 + 13;
+    }
+
+    let deliveries = receive(&mut consumer, total).await;
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    running.assert_watermarks_valid(&stream.ends);
+    let report = running.finish().await;
+    assert_eq!(report.watermark, last);
+    assert_eq!(report.abandoned, 0);
+    assert_eq!(report.acked, total as u64);
+    assert_eq!(report.retries, 0);
+
+    for (i, d) in deliveries.iter().enumerate() {
+        let (body, content_type, table_name) = &expected[i];
+        let p = &d.properties;
+        assert_eq!(message_id(d), format!("id-{i:08}"), "order at {i}");
+        assert_eq!(&d.data, body, "body of {i}");
+        assert_eq!(d.routing_key.as_str(), "order.created");
+        assert_eq!(d.exchange.as_str(), exchange);
+        assert_eq!(p.kind().as_ref().unwrap().as_str(), "created");
+        assert_eq!(
+            p.content_type().as_ref().unwrap().as_str(),
+            *content_type,
+            "content type of {i}"
+        );
+        assert_eq!(*p.delivery_mode(), Some(2));
+        assert_eq!(
+            *p.timestamp(),
+            Some((COMMIT_TIME_MICROS / 1_000_000) as u64)
+        );
+        assert_eq!(p.app_id().as_ref().unwrap().as_str(), "outbox-relay");
+        assert_eq!(
+            p.correlation_id().as_ref().unwrap().to_string(),
+            format!("corr-{i}")
+        );
+        assert_eq!(header_text(d, "aggregate_type"), "order");
+        assert_eq!(header_text(d, "aggregate_id"), format!("{}", i % 7));
+        assert_eq!(header_text(d, "event_type"), "created");
+        assert_eq!(header_text(d, "outbox_table"), *table_name);
+        let end = stream.end_of[&format!("id-{i:08}")];
+        // The stream's commit LSN is 0x100 before the end LSN.
+        assert_eq!(header_text(d, "commit_lsn"), Lsn(end.0 - 0x100).to_string());
+        assert!(matches!(header(d, "xid"), Some(AMQPValue::LongLongInt(x)) if *x >= 1000));
+        let headers = p.headers().as_ref().unwrap().inner();
+        if i % 50 == 0 {
+            assert_eq!(headers.len(), 6, "no headers column: only the relay's own");
+        } else {
+            assert_eq!(header_text(d, "seq"), i.to_string());
+            assert_eq!(header_text(d, "traceparent"), format!("00-t-{i}-01"));
+            assert_eq!(headers.len(), 8);
+        }
+    }
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nacked_messages_are_retried_and_hold_the_watermark() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_nack_x");
+    let queue = testkit::unique_name("pub_nack_q");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    let mut args = FieldTable::default();
+    args.insert("x-max-length".into(), AMQPValue::LongInt(100));
+    args.insert(
+        "x-overflow".into(),
+        AMQPValue::LongString("reject-publish".into()),
+    );
+    broker.queue(&queue, args).await;
+    broker.bind(&queue, &exchange, "#").await;
+
+    let mut running = start(config(&exchange)).await;
+    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    for _ in 0..30 {
+        running.send(stream.transaction(10)).await;
+    }
+    // The queue takes 100 messages (ten transactions); the rest are nacked.
+    running.wait_watermark(stream.ends[9]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        *running.watermark.borrow(),
+        stream.ends[9],
+        "watermark passed a nacked message"
+    );
+    assert_eq!(running.status.in_flight(), 200);
+
+    // A consumer drains slowly; everything arrives.
+    let mut consumer = broker.consumer(&queue, 1).await;
+    let mut ids = std::collections::BTreeSet::new();
+    while ids.len() < 300 {
+        let batch = receive(&mut consumer, 1).await;
+        ids.insert(message_id(&batch[0]));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    running.assert_watermarks_valid(&stream.ends);
+    let report = running.finish().await;
+    assert_eq!(ids.len(), 300);
+    assert!(report.nacked > 0, "{report:?}");
+    assert!(report.retries > 0, "{report:?}");
+    assert_eq!(report.watermark, last);
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_goes_to_the_dead_letter_exchange() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_dlx_x");
+    let dlx = testkit::unique_name("pub_dlx_d");
+    let queue = testkit::unique_name("pub_dlx_q");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    broker.exchange(&dlx, ExchangeKind::Fanout).await;
+    broker.queue(&queue, FieldTable::default()).await;
+    broker.bind(&queue, &dlx, "").await;
+    let mut consumer = broker.consumer(&queue, 100).await;
+
+    let mut config = config(&exchange);
+    config.dead_letter_exchange = Some(dlx.clone());
+    let mut running = start(config).await;
+    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    running.send(stream.transaction(3)).await;
+    running.send(stream.transaction(2)).await;
+
+    let deliveries = receive(&mut consumer, 5).await;
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    let report = running.finish().await;
+    for (i, d) in deliveries.iter().enumerate() {
+        assert_eq!(message_id(d), format!("id-{i:08}"));
+        assert_eq!(d.exchange.as_str(), dlx);
+        assert_eq!(header_text(d, "x-outbox-error"), "unroutable");
+        assert_eq!(header_text(d, "x-original-exchange"), exchange);
+        assert_eq!(header_text(d, "x-original-routing-key"), "order.created");
+        assert_eq!(header_text(d, "aggregate_type"), "order");
+    }
+    assert_eq!(report.returned, 5);
+    assert_eq!(report.dead_lettered, 5);
+    assert_eq!(report.retries, 0);
+    assert_eq!(report.watermark, last);
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unroutable_without_dead_letter_is_retried_until_routable() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_unr_x");
+    let queue = testkit::unique_name("pub_unr_q");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+
+    let mut running = start(config(&exchange)).await;
+    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    running.send(stream.transaction(3)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        *running.watermark.borrow(),
+        Lsn::ZERO,
+        "watermark moved past unroutable messages"
+    );
+    assert_eq!(running.status.in_flight(), 3);
+
+    broker.queue(&queue, FieldTable::default()).await;
+    broker.bind(&queue, &exchange, "#").await;
+    let mut consumer = broker.consumer(&queue, 100).await;
+    let deliveries = receive(&mut consumer, 3).await;
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    let report = running.finish().await;
+    let ids: Vec<String> = deliveries.iter().map(message_id).collect();
+    assert_eq!(ids, ["id-00000000", "id-00000001", "id-00000002"]);
+    assert!(report.returned >= 3, "{report:?}");
+    assert!(report.retries >= 1, "{report:?}");
+    broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_closed_mid_stream_loses_nothing() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_cut_x");
+    let queue = testkit::unique_name("pub_cut_q");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    broker.queue(&queue, FieldTable::default()).await;
+    broker.bind(&queue, &exchange, "#").await;
+    let mut consumer = broker.consumer(&queue, 1000).await;
+
+    let mut config = config(&exchange);
+    config.max_in_flight = 500;
+    let name = config.connection_name.clone();
+    let mut running = start(config).await;
+    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    for _ in 0..20 {
+        running.send(stream.transaction(50)).await;
+    }
+    running.wait_watermark(stream.ends[3]).await;
+
+    // Close the publisher's connection from the broker side while more is sent.
+    let sender = running.input.clone().unwrap();
+    let mut more = Vec::new();
+    for _ in 0..80 {
+        more.push(stream.transaction(50));
+    }
+    let feeder = tokio::spawn(async move {
+        for batch in more {
+            sender.send(batch).await.unwrap();
+        }
+    });
+    close_connection_named(&name);
+    feeder.await.unwrap();
+
+    let total = stream.events as usize;
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    running.assert_watermarks_valid(&stream.ends);
+    let report = running.finish().await;
+    assert!(report.reconnects >= 1, "{report:?}");
+
+    // Everything arrived (duplicates allowed); first occurrences are in order.
+    let mut first_seen = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    while seen.len() < total {
+        for d in receive(&mut consumer, 1).await {
+            let id = message_id(&d);
+            if seen.insert(id.clone()) {
+                first_seen.push(id);
+            }
+        }
+    }
+    let expected: Vec<String> = (0..total).map(|i| format!("id-{i:08}")).collect();
+    assert_eq!(first_seen, expected);
+    broker.cleanup().await;
+}
+
+/// Closes the broker connection whose client-provided name is `name`.
+fn close_connection_named(name: &str) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(["-q", "list_connections", "pid", "client_properties"])
+        .output()
+        .unwrap();
+    let listing = String::from_utf8_lossy(&out.stdout);
+    let pid = listing
+        .lines()
+        .find(|l| l.contains(name))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no connection named {name} in:\n{listing}"))
+        .to_string();
+    let status = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "close_connection",
+            &pid,
+            "publisher test closes the connection",
+        ])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+/// Restores the broker's memory high watermark when dropped (even on panic).
+struct MemoryWatermarkGuard {
+    original: Vec<String>,
+}
+
+impl MemoryWatermarkGuard {
+    /// Reads the current setting, then sets the watermark to 0 (blocks publishers).
+    fn block() -> MemoryWatermarkGuard {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args(["-q", "environment"])
+            .output()
+            .unwrap();
+        let env = String::from_utf8_lossy(&out.stdout);
+        let setting = env
+            .split("{vm_memory_high_watermark,")
+            .nth(1)
+            .expect("rabbitmqctl environment shows vm_memory_high_watermark");
+        // Either `0.4}` or `{absolute,1073741824}}`.
+        let original = if let Some(rest) = setting.strip_prefix("{absolute,") {
+            let value = rest.split('}').next().unwrap().trim().trim_matches('"');
+            vec!["absolute".to_string(), value.to_string()]
+        } else {
+            vec![setting.split('}').next().unwrap().trim().to_string()]
+        };
+        let guard = MemoryWatermarkGuard { original };
+        set_memory_watermark(&["0"]);
+        guard
+    }
+}
+
+impl Drop for MemoryWatermarkGuard {
+    fn drop(&mut self) {
+        let args: Vec<&str> = self.original.iter().map(String::as_str).collect();
+        set_memory_watermark(&args);
+    }
+}
+
+fn set_memory_watermark(args: &[&str]) {
+    let status = std::process::Command::new("rabbitmqctl")
+        .arg("-q")
+        .arg("set_vm_memory_high_watermark")
+        .args(args)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "rabbitmqctl set_vm_memory_high_watermark {args:?} failed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocked_broker_freezes_the_watermark() {
+    let _exclusive = BROKER.write().await;
+    let exchange = testkit::unique_name("pub_blk_x");
+    let queue = testkit::unique_name("pub_blk_q");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    broker.queue(&queue, FieldTable::default()).await;
+    broker.bind(&queue, &exchange, "#").await;
+
+    let mut running = start(config(&exchange)).await;
+    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    running.send(stream.transaction(5)).await;
+    running.wait_watermark(stream.ends[0]).await;
+    assert!(running.status.ready());
+
+    let guard = MemoryWatermarkGuard::block();
+    // The broker blocks a connection when it next publishes after the alarm.
+    let waited = tokio::time::timeout(PATIENCE, async {
+        while !running.status.blocked() {
+            running.send(stream.transaction(1)).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the publisher never saw connection.blocked");
+    assert!(!running.status.ready());
+    // Let acks of messages the broker took before blocking arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let frozen = *running.watermark.borrow();
+    running.send(stream.transaction(3)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        *running.watermark.borrow(),
+        frozen,
+        "watermark moved while blocked"
+    );
+    assert!(frozen < *stream.ends.last().unwrap());
+    drop(guard);
+
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    assert!(!running.status.blocked());
+    running.assert_watermarks_valid(&stream.ends);
+    let report = running.finish().await;
+    assert_eq!(report.watermark, last);
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn wrong_password_is_a_definite_error_without_the_password() {
+    let _shared = BROKER.read().await;
+    let mut config = config(&testkit::unique_name("pub_auth_x"));
+    config.urls = vec!["amqp://guest:sUpErSeCrEt@127.0.0.1:5672/%2f".into()];
+    let err = match Publisher::connect(config).await {
+        Ok(_) => panic!("connected with a wrong password"),
+        Err(e) => e,
+    };
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(
+        matches!(err, publisher::PublishError::AuthenticationRefused { .. }),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains("sUpErSeCrEt"), "{err}");
+    assert!(!format!("{err:?}").contains("sUpErSeCrEt"));
+}
+
+#[tokio::test]
+async fn missing_vhost_and_exchange_are_definite_errors() {
+    let _shared = BROKER.read().await;
+    let mut config = config(&testkit::unique_name("pub_vh_x"));
+    config.urls = vec!["amqp://guest:guest@127.0.0.1:5672/no_such_vhost_here".into()];
+    let err = Publisher::connect(config)
+        .await
+        .err()
+        .expect("missing vhost fails");
+    assert!(
+        matches!(err, publisher::PublishError::VirtualHost { .. }),
+        "{err:?}"
+    );
+
+    let mut config = support::config(&testkit::unique_name("pub_missing_x"));
+    config.declare_exchange = false;
+    let err = Publisher::connect(config)
+        .await
+        .err()
+        .expect("missing exchange fails");
+    assert!(
+        matches!(err, publisher::PublishError::Exchange { .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_transient());
+}
+
+#[tokio::test]
+async fn unreachable_is_transient_and_the_next_url_is_tried() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_urls_x");
+    let mut config: PublisherConfig = support::config(&exchange);
+    config.urls = vec!["amqp://guest:hunter2@127.0.0.1:1/%2f".into()];
+    let err = Publisher::connect(config.clone())
+        .await
+        .err()
+        .expect("port 1 is closed");
+    assert!(err.is_transient(), "{err:?}");
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+
+    config.urls.push(testkit::amqp_url());
+    let publisher = Publisher::connect(config).await.unwrap();
+    assert!(publisher.status().connected());
+    drop(publisher);
+    let mut broker = Broker::new().await;
+    broker.forget_exchange_later(&exchange);
+    broker.cleanup().await;
+}
