@@ -1,1 +1,105 @@
-fn main() {}
+//! `outbox-relay`: relays a transactional outbox from a Postgres logical replication
+//! slot (pgoutput) to RabbitMQ with publisher confirms (SPEC §1).
+//!
+//! # Layout
+//!
+//! ```text
+//!   main ─► Cli::parse (clap: bad usage exits 2)
+//!        ─► logging::init (RUST_LOG, --log-format)
+//!        ─► run(cli): Config::load ─► one command ─► Result<(), CliError>
+//!        ─► exit code: 0 ok, 1 runtime failure, 2 usage/config/precondition
+//! ```
+//!
+//! - `cli`: the command line (SPEC §6).
+//! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides (SPEC §4).
+//! - `error`: [`error::CliError`], its exit codes and its one-line printing.
+//! - `logging`: the tracing subscriber.
+//!
+//! Commands other than `check` are placeholders that fail with exit code 1 until the
+//! pipeline is wired in.
+
+// The config accessors and the CLI's parsed values are consumed by the pipeline and
+// the commands, which are wired in separately; until then some of them are unused.
+#[allow(dead_code)]
+mod cli;
+#[allow(dead_code)]
+mod config;
+mod error;
+mod logging;
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::Parser;
+
+use crate::cli::{Cli, Command, SlotCommand};
+use crate::config::Config;
+use crate::error::CliError;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Err(e) = logging::init(cli.log_format) {
+        return e.report();
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return CliError::Runtime(format!(
+                "cannot start the async runtime ({e}): check the process's thread and file limits"
+            ))
+            .report()
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => e.report(),
+    }
+}
+
+/// Loads the configuration and runs one command.
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let config = Config::load(cli.config.as_deref())?;
+    tracing::debug!(source = %config.source, "configuration loaded");
+    match cli.command {
+        Command::Check => check(&config).await,
+        Command::Run(_args) => not_yet_implemented("run"),
+        Command::Slot(SlotCommand::Create(_args)) => not_yet_implemented("slot create"),
+        Command::Slot(SlotCommand::Drop(_args)) => not_yet_implemented("slot drop"),
+        Command::Status(_args) => not_yet_implemented("status"),
+        Command::Peek(_args) => not_yet_implemented("peek"),
+        Command::Replay(args) => {
+            // Range checks clap cannot express are usage errors even before replay exists.
+            args.source()?;
+            not_yet_implemented("replay")
+        }
+    }
+}
+
+/// Placeholder for a command the pipeline has not wired in yet.
+fn not_yet_implemented(command: &str) -> Result<(), CliError> {
+    Err(CliError::Runtime(format!(
+        "`{command}` is not yet implemented in this build: use a release that includes it"
+    )))
+}
+
+/// `check`: one line per precondition on stdout. A failure is the error line on
+/// stderr with exit code 2; configuration errors never get here (`run` loads first).
+async fn check(config: &Config) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    let write_err = |e: std::io::Error| CliError::Runtime(format!("cannot write to stdout: {e}"));
+    writeln!(out, "ok   config: {}", config.source).map_err(write_err)?;
+    out.flush().map_err(write_err)?;
+    drop(out);
+    check_environment(config).await
+}
+
+/// Hook for the database and broker preconditions of `check` (wal_level, slot,
+/// publication, tables and mapped columns, authentication, broker reachable). Each
+/// check prints `ok   <what>: <detail>` on stdout, or returns
+/// `CliError::Precondition` naming the fix.
+async fn check_environment(_config: &Config) -> Result<(), CliError> {
+    Ok(())
+}

@@ -1,0 +1,348 @@
+//! Command-line interface (SPEC §6), declared with clap's derive API.
+//!
+//! ```text
+//! outbox-relay [--config FILE] [--log-format text|json] <COMMAND>
+//!   run [--start-lsn LSN]
+//!   slot create [--if-not-exists] [--failover]
+//!   slot drop [--if-exists] [--force]
+//!   status [--json]
+//!   peek [--limit N] [--json]
+//!   replay --from-lsn LSN [--to-lsn LSN]
+//!   replay --from-table [--since TIME] [--until TIME]
+//!   check
+//! ```
+//!
+//! Parsing only: each command's behaviour lives elsewhere. Clap rejects bad usage
+//! with exit code 2 before anything runs. LSNs are parsed by [`pgoutput::Lsn`]
+//! (`X/Y` in hex), times as RFC 3339 in UTC by `humantime`
+//! (`2024-05-01T12:00:00Z`; a missing `Z` also means UTC).
+
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use pgoutput::Lsn;
+
+use crate::error::CliError;
+
+/// Default `peek --limit`.
+pub const DEFAULT_PEEK_LIMIT: u32 = 100;
+
+/// Relays a transactional outbox from a Postgres logical replication slot to RabbitMQ.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about, propagate_version = true)]
+pub struct Cli {
+    /// Configuration file [default: ./outbox-relay.toml if present]. Every key can be
+    /// overridden by an OUTBOX_RELAY_<SECTION>_<KEY> environment variable.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
+    /// Log line format on stderr; the level comes from RUST_LOG (default: info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the relay until SIGTERM/SIGINT.
+    Run(RunArgs),
+    /// Create or drop the replication slot.
+    #[command(subcommand)]
+    Slot(SlotCommand),
+    /// Show the slot's state, confirmed/restart LSN, retained WAL and outbox lag.
+    Status(StatusArgs),
+    /// Print pending events without consuming them.
+    Peek(PeekArgs),
+    /// Re-publish events from a past WAL position or from the outbox table.
+    Replay(ReplayArgs),
+    /// Validate the configuration and every precondition, one line each.
+    Check,
+}
+
+/// `run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Stream from this LSN (X/Y) instead of the slot's confirmed position; it cannot
+    /// be older than the slot's confirmed_flush_lsn.
+    #[arg(long, value_name = "LSN")]
+    pub start_lsn: Option<Lsn>,
+}
+
+/// `slot create` / `slot drop`.
+#[derive(Debug, Subcommand)]
+pub enum SlotCommand {
+    /// Create the publication (if missing) and the pgoutput slot.
+    Create(SlotCreateArgs),
+    /// Drop the slot (refuses while a relay holds it, unless --force).
+    Drop(SlotDropArgs),
+}
+
+/// `slot create`.
+#[derive(Debug, Args)]
+pub struct SlotCreateArgs {
+    /// Succeed if the slot already exists.
+    #[arg(long)]
+    pub if_not_exists: bool,
+    /// Create a failover slot synchronised to standbys (Postgres 17+).
+    #[arg(long)]
+    pub failover: bool,
+}
+
+/// `slot drop`.
+#[derive(Debug, Args)]
+pub struct SlotDropArgs {
+    /// Succeed if the slot does not exist.
+    #[arg(long)]
+    pub if_exists: bool,
+    /// Terminate the relay holding the slot, then drop it.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `peek`.
+#[derive(Debug, Args)]
+pub struct PeekArgs {
+    /// Print at most N events.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_PEEK_LIMIT,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+    /// Print JSON lines instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `replay`: exactly one of `--from-lsn` and `--from-table`.
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("source").required(true).args(["from_lsn", "from_table"])))]
+pub struct ReplayArgs {
+    /// Re-publish, from the replay window's anchor slot, events committed at or after LSN.
+    #[arg(long, value_name = "LSN")]
+    pub from_lsn: Option<Lsn>,
+    /// Stop at this LSN [default: the live slot's position].
+    #[arg(
+        long,
+        value_name = "LSN",
+        requires = "from_lsn",
+        conflicts_with = "from_table"
+    )]
+    pub to_lsn: Option<Lsn>,
+    /// Re-publish rows still in the outbox table, in created_at/id order.
+    #[arg(long)]
+    pub from_table: bool,
+    /// Only rows created at or after TIME (RFC 3339, UTC, e.g. 2024-05-01T12:00:00Z).
+    #[arg(long, value_name = "TIME", requires = "from_table", conflicts_with = "from_lsn", value_parser = parse_time)]
+    pub since: Option<SystemTime>,
+    /// Only rows created before TIME (RFC 3339, UTC).
+    #[arg(long, value_name = "TIME", requires = "from_table", conflicts_with = "from_lsn", value_parser = parse_time)]
+    pub until: Option<SystemTime>,
+}
+
+/// What `replay` re-publishes, once the arguments are checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplaySource {
+    /// `--from-lsn` [`--to-lsn`].
+    Wal { from: Lsn, to: Option<Lsn> },
+    /// `--from-table` [`--since`] [`--until`].
+    Table {
+        since: Option<SystemTime>,
+        until: Option<SystemTime>,
+    },
+}
+
+impl ReplayArgs {
+    /// The replay source, with the checks clap cannot express (ranges in order).
+    pub fn source(&self) -> Result<ReplaySource, CliError> {
+        if let Some(from) = self.from_lsn {
+            if let Some(to) = self.to_lsn {
+                if to < from {
+                    return Err(CliError::Usage(format!(
+                        "--to-lsn {to} is before --from-lsn {from}: give an end position after the start"
+                    )));
+                }
+            }
+            return Ok(ReplaySource::Wal {
+                from,
+                to: self.to_lsn,
+            });
+        }
+        if let (Some(since), Some(until)) = (self.since, self.until) {
+            if until < since {
+                return Err(CliError::Usage(
+                    "--until is before --since: give an end time after the start time".into(),
+                ));
+            }
+        }
+        Ok(ReplaySource::Table {
+            since: self.since,
+            until: self.until,
+        })
+    }
+}
+
+fn parse_time(s: &str) -> Result<SystemTime, String> {
+    humantime::parse_rfc3339_weak(s)
+        .map_err(|e| format!("{e}: use RFC 3339 in UTC, e.g. 2024-05-01T12:00:00Z"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("outbox-relay").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn globals_anywhere() {
+        let cli = parse(&["check", "--config", "x.toml", "--log-format", "json"]).unwrap();
+        assert_eq!(cli.config, Some(PathBuf::from("x.toml")));
+        assert_eq!(cli.log_format, LogFormat::Json);
+        assert!(matches!(cli.command, Command::Check));
+        let cli = parse(&["check"]).unwrap();
+        assert_eq!(cli.config, None);
+        assert_eq!(cli.log_format, LogFormat::Text);
+    }
+
+    #[test]
+    fn run_start_lsn() {
+        let cli = parse(&["run", "--start-lsn", "16/B374D848"]).unwrap();
+        let Command::Run(args) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(args.start_lsn, Some(Lsn(0x16_B374_D848)));
+        let e = parse(&["run", "--start-lsn", "nope"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn slot_commands() {
+        let cli = parse(&["slot", "create", "--if-not-exists", "--failover"]).unwrap();
+        let Command::Slot(SlotCommand::Create(a)) = cli.command else {
+            panic!("not slot create")
+        };
+        assert!(a.if_not_exists && a.failover);
+        let cli = parse(&["slot", "drop", "--if-exists", "--force"]).unwrap();
+        let Command::Slot(SlotCommand::Drop(a)) = cli.command else {
+            panic!("not slot drop")
+        };
+        assert!(a.if_exists && a.force);
+        assert!(parse(&["slot"]).is_err());
+        assert!(parse(&["slot", "drop", "--failover"]).is_err());
+    }
+
+    #[test]
+    fn status_and_peek() {
+        let Command::Status(s) = parse(&["status", "--json"]).unwrap().command else {
+            panic!("not status")
+        };
+        assert!(s.json);
+        let Command::Peek(p) = parse(&["peek"]).unwrap().command else {
+            panic!("not peek")
+        };
+        assert_eq!((p.limit, p.json), (DEFAULT_PEEK_LIMIT, false));
+        let Command::Peek(p) = parse(&["peek", "--limit", "5", "--json"]).unwrap().command else {
+            panic!("not peek")
+        };
+        assert_eq!((p.limit, p.json), (5, true));
+        assert!(parse(&["peek", "--limit", "0"]).is_err());
+        assert!(parse(&["peek", "--limit", "-3"]).is_err());
+    }
+
+    fn replay(args: &[&str]) -> Result<ReplayArgs, clap::Error> {
+        let mut all = vec!["replay"];
+        all.extend_from_slice(args);
+        match parse(&all)?.command {
+            Command::Replay(r) => Ok(r),
+            other => panic!("not replay: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn replay_from_lsn() {
+        let r = replay(&["--from-lsn", "0/10", "--to-lsn", "0/20"]).unwrap();
+        assert_eq!(
+            r.source().unwrap(),
+            ReplaySource::Wal {
+                from: Lsn(0x10),
+                to: Some(Lsn(0x20))
+            }
+        );
+        let r = replay(&["--from-lsn", "0/20", "--to-lsn", "0/10"]).unwrap();
+        assert_eq!(r.source().unwrap_err().exit_code(), 2);
+    }
+
+    #[test]
+    fn replay_from_table() {
+        let r = replay(&[
+            "--from-table",
+            "--since",
+            "2024-05-01T12:00:00Z",
+            "--until",
+            "2024-05-02T00:00:00Z",
+        ])
+        .unwrap();
+        let ReplaySource::Table { since, until } = r.source().unwrap() else {
+            panic!("not a table replay")
+        };
+        let since = since.unwrap();
+        assert_eq!(
+            humantime::format_rfc3339(since).to_string(),
+            "2024-05-01T12:00:00Z"
+        );
+        assert!(until.unwrap() > since);
+        let r = replay(&[
+            "--from-table",
+            "--since",
+            "2024-05-02T00:00:00Z",
+            "--until",
+            "2024-05-01T00:00:00Z",
+        ])
+        .unwrap();
+        assert!(matches!(r.source(), Err(CliError::Usage(_))));
+        assert!(replay(&["--from-table", "--since", "yesterday"]).is_err());
+    }
+
+    #[test]
+    fn replay_groups_are_exclusive_and_required() {
+        for bad in [
+            &[][..],
+            &["--from-lsn", "0/1", "--from-table"][..],
+            &["--to-lsn", "0/1"][..],
+            &["--since", "2024-05-01T12:00:00Z"][..],
+            &["--from-lsn", "0/1", "--since", "2024-05-01T12:00:00Z"][..],
+            &["--from-table", "--to-lsn", "0/1"][..],
+        ] {
+            let e = replay(bad).expect_err(&format!("{bad:?} accepted"));
+            assert_eq!(e.exit_code(), 2, "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,797 @@
+//! Configuration (SPEC §4): a TOML file overridden by `OUTBOX_RELAY_<SECTION>_<KEY>`
+//! environment variables.
+//!
+//! # How a configuration is assembled
+//!
+//! ```text
+//!   serde defaults (DEFAULT_* constants)
+//!        ▲ overridden by
+//!   TOML file: --config FILE, else ./outbox-relay.toml if present
+//!        ▲ overridden by
+//!   environment: OUTBOX_RELAY_<SECTION>_<KEY>   (typed by the key table `KEYS`)
+//!        │
+//!        ▼  figment::extract (deny_unknown_fields)  →  Config::validate()
+//!   Config   ── errors name the key and where it came from (file or variable)
+//! ```
+//!
+//! Keys themselves contain underscores (`max_in_flight`), so an environment variable is
+//! mapped by its known section prefix (`OUTBOX_RELAY_RABBITMQ_` → `rabbitmq.`) and the
+//! rest of the name is the key. Every variable with the `OUTBOX_RELAY_` prefix must name
+//! a known key: a typo is an error, not a silently ignored override. Values are typed
+//! by the key table: lists (`postgres.tables`, `rabbitmq.url`) take a TOML array
+//! (`["a", "b"]`); `postgres.tables` also takes a comma-separated list. AMQP URLs are
+//! never split on commas, since a password may contain one.
+//!
+//! Secrets: the Postgres URL and the AMQP URLs carry passwords. They are held as
+//! [`SecretString`], `Debug` shows them through [`redact_url`], and error messages never
+//! quote their values. Code that needs the real value calls a method whose name says so
+//! ([`Config::postgres_url_exposed`], [`Config::expose_amqp_urls`]).
+//!
+//! `tables`, durations and socket addresses are checked at load time, so the accessors
+//! that return typed values ([`Config::tables`], [`Config::replay_window`], ...) cannot
+//! fail afterwards.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use figment::providers::{Format, Toml};
+use figment::Figment;
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Deserializer};
+use wal_reader::{ColumnMapping, TableName};
+
+mod env;
+mod error;
+mod redact;
+
+pub use error::ConfigError;
+pub use redact::redact_url;
+
+use env::EnvOverrides;
+use error::{closest, describe_origin, from_figment};
+
+/// The file read when `--config` is not given, if it exists in the working directory.
+pub const DEFAULT_CONFIG_FILE: &str = "outbox-relay.toml";
+/// Prefix of the environment variables that override configuration keys.
+pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
+
+/// Default `postgres.url`.
+pub const DEFAULT_POSTGRES_URL: &str = "postgresql://postgres@127.0.0.1:5432/app";
+/// Default `postgres.slot`.
+pub const DEFAULT_SLOT: &str = "outbox_relay";
+/// Default `postgres.publication`.
+pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
+/// Default `postgres.tables`.
+pub const DEFAULT_TABLES: &[&str] = &["public.outbox"];
+
+/// Default `mapping.id`.
+pub const DEFAULT_MAPPING_ID: &str = "id";
+/// Default `mapping.aggregate_type`.
+pub const DEFAULT_MAPPING_AGGREGATE_TYPE: &str = "aggregate_type";
+/// Default `mapping.aggregate_id`.
+pub const DEFAULT_MAPPING_AGGREGATE_ID: &str = "aggregate_id";
+/// Default `mapping.event_type`.
+pub const DEFAULT_MAPPING_EVENT_TYPE: &str = "event_type";
+/// Default `mapping.payload`.
+pub const DEFAULT_MAPPING_PAYLOAD: &str = "payload";
+/// Default `mapping.headers`.
+pub const DEFAULT_MAPPING_HEADERS: &str = "headers";
+/// Default `mapping.correlation_id` (none).
+pub const DEFAULT_MAPPING_CORRELATION_ID: &str = "";
+
+/// Default `rabbitmq.url`.
+pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// Default `rabbitmq.exchange`.
+pub const DEFAULT_EXCHANGE: &str = "outbox";
+/// Default `rabbitmq.exchange_type`.
+pub const DEFAULT_EXCHANGE_TYPE: ExchangeType = ExchangeType::Topic;
+/// Default `rabbitmq.declare_exchange`.
+pub const DEFAULT_DECLARE_EXCHANGE: bool = true;
+/// Default `rabbitmq.routing_key`.
+pub const DEFAULT_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
+/// Default `rabbitmq.max_in_flight`.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// Default `rabbitmq.dead_letter_exchange` (none).
+pub const DEFAULT_DEAD_LETTER_EXCHANGE: &str = "";
+/// Default `rabbitmq.ca_file` (system roots).
+pub const DEFAULT_CA_FILE: &str = "";
+/// Default `rabbitmq.heartbeat_secs` (0: the URL's `heartbeat` or the broker's proposal).
+pub const DEFAULT_HEARTBEAT_SECS: u64 = 0;
+
+/// Default `relay.status_interval_ms`.
+pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
+/// Smallest accepted `relay.status_interval_ms`.
+pub const MIN_STATUS_INTERVAL_MS: u64 = 100;
+/// Default `relay.metrics_listen`.
+pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
+/// Default `relay.replay_window` (none).
+pub const DEFAULT_REPLAY_WINDOW: &str = "";
+/// Default `relay.shutdown_timeout_ms`.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+
+/// Default `retention.keep` (retention off).
+pub const DEFAULT_RETENTION_KEEP: &str = "";
+
+/// The placeholders `rabbitmq.routing_key` may use.
+pub const ROUTING_KEY_PLACEHOLDERS: &[&str] =
+    &["aggregate_type", "aggregate_id", "event_type", "table"];
+
+/// Where the configuration came from, for `check` and logs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum ConfigSource {
+    /// Built-in defaults (plus environment overrides): no file was read.
+    #[default]
+    Defaults,
+    /// This file (plus environment overrides).
+    File(PathBuf),
+}
+
+impl fmt::Display for ConfigSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigSource::Defaults => write!(f, "defaults (no {DEFAULT_CONFIG_FILE} found)"),
+            ConfigSource::File(path) => write!(f, "{}", path.display()),
+        }
+    }
+}
+
+/// The whole configuration (SPEC §4).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// `[postgres]`: the database, slot, publication and outbox tables.
+    pub postgres: PostgresConfig,
+    /// `[mapping]`: outbox column names.
+    pub mapping: MappingConfig,
+    /// `[rabbitmq]`: the broker and how messages are routed.
+    pub rabbitmq: RabbitMqConfig,
+    /// `[relay]`: the relay process itself.
+    pub relay: RelayConfig,
+    /// `[retention]`: deletion of confirmed outbox rows.
+    pub retention: RetentionConfig,
+    /// Where the configuration was read from (not a key).
+    #[serde(skip)]
+    pub source: ConfigSource,
+}
+
+/// `[postgres]`.
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PostgresConfig {
+    /// libpq-style URL (`postgresql://user:pw@host:port/db?sslmode=...`) or key=value
+    /// conninfo (`host=... user=... password=...`). Holds a password: secret.
+    #[serde(deserialize_with = "de_secret")]
+    pub url: SecretString,
+    /// Name of the pgoutput logical replication slot.
+    pub slot: String,
+    /// Name of the publication the slot streams.
+    pub publication: String,
+    /// Outbox tables, `schema.table` or `table` (schema `public`). Checked at load.
+    pub tables: Vec<String>,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> PostgresConfig {
+        PostgresConfig {
+            url: SecretString::from(DEFAULT_POSTGRES_URL),
+            slot: DEFAULT_SLOT.to_string(),
+            publication: DEFAULT_PUBLICATION.to_string(),
+            tables: DEFAULT_TABLES.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &redact_url(self.url.expose_secret()))
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("tables", &self.tables)
+            .finish()
+    }
+}
+
+/// `[mapping]`: column names of the outbox table.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MappingConfig {
+    /// Column holding the message id (`message_id` property).
+    pub id: String,
+    /// Column holding the aggregate type.
+    pub aggregate_type: String,
+    /// Column holding the aggregate id.
+    pub aggregate_id: String,
+    /// Column holding the event type (`type` property).
+    pub event_type: String,
+    /// Column holding the body.
+    pub payload: String,
+    /// Optional JSON column of extra headers; `""` means the table has none.
+    pub headers: String,
+    /// Optional column for the `correlation_id` property; `""` means none.
+    pub correlation_id: String,
+}
+
+impl Default for MappingConfig {
+    fn default() -> MappingConfig {
+        MappingConfig {
+            id: DEFAULT_MAPPING_ID.to_string(),
+            aggregate_type: DEFAULT_MAPPING_AGGREGATE_TYPE.to_string(),
+            aggregate_id: DEFAULT_MAPPING_AGGREGATE_ID.to_string(),
+            event_type: DEFAULT_MAPPING_EVENT_TYPE.to_string(),
+            payload: DEFAULT_MAPPING_PAYLOAD.to_string(),
+            headers: DEFAULT_MAPPING_HEADERS.to_string(),
+            correlation_id: DEFAULT_MAPPING_CORRELATION_ID.to_string(),
+        }
+    }
+}
+
+/// AMQP exchange types (`rabbitmq.exchange_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExchangeType {
+    Direct,
+    Fanout,
+    Topic,
+    Headers,
+}
+
+impl ExchangeType {
+    /// The AMQP name (`"topic"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ExchangeType::Direct => "direct",
+            ExchangeType::Fanout => "fanout",
+            ExchangeType::Topic => "topic",
+            ExchangeType::Headers => "headers",
+        }
+    }
+}
+
+/// `[rabbitmq]`.
+#[derive(Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RabbitMqConfig {
+    /// `amqp://` or `amqps://` URL, or a list of them (the nodes of a cluster, tried in
+    /// order on every (re)connect). Hold passwords: secret.
+    #[serde(deserialize_with = "de_secret_list")]
+    pub url: Vec<SecretString>,
+    /// Exchange messages are published to (`""` = the default exchange).
+    pub exchange: String,
+    /// Type of the exchange, used when declaring it.
+    pub exchange_type: ExchangeType,
+    /// Declare the exchange (durable) if it is missing.
+    pub declare_exchange: bool,
+    /// Routing key template over `{aggregate_type}`, `{aggregate_id}`, `{event_type}`,
+    /// `{table}`. Checked at load.
+    pub routing_key: String,
+    /// Messages published but not yet confirmed to Postgres (≥ 1).
+    pub max_in_flight: usize,
+    /// Exchange unroutable (returned) messages are republished to; `""` = none, retry.
+    pub dead_letter_exchange: String,
+    /// PEM file of CA certificates trusted for `amqps://`; `""` = the system roots.
+    pub ca_file: String,
+    /// AMQP heartbeat in seconds, added to every URL as `?heartbeat=N` (lapin honours
+    /// that query parameter). 0 = keep the URL's own `heartbeat` or the broker's
+    /// proposal (RabbitMQ: 60 s).
+    pub heartbeat_secs: u64,
+}
+
+impl Default for RabbitMqConfig {
+    fn default() -> RabbitMqConfig {
+        RabbitMqConfig {
+            url: vec![SecretString::from(DEFAULT_AMQP_URL)],
+            exchange: DEFAULT_EXCHANGE.to_string(),
+            exchange_type: DEFAULT_EXCHANGE_TYPE,
+            declare_exchange: DEFAULT_DECLARE_EXCHANGE,
+            routing_key: DEFAULT_ROUTING_KEY.to_string(),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            dead_letter_exchange: DEFAULT_DEAD_LETTER_EXCHANGE.to_string(),
+            ca_file: DEFAULT_CA_FILE.to_string(),
+            heartbeat_secs: DEFAULT_HEARTBEAT_SECS,
+        }
+    }
+}
+
+impl fmt::Debug for RabbitMqConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<String> = self
+            .url
+            .iter()
+            .map(|u| redact_url(u.expose_secret()))
+            .collect();
+        f.debug_struct("RabbitMqConfig")
+            .field("url", &urls)
+            .field("exchange", &self.exchange)
+            .field("exchange_type", &self.exchange_type)
+            .field("declare_exchange", &self.declare_exchange)
+            .field("routing_key", &self.routing_key)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("dead_letter_exchange", &self.dead_letter_exchange)
+            .field("ca_file", &self.ca_file)
+            .field("heartbeat_secs", &self.heartbeat_secs)
+            .finish()
+    }
+}
+
+/// `[relay]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RelayConfig {
+    /// Standby status update period in milliseconds (≥ 100).
+    pub status_interval_ms: u64,
+    /// Address of the Prometheus `/metrics`, `/healthz`, `/readyz` listener;
+    /// `""` disables it. Checked at load.
+    #[serde(deserialize_with = "de_socket_addr")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// WAL kept for `replay --from-lsn` by an anchor slot, e.g. `"1h"`; `""` = none.
+    #[serde(deserialize_with = "de_duration")]
+    pub replay_window: Option<Duration>,
+    /// How long a clean stop waits for outstanding broker confirms, in milliseconds.
+    pub shutdown_timeout_ms: u64,
+}
+
+impl Default for RelayConfig {
+    fn default() -> RelayConfig {
+        RelayConfig {
+            status_interval_ms: DEFAULT_STATUS_INTERVAL_MS,
+            metrics_listen: DEFAULT_METRICS_LISTEN.parse().ok(),
+            replay_window: None,
+            shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+        }
+    }
+}
+
+/// `[retention]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RetentionConfig {
+    /// Delete confirmed outbox rows older than this, e.g. `"7d"`; `""` = keep all.
+    #[serde(deserialize_with = "de_duration")]
+    pub keep: Option<Duration>,
+}
+
+fn de_secret<'de, D: Deserializer<'de>>(d: D) -> Result<SecretString, D::Error> {
+    String::deserialize(d).map(SecretString::from)
+}
+
+/// A string or a list of strings, each a secret.
+fn de_secret_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SecretString>, D::Error> {
+    struct V;
+    impl<'de> serde::de::Visitor<'de> for V {
+        type Value = Vec<SecretString>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a URL or a list of URLs")
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(vec![SecretString::from(v)])
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(s) = seq.next_element::<String>()? {
+                out.push(SecretString::from(s));
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_any(V)
+}
+
+fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    match humantime::parse_duration(s.trim()) {
+        Ok(d) if d.is_zero() => Err(serde::de::Error::custom(
+            "a zero duration is not allowed: use \"\" to turn it off",
+        )),
+        Ok(d) => Ok(Some(d)),
+        Err(e) => Err(serde::de::Error::custom(format!(
+            "{s:?} is not a duration ({e}): use a value like \"30min\", \"1h\" or \"7d\", or \"\" for none"
+        ))),
+    }
+}
+
+fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
+    let s = String::deserialize(d)?;
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    s.trim().parse().map(Some).map_err(|_| {
+        serde::de::Error::custom(format!(
+            "{s:?} is not a socket address: use IP:PORT like \"127.0.0.1:9187\" or \"[::]:9187\", or \"\" to disable"
+        ))
+    })
+}
+
+impl Config {
+    /// Loads the configuration: `path` if given (it must exist), else
+    /// `./outbox-relay.toml` if present, else the defaults; then the process
+    /// environment's `OUTBOX_RELAY_*` overrides; then [`Config::validate`].
+    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut env = Vec::new();
+        for (k, v) in std::env::vars_os() {
+            // Variables outside our prefix are none of our business, even if not UTF-8.
+            let Some(k) = k.to_str() else { continue };
+            if !k.starts_with(ENV_PREFIX) {
+                continue;
+            }
+            let Some(v) = v.to_str() else {
+                return Err(ConfigError::Invalid {
+                    key: k.to_string(),
+                    origin: None,
+                    reason: "the value is not valid UTF-8: set it to UTF-8 text".to_string(),
+                });
+            };
+            env.push((k.to_string(), v.to_string()));
+        }
+        Config::load_with_env(path, env)
+    }
+
+    /// [`Config::load`] with an explicit environment (for tests; variables without the
+    /// `OUTBOX_RELAY_` prefix are ignored).
+    pub fn load_with_env<I, K, V>(path: Option<&Path>, env: I) -> Result<Config, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let file = match path {
+            Some(p) if p.is_file() => Some(p.to_path_buf()),
+            Some(p) => {
+                return Err(ConfigError::FileNotFound {
+                    path: p.to_path_buf(),
+                })
+            }
+            None => Some(PathBuf::from(DEFAULT_CONFIG_FILE)).filter(|p| p.is_file()),
+        };
+        let overrides = EnvOverrides::parse(env)?;
+
+        let mut figment = Figment::new();
+        if let Some(file) = &file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        figment = figment.merge(overrides);
+
+        let mut config: Config = figment
+            .extract()
+            .map_err(|e| from_figment(e, file.as_deref()))?;
+        config.source = match file {
+            Some(f) => ConfigSource::File(f),
+            None => ConfigSource::Defaults,
+        };
+        config.validate().map_err(|e| match e {
+            ConfigError::Invalid {
+                key,
+                origin: None,
+                reason,
+            } => ConfigError::Invalid {
+                origin: figment
+                    .find_metadata(&key)
+                    .map(|m| describe_origin(m, &key)),
+                key,
+                reason,
+            },
+            other => other,
+        })?;
+        Ok(config)
+    }
+
+    /// Checks the values serde cannot: ranges, names, the routing key template, the
+    /// URLs' schemes. The error names the first offending key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let pg = &self.postgres;
+        validate_pg_url(pg.url.expose_secret())?;
+        validate_identifier("postgres.slot", &pg.slot, true)?;
+        validate_identifier("postgres.publication", &pg.publication, false)?;
+        if pg.tables.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.tables",
+                "the list is empty: name at least one outbox table, e.g. [\"public.outbox\"]",
+            ));
+        }
+        for t in &pg.tables {
+            if TableName::parse(t).is_none() {
+                return Err(ConfigError::invalid(
+                    "postgres.tables",
+                    format!("{t:?} is not a table name: use \"schema.table\" or \"table\""),
+                ));
+            }
+        }
+
+        let m = &self.mapping;
+        for (key, column) in [
+            ("mapping.id", &m.id),
+            ("mapping.aggregate_type", &m.aggregate_type),
+            ("mapping.aggregate_id", &m.aggregate_id),
+            ("mapping.event_type", &m.event_type),
+            ("mapping.payload", &m.payload),
+        ] {
+            if column.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    key,
+                    "the column name is empty: name the outbox column that holds this field",
+                ));
+            }
+        }
+
+        let r = &self.rabbitmq;
+        if r.url.is_empty() {
+            return Err(ConfigError::invalid(
+                "rabbitmq.url",
+                "the list is empty: give at least one amqp:// or amqps:// URL",
+            ));
+        }
+        for (i, u) in r.url.iter().enumerate() {
+            validate_amqp_url(u.expose_secret(), i, r.heartbeat_secs)?;
+        }
+        if r.declare_exchange && r.exchange.is_empty() {
+            return Err(ConfigError::invalid(
+                "rabbitmq.exchange",
+                "the default exchange \"\" cannot be declared: name an exchange, or set declare_exchange = false to publish to the default exchange",
+            ));
+        }
+        validate_routing_key(&r.routing_key)?;
+        if r.max_in_flight < 1 {
+            return Err(ConfigError::invalid(
+                "rabbitmq.max_in_flight",
+                "must be at least 1: set it to the number of unconfirmed messages to allow, e.g. 10000",
+            ));
+        }
+        if !r.ca_file.is_empty() && !Path::new(&r.ca_file).is_file() {
+            return Err(ConfigError::invalid(
+                "rabbitmq.ca_file",
+                format!(
+                    "{:?} is not a file: name a PEM file of CA certificates, or \"\" for the system roots",
+                    r.ca_file
+                ),
+            ));
+        }
+        if r.heartbeat_secs > u64::from(u16::MAX) {
+            return Err(ConfigError::invalid(
+                "rabbitmq.heartbeat_secs",
+                format!(
+                    "{} is too large: use at most 65535 (seconds), or 0 for the broker's value",
+                    r.heartbeat_secs
+                ),
+            ));
+        }
+
+        if self.relay.status_interval_ms < MIN_STATUS_INTERVAL_MS {
+            return Err(ConfigError::invalid(
+                "relay.status_interval_ms",
+                format!(
+                    "{} is too small: use at least {MIN_STATUS_INTERVAL_MS} (milliseconds)",
+                    self.relay.status_interval_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The Postgres URL or conninfo, password included. Do not log it.
+    pub fn postgres_url_exposed(&self) -> &str {
+        self.postgres.url.expose_secret()
+    }
+
+    /// The AMQP URLs in order, passwords included, with `heartbeat=N` added when
+    /// `rabbitmq.heartbeat_secs` is set. Do not log them.
+    pub fn expose_amqp_urls(&self) -> Vec<String> {
+        let hb = self.rabbitmq.heartbeat_secs;
+        self.rabbitmq
+            .url
+            .iter()
+            .map(|u| {
+                let u = u.expose_secret();
+                if hb == 0 {
+                    u.to_string()
+                } else if u.contains('?') {
+                    format!("{u}&heartbeat={hb}")
+                } else {
+                    format!("{u}?heartbeat={hb}")
+                }
+            })
+            .collect()
+    }
+
+    /// The AMQP URLs with passwords replaced by `***`, for logs.
+    pub fn amqp_urls_redacted(&self) -> Vec<String> {
+        self.rabbitmq
+            .url
+            .iter()
+            .map(|u| redact_url(u.expose_secret()))
+            .collect()
+    }
+
+    /// The column mapping for the reader: `headers = ""` and `correlation_id = ""`
+    /// mean no such column.
+    pub fn mapping(&self) -> ColumnMapping {
+        let m = &self.mapping;
+        let optional = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        ColumnMapping {
+            id: m.id.clone(),
+            aggregate_type: m.aggregate_type.clone(),
+            aggregate_id: m.aggregate_id.clone(),
+            event_type: m.event_type.clone(),
+            payload: m.payload.clone(),
+            headers: optional(&m.headers),
+            correlation_id: optional(&m.correlation_id),
+        }
+    }
+
+    /// The outbox tables (validated at load).
+    pub fn tables(&self) -> Vec<TableName> {
+        self.postgres
+            .tables
+            .iter()
+            .filter_map(|t| TableName::parse(t))
+            .collect()
+    }
+
+    /// `rabbitmq.dead_letter_exchange`, `None` when `""`.
+    pub fn dead_letter_exchange(&self) -> Option<&str> {
+        Some(self.rabbitmq.dead_letter_exchange.as_str()).filter(|s| !s.is_empty())
+    }
+
+    /// `rabbitmq.ca_file`, `None` when `""` (system roots).
+    pub fn ca_file(&self) -> Option<&Path> {
+        Some(self.rabbitmq.ca_file.as_str())
+            .filter(|s| !s.is_empty())
+            .map(Path::new)
+    }
+
+    /// `relay.status_interval_ms`.
+    pub fn status_interval(&self) -> Duration {
+        Duration::from_millis(self.relay.status_interval_ms)
+    }
+
+    /// `relay.shutdown_timeout_ms`.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.relay.shutdown_timeout_ms)
+    }
+
+    /// `relay.metrics_listen`, `None` when disabled.
+    pub fn metrics_listen(&self) -> Option<SocketAddr> {
+        self.relay.metrics_listen
+    }
+
+    /// `relay.replay_window`, `None` when there is none.
+    pub fn replay_window(&self) -> Option<Duration> {
+        self.relay.replay_window
+    }
+
+    /// `retention.keep`, `None` when retention is off.
+    pub fn retention_keep(&self) -> Option<Duration> {
+        self.retention.keep
+    }
+}
+
+fn validate_pg_url(url: &str) -> Result<(), ConfigError> {
+    const KEY: &str = "postgres.url";
+    if url.trim().is_empty() {
+        return Err(ConfigError::invalid(
+            KEY,
+            "it is empty: set a URL like postgresql://user@host:5432/db or a conninfo like \"host=... dbname=...\"",
+        ));
+    }
+    if let Some((scheme, _)) = url.split_once("://") {
+        if scheme != "postgresql" && scheme != "postgres" {
+            return Err(ConfigError::invalid(
+                KEY,
+                format!(
+                    "the URL scheme `{scheme}` is not postgresql:// or postgres://: fix the URL"
+                ),
+            ));
+        }
+    } else if !url.contains('=') {
+        return Err(ConfigError::invalid(
+            KEY,
+            "it is neither a postgresql:// URL nor key=value conninfo: fix it",
+        ));
+    }
+    Ok(())
+}
+
+fn validate_amqp_url(url: &str, index: usize, heartbeat_secs: u64) -> Result<(), ConfigError> {
+    const KEY: &str = "rabbitmq.url";
+    let which = format!("URL #{}", index + 1);
+    match url.split_once("://") {
+        Some(("amqp" | "amqps", rest)) if !rest.is_empty() => {}
+        Some((scheme, _)) if scheme != "amqp" && scheme != "amqps" => {
+            return Err(ConfigError::invalid(
+                KEY,
+                format!("{which} has scheme `{scheme}`: use amqp:// or amqps://"),
+            ))
+        }
+        _ => {
+            return Err(ConfigError::invalid(
+                KEY,
+                format!("{which} is not an AMQP URL: use amqp://user:password@host:5672/vhost"),
+            ))
+        }
+    }
+    if heartbeat_secs > 0 {
+        let has_heartbeat = url
+            .split_once('?')
+            .is_some_and(|(_, q)| q.split('&').any(|p| p.starts_with("heartbeat=")));
+        if has_heartbeat {
+            return Err(ConfigError::invalid(
+                "rabbitmq.heartbeat_secs",
+                format!("{which} already sets ?heartbeat=: set the heartbeat in one place only"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Slot names: lower-case letters, digits, underscores, at most 63 bytes. Publications:
+/// any non-empty name of at most 63 bytes (it is quoted when used).
+fn validate_identifier(key: &str, value: &str, slot_rules: bool) -> Result<(), ConfigError> {
+    if value.is_empty() || value.len() > 63 {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{value:?} must be 1 to 63 bytes long: choose another name"),
+        ));
+    }
+    if slot_rules
+        && !value
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    {
+        return Err(ConfigError::invalid(
+            key,
+            format!("{value:?} is not a valid slot name: use only lower-case letters, digits and underscores"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that every `{...}` in the template is a known placeholder and braces balance.
+pub fn validate_routing_key(template: &str) -> Result<(), ConfigError> {
+    const KEY: &str = "rabbitmq.routing_key";
+    let mut rest = template;
+    while let Some(i) = rest.find(['{', '}']) {
+        if rest[i..].starts_with('}') {
+            return Err(ConfigError::invalid(
+                KEY,
+                "has a `}` without a matching `{`: fix the template",
+            ));
+        }
+        let after = &rest[i + 1..];
+        let Some(end) = after.find('}') else {
+            return Err(ConfigError::invalid(
+                KEY,
+                "has a `{` without a closing `}`: fix the template",
+            ));
+        };
+        let name = &after[..end];
+        if !ROUTING_KEY_PLACEHOLDERS.contains(&name) {
+            let hint = match closest(name, ROUTING_KEY_PLACEHOLDERS) {
+                Some(s) => format!("did you mean `{{{s}}}`?"),
+                None => format!(
+                    "use only {}",
+                    ROUTING_KEY_PLACEHOLDERS
+                        .iter()
+                        .map(|p| format!("{{{p}}}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            return Err(ConfigError::invalid(
+                KEY,
+                format!("unknown placeholder `{{{name}}}`: {hint}"),
+            ));
+        }
+        rest = &after[end + 1..];
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,183 @@
+//! `OUTBOX_RELAY_<SECTION>_<KEY>` environment overrides, typed by a table of every key.
+
+use figment::providers::{Format, Toml};
+use figment::value::{Dict, Map, Value};
+use figment::{Figment, Metadata, Profile, Provider};
+
+use super::error::closest;
+use super::{ConfigError, ENV_PREFIX};
+
+/// How an environment variable's text becomes a value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// Taken as is.
+    Str,
+    /// `true` or `false`.
+    Bool,
+    /// A non-negative integer.
+    UInt,
+    /// A TOML array of strings, or a comma-separated list.
+    List,
+    /// A single URL, or a TOML array of URLs (never split on commas). Secret.
+    UrlList,
+}
+
+/// Every key, by section, with how its environment variable is read.
+pub(super) const KEYS: &[(&str, &str, Kind)] = &[
+    ("postgres", "url", Kind::Str),
+    ("postgres", "slot", Kind::Str),
+    ("postgres", "publication", Kind::Str),
+    ("postgres", "tables", Kind::List),
+    ("mapping", "id", Kind::Str),
+    ("mapping", "aggregate_type", Kind::Str),
+    ("mapping", "aggregate_id", Kind::Str),
+    ("mapping", "event_type", Kind::Str),
+    ("mapping", "payload", Kind::Str),
+    ("mapping", "headers", Kind::Str),
+    ("mapping", "correlation_id", Kind::Str),
+    ("rabbitmq", "url", Kind::UrlList),
+    ("rabbitmq", "exchange", Kind::Str),
+    ("rabbitmq", "exchange_type", Kind::Str),
+    ("rabbitmq", "declare_exchange", Kind::Bool),
+    ("rabbitmq", "routing_key", Kind::Str),
+    ("rabbitmq", "max_in_flight", Kind::UInt),
+    ("rabbitmq", "dead_letter_exchange", Kind::Str),
+    ("rabbitmq", "ca_file", Kind::Str),
+    ("rabbitmq", "heartbeat_secs", Kind::UInt),
+    ("relay", "status_interval_ms", Kind::UInt),
+    ("relay", "metrics_listen", Kind::Str),
+    ("relay", "replay_window", Kind::Str),
+    ("relay", "shutdown_timeout_ms", Kind::UInt),
+    ("retention", "keep", Kind::Str),
+];
+
+pub(super) const ENV_METADATA_NAME: &str = "environment variable";
+
+/// The environment variable that overrides `section.key`.
+pub fn env_var_name(dotted_key: &str) -> String {
+    format!(
+        "{ENV_PREFIX}{}",
+        dotted_key.replace('.', "_").to_uppercase()
+    )
+}
+
+/// The `OUTBOX_RELAY_*` variables, typed, as a figment provider.
+pub(super) struct EnvOverrides(Dict);
+
+impl EnvOverrides {
+    pub(super) fn parse<I, K, V>(env: I) -> Result<EnvOverrides, ConfigError>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: AsRef<str>,
+        V: AsRef<str>,
+    {
+        let mut sections: Map<String, Dict> = Map::new();
+        for (var, text) in env {
+            let (var, text) = (var.as_ref(), text.as_ref());
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let lower = rest.to_ascii_lowercase();
+            let found = KEYS.iter().find(|(section, key, _)| {
+                lower.len() == section.len() + 1 + key.len()
+                    && lower.starts_with(section)
+                    && lower[section.len()..].starts_with('_')
+                    && lower.ends_with(key)
+            });
+            let Some(&(section, key, kind)) = found else {
+                let names: Vec<String> = KEYS
+                    .iter()
+                    .map(|(s, k, _)| env_var_name(&format!("{s}.{k}")))
+                    .collect();
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                return Err(ConfigError::UnknownEnvVar {
+                    var: var.to_string(),
+                    suggestion: closest(var, &names).map(str::to_string),
+                });
+            };
+            let dotted = format!("{section}.{key}");
+            let invalid = |reason: String| ConfigError::Invalid {
+                key: dotted.clone(),
+                origin: Some(format!("in {ENV_METADATA_NAME} {var}")),
+                reason,
+            };
+            let value = match kind {
+                Kind::Str => Value::from(text.to_string()),
+                Kind::Bool => match text.trim().to_ascii_lowercase().as_str() {
+                    "true" => Value::from(true),
+                    "false" => Value::from(false),
+                    _ => {
+                        return Err(invalid(format!(
+                            "{text:?} is not a boolean: use true or false"
+                        )))
+                    }
+                },
+                Kind::UInt => match text.trim().parse::<u64>() {
+                    Ok(n) => Value::from(n),
+                    Err(_) => {
+                        return Err(invalid(format!(
+                            "{text:?} is not a non-negative integer: use digits only"
+                        )))
+                    }
+                },
+                Kind::List => {
+                    if text.trim_start().starts_with('[') {
+                        Value::from(toml_string_array(text).ok_or_else(|| {
+                            invalid(format!(
+                                "{text:?} is not a TOML array of strings: use [\"a\", \"b\"] or a comma-separated list"
+                            ))
+                        })?)
+                    } else {
+                        Value::from(
+                            text.split(',')
+                                .map(str::trim)
+                                .filter(|s| !s.is_empty())
+                                .map(str::to_string)
+                                .collect::<Vec<_>>(),
+                        )
+                    }
+                }
+                Kind::UrlList => {
+                    if text.trim_start().starts_with('[') {
+                        // No value in the message: it holds passwords.
+                        Value::from(toml_string_array(text).ok_or_else(|| {
+                            invalid(
+                                "starts with `[` but is not a TOML array of strings: use [\"amqp://...\", \"amqp://...\"] or a single URL"
+                                    .to_string(),
+                            )
+                        })?)
+                    } else {
+                        Value::from(text.to_string())
+                    }
+                }
+            };
+            sections
+                .entry(section.to_string())
+                .or_default()
+                .insert(key.to_string(), value);
+        }
+        let dict = sections
+            .into_iter()
+            .map(|(s, d)| (s, Value::from(d)))
+            .collect();
+        Ok(EnvOverrides(dict))
+    }
+}
+
+/// Parses `["a", "b"]` as TOML.
+fn toml_string_array(text: &str) -> Option<Vec<String>> {
+    Figment::from(Toml::string(&format!("v = {text}")))
+        .extract_inner::<Vec<String>>("v")
+        .ok()
+}
+
+impl Provider for EnvOverrides {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(ENV_METADATA_NAME)
+            .interpolater(|_profile: &Profile, keys: &[&str]| env_var_name(&keys.join(".")))
+    }
+
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        Ok(Profile::Default.collect(self.0.clone()))
+    }
+}

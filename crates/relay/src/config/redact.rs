@@ -1,0 +1,85 @@
+//! Hiding passwords in URLs, conninfo strings and free text.
+
+/// Replaces every password in `text` with `***`: the password of each
+/// `scheme://user:password@host` URL (postgresql, amqp, amqps, ...), and the value of
+/// every `password=` parameter (libpq key=value conninfo, quoted or not, and URL query
+/// parameters). Works on a single URL and on free text such as an error message.
+/// Errs on the side of hiding too much.
+pub fn redact_url(text: &str) -> String {
+    redact_password_params(&redact_userinfo(text))
+}
+
+fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        // A URL in text ends at whitespace; the userinfo ends at the token's last '@'
+        // (a password may contain '@', '/' or '?').
+        let token_end = tail.find(char::is_whitespace).unwrap_or(tail.len());
+        let token = &tail[..token_end];
+        match token.rfind('@') {
+            Some(at) => match token[..at].find(':') {
+                Some(colon) => {
+                    out.push_str(&token[..=colon]);
+                    out.push_str("***");
+                    out.push_str(&token[at..]);
+                }
+                None => out.push_str(token),
+            },
+            None => out.push_str(token),
+        }
+        rest = &tail[token_end..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn redact_password_params(text: &str) -> String {
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::with_capacity(text.len());
+    let mut pos = 0;
+    while let Some(found) = lower[pos..].find("password") {
+        let start = pos + found;
+        let after_word = start + "password".len();
+        // Only a parameter: `password`, optional spaces, `=`.
+        let eq = lower[after_word..]
+            .find(|c: char| c != ' ')
+            .map(|i| after_word + i)
+            .filter(|&i| lower[i..].starts_with('='));
+        let Some(eq) = eq else {
+            out.push_str(&text[pos..after_word]);
+            pos = after_word;
+            continue;
+        };
+        let value_start = lower[eq + 1..]
+            .find(|c: char| c != ' ')
+            .map_or(text.len(), |i| eq + 1 + i);
+        let value_end = if text[value_start..].starts_with('\'') {
+            // libpq quoting: 'it''s' is not used; backslash escapes quotes.
+            let mut end = text.len();
+            let mut escaped = false;
+            for (i, c) in text[value_start + 1..].char_indices() {
+                match c {
+                    '\\' if !escaped => escaped = true,
+                    '\'' if !escaped => {
+                        end = value_start + 1 + i + 1;
+                        break;
+                    }
+                    _ => escaped = false,
+                }
+            }
+            end
+        } else {
+            text[value_start..]
+                .find(|c: char| c.is_whitespace() || c == '&' || c == '"' || c == '`')
+                .map_or(text.len(), |i| value_start + i)
+        };
+        out.push_str(&text[pos..value_start]);
+        out.push_str("***");
+        pos = value_end;
+    }
+    out.push_str(&text[pos..]);
+    out
+}
