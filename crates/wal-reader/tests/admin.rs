@@ -367,6 +367,37 @@ async fn drop_refuses_a_held_slot_unless_forced() {
     }
 }
 
+/// A role may drop its own relay's slot by force, but not terminate a process of
+/// a superuser: the error says what to do instead.
+#[tokio::test]
+async fn force_drop_without_permission_to_terminate() {
+    let db = outbox_db("admin_drop_denied");
+    let c = db.client().await;
+    let slot = unique_name("slot");
+    create_slot(&c, &slot, false, false).await.unwrap();
+    let _holder = SlotHolder::start(&c, &db, &slot).await;
+    let pid = slot_state(&c, &slot)
+        .await
+        .unwrap()
+        .unwrap()
+        .active_pid
+        .unwrap();
+
+    let role = TestRole::create(&db, "LOGIN REPLICATION");
+    let rc = connect_as(&db, &role.name).await;
+    let e = drop_slot(&rc, &slot, false, true).await.unwrap_err();
+    assert!(
+        matches!(e, AdminError::TerminateDenied { pid: p, .. } if p == pid),
+        "{e:?}"
+    );
+    assert!(!e.is_precondition());
+    assert!(e.to_string().contains("pg_signal_backend"), "{e}");
+    assert!(
+        slot_state(&c, &slot).await.unwrap().unwrap().active,
+        "holder untouched"
+    );
+}
+
 #[tokio::test]
 async fn require_slot_missing() {
     let db = outbox_db("admin_req_missing");
@@ -469,6 +500,27 @@ async fn wal_level_replica_is_refused() {
              set wal_level = logical in postgresql.conf and restart Postgres"
         )
     );
+}
+
+#[tokio::test]
+async fn capacity_reads_the_limits() {
+    let db = outbox_db("admin_capacity");
+    let c = db.client().await;
+    let capacity = admin::Capacity::read(&c).await.unwrap();
+    let show = |setting: &str| db.psql(&format!("SHOW {setting}")).parse::<i64>().unwrap();
+    assert_eq!(
+        capacity.max_replication_slots,
+        show("max_replication_slots")
+    );
+    assert_eq!(capacity.max_wal_senders, show("max_wal_senders"));
+    assert!(capacity.slots_in_use >= 0 && capacity.wal_senders_in_use >= 0);
+
+    // A held slot counts as a running WAL sender.
+    let slot = unique_name("slot");
+    create_slot(&c, &slot, false, false).await.unwrap();
+    let _holder = SlotHolder::start(&c, &db, &slot).await;
+    let capacity = admin::Capacity::read(&c).await.unwrap();
+    assert!(capacity.slots_in_use >= 1 && capacity.wal_senders_in_use >= 1);
 }
 
 #[tokio::test]
