@@ -700,6 +700,52 @@ async fn ensure_publication_quotes_table_names() {
     );
 }
 
+/// A partitioned outbox is published through its root, so events carry the
+/// configured name; a publication that lists the partitions instead is named.
+#[tokio::test]
+async fn partitioned_outbox_is_published_via_its_root() {
+    let db = TestDb::new("admin_pub_part");
+    db.psql(
+        "CREATE TABLE outbox (id uuid NOT NULL, aggregate_type text, aggregate_id text, \
+                              event_type text, payload jsonb, created_at timestamptz NOT NULL) \
+           PARTITION BY RANGE (created_at); \
+         CREATE TABLE outbox_2026 PARTITION OF outbox \
+           FOR VALUES FROM ('2026-01-01') TO ('2027-01-01')",
+    );
+    let c = db.client().await;
+    assert!(ensure_publication(&c, "part_pub", &outbox_table())
+        .await
+        .unwrap());
+    assert_eq!(
+        db.psql("SELECT pubviaroot FROM pg_publication WHERE pubname = 'part_pub'"),
+        "t"
+    );
+    check_publication(&c, "part_pub", &outbox_table())
+        .await
+        .unwrap();
+    check_columns(&c, &outbox_table()[0], &ColumnMapping::default())
+        .await
+        .unwrap();
+
+    db.psql("CREATE PUBLICATION leaf_pub FOR TABLE outbox WITH (publish = 'insert')");
+    let e = check_publication(&c, "leaf_pub", &outbox_table())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, AdminError::PartitionsNotViaRoot { .. }),
+        "{e:?}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("ALTER PUBLICATION leaf_pub SET (publish_via_partition_root = true)"),
+        "{msg}"
+    );
+    db.psql("ALTER PUBLICATION leaf_pub SET (publish_via_partition_root = true)");
+    check_publication(&c, "leaf_pub", &outbox_table())
+        .await
+        .unwrap();
+}
+
 // ------------------------------------------------------------------ columns
 
 #[tokio::test]

@@ -71,7 +71,7 @@ pub async fn check_columns(
     mapping: &ColumnMapping,
 ) -> Result<TableColumns, AdminError> {
     validate_table_name(table)?;
-    let table_oid = require_table(c, table).await?;
+    let table_oid = require_table(c, table).await?.oid;
     let rows = c
         .query(
             "SELECT attname::text, atttypid, attnotnull FROM pg_attribute \

@@ -102,6 +102,9 @@ pub enum AdminError {
     #[error("table {table} is not in publication \"{publication}\": run ALTER PUBLICATION {publication} ADD TABLE {table}")]
     TableNotInPublication { table: String, publication: String },
 
+    #[error("table {table} is partitioned and publication \"{publication}\" publishes its partitions under their own names: run ALTER PUBLICATION {publication} SET (publish_via_partition_root = true)")]
+    PartitionsNotViaRoot { table: String, publication: String },
+
     #[error("table {table} has no column \"{column}\": add the column, or set [mapping] {key} to the name of the column that holds the {key}")]
     ColumnMissing {
         table: String,
@@ -157,6 +160,7 @@ impl AdminError {
             | AdminError::PublicationCreateDenied { .. }
             | AdminError::TableMissing { .. }
             | AdminError::TableNotInPublication { .. }
+            | AdminError::PartitionsNotViaRoot { .. }
             | AdminError::ColumnMissing { .. }
             | AdminError::ColumnNotPublished { .. } => true,
         }

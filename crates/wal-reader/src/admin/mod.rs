@@ -13,7 +13,7 @@
 //! |---|---|---|
 //! | [`check_wal_level`] | `wal_level = logical` | logical decoding is impossible otherwise; changing it needs a restart |
 //! | [`check_replication_role`] | REPLICATION attribute or superuser | needed to open a replication connection and to create/drop slots |
-//! | [`check_publication`] | publication exists, publishes inserts, contains every configured table | pgoutput silently sends nothing for a table outside the publication |
+//! | [`check_publication`] | publication exists, publishes inserts, contains every configured table (a partitioned one via its root) | pgoutput silently sends nothing for a table outside the publication, and names a partition instead of the configured table unless the publication publishes via the root |
 //! | [`check_columns`] | table exists, mapped columns exist (and their types) | the reader finds columns by name; a typo would yield empty events |
 //! | [`check_published_columns`] | a publication column list (PG 15+) keeps every mapped column | a column left out never reaches the reader |
 //! | [`require_slot`] | slot exists, logical, `pgoutput`, this database, not `lost` | a slot of another plugin or database cannot be decoded; a lost slot has no WAL |

@@ -30,10 +30,11 @@ pub async fn ensure_publication(
     if publication_flags(c, publication).await?.is_some() {
         return Ok(false);
     }
+    let mut via_root = false;
     for table in tables {
-        require_table(c, table).await?;
+        via_root |= require_table(c, table).await?.partitioned;
     }
-    let statement = create_statement(publication, tables, quote_table);
+    let statement = create_statement(publication, tables, via_root, quote_table);
     match c.batch_execute(&statement).await {
         Ok(()) => Ok(true),
         Err(e) if e.code() == Some(&SqlState::DUPLICATE_OBJECT) => Ok(false),
@@ -46,21 +47,30 @@ pub async fn ensure_publication(
                     .as_db_error()
                     .map(|db| db.message().to_string())
                     .unwrap_or_else(|| "permission denied".into()),
-                statement: create_statement(publication, tables, display_table),
+                statement: create_statement(publication, tables, via_root, display_table),
             })
         }
         Err(e) => Err(e.into()),
     }
 }
 
+/// The DDL, with `table_sql` rendering the table names (always quoted to run it,
+/// quoted only where needed to show it). Partitioned tables are published through
+/// their root, so events carry the configured table's name, not a partition's.
 fn create_statement(
     publication: &str,
     tables: &[TableName],
+    via_root: bool,
     table_sql: fn(&TableName) -> String,
 ) -> String {
     let list: Vec<String> = tables.iter().map(table_sql).collect();
+    let via_root = if via_root {
+        ", publish_via_partition_root = true"
+    } else {
+        ""
+    };
     format!(
-        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert')",
+        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
         quote_ident(publication),
         list.join(", ")
     )
@@ -87,7 +97,7 @@ pub async fn check_publication(
         });
     }
     for table in tables {
-        require_table(c, table).await?;
+        let found = require_table(c, table).await?;
         let published = c
             .query_opt(
                 "SELECT 1 FROM pg_publication_tables \
@@ -96,6 +106,14 @@ pub async fn check_publication(
             )
             .await?;
         if published.is_none() {
+            // A partitioned table in a publication that does not publish via the
+            // root is listed by its partitions only.
+            if found.partitioned && publishes_partitions_of(c, publication, found.oid).await? {
+                return Err(AdminError::PartitionsNotViaRoot {
+                    table: display_table(table),
+                    publication: publication.to_string(),
+                });
+            }
             return Err(AdminError::TableNotInPublication {
                 table: display_table(table),
                 publication: publication.to_string(),
@@ -103,6 +121,25 @@ pub async fn check_publication(
         }
     }
     Ok(())
+}
+
+/// Whether the publication lists partitions of the partitioned table `root`.
+async fn publishes_partitions_of(
+    c: &Client,
+    publication: &str,
+    root: u32,
+) -> Result<bool, AdminError> {
+    let row = c
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_publication_tables p \
+                 JOIN pg_namespace n ON n.nspname = p.schemaname \
+                 JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename \
+                WHERE p.pubname = $1 \
+                  AND c.oid IN (SELECT relid FROM pg_partition_tree($2::oid)))",
+            &[&publication, &root],
+        )
+        .await?;
+    Ok(row.try_get(0)?)
 }
 
 fn validate(publication: &str, tables: &[TableName]) -> Result<(), AdminError> {
@@ -127,23 +164,38 @@ async fn publication_flags(c: &Client, publication: &str) -> Result<Option<bool>
     })
 }
 
-/// The table's OID, if it exists as a table (plain or partitioned).
-pub(super) async fn table_oid(c: &Client, table: &TableName) -> Result<Option<u32>, AdminError> {
+/// A configured table as found in `pg_class`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FoundTable {
+    pub oid: u32,
+    /// A partitioned table (its rows live in partitions).
+    pub partitioned: bool,
+}
+
+/// The table, if it exists as a table (plain or partitioned).
+pub(super) async fn find_table(
+    c: &Client,
+    table: &TableName,
+) -> Result<Option<FoundTable>, AdminError> {
     let row = c
         .query_opt(
-            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+            "SELECT c.oid, c.relkind = 'p' FROM pg_class c \
+               JOIN pg_namespace n ON n.oid = c.relnamespace \
               WHERE n.nspname = $1 AND c.relname = $2 AND c.relkind IN ('r', 'p')",
             &[&table.schema, &table.name],
         )
         .await?;
     Ok(match row {
-        Some(row) => Some(row.try_get(0)?),
+        Some(row) => Some(FoundTable {
+            oid: row.try_get(0)?,
+            partitioned: row.try_get(1)?,
+        }),
         None => None,
     })
 }
 
-pub(super) async fn require_table(c: &Client, table: &TableName) -> Result<u32, AdminError> {
-    table_oid(c, table)
+pub(super) async fn require_table(c: &Client, table: &TableName) -> Result<FoundTable, AdminError> {
+    find_table(c, table)
         .await?
         .ok_or_else(|| AdminError::TableMissing {
             table: display_table(table),
@@ -161,13 +213,14 @@ mod tests {
             TableName::parse("App.\"x").expect("name"),
         ];
         assert_eq!(
-            create_statement("outbox_relay", &tables, quote_table),
+            create_statement("outbox_relay", &tables, false, quote_table),
             "CREATE PUBLICATION \"outbox_relay\" FOR TABLE \"public\".\"outbox\", \
              \"App\".\"\"\"x\" WITH (publish = 'insert')"
         );
         assert_eq!(
-            create_statement("p", &tables[..1], display_table),
-            "CREATE PUBLICATION \"p\" FOR TABLE public.outbox WITH (publish = 'insert')"
+            create_statement("p", &tables[..1], true, display_table),
+            "CREATE PUBLICATION \"p\" FOR TABLE public.outbox \
+             WITH (publish = 'insert', publish_via_partition_root = true)"
         );
     }
 
