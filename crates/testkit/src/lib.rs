@@ -7,6 +7,8 @@
 //! machine's RabbitMQ (`OUTBOX_TEST_AMQP`).
 #![allow(clippy::unwrap_used)]
 
+pub mod amqp;
+
 use std::process::Command;
 
 /// Port of the tests' own Postgres cluster.

@@ -39,7 +39,15 @@ impl Role {
 impl Drop for Role {
     fn drop(&mut self) {
         let _ = std::process::Command::new("psql")
-            .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres", "-d", "postgres"])
+            .args([
+                "-XAtq",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+            ])
             .args(["-p", &pg_port().to_string()])
             .args(["-c", &format!("DROP ROLE IF EXISTS {}", self.name)])
             .output();
@@ -47,7 +55,9 @@ impl Drop for Role {
 }
 
 fn opts(user: &str, password: Option<&str>, extra: &str) -> PgConnectOptions {
-    let pw = password.map(|p| format!(" password={p}")).unwrap_or_default();
+    let pw = password
+        .map(|p| format!(" password={p}"))
+        .unwrap_or_default();
     PgConnectOptions::parse(&format!(
         "host=127.0.0.1 port={} user={user} dbname=postgres{pw} {extra}",
         pg_port()
@@ -118,9 +128,13 @@ async fn tls_verify_full_against_the_servers_ca() {
     assert!(err.is_precondition(), "{err}");
     // prefer and require encrypt without verifying.
     for mode in ["prefer", "require"] {
-        let c = identify(&opts(&role.name, Some(&role.password()), &format!("sslmode={mode}")))
-            .await
-            .unwrap();
+        let c = identify(&opts(
+            &role.name,
+            Some(&role.password()),
+            &format!("sslmode={mode}"),
+        ))
+        .await
+        .unwrap();
         assert!(c.is_tls(), "{mode}");
     }
 }
@@ -157,9 +171,16 @@ async fn tls_verification_fails_against_another_ca() {
     .unwrap();
     assert!(identify(&o).await.unwrap().is_tls());
     // A missing CA file is a clear configuration error.
-    let o = opts("postgres", None, "sslmode=verify-full sslrootcert=/nonexistent/ca.pem");
+    let o = opts(
+        "postgres",
+        None,
+        "sslmode=verify-full sslrootcert=/nonexistent/ca.pem",
+    );
     let err = identify(&o).await.err().unwrap();
-    assert!(err.is_precondition() && err.to_string().contains("sslrootcert"), "{err}");
+    assert!(
+        err.is_precondition() && err.to_string().contains("sslrootcert"),
+        "{err}"
+    );
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -182,7 +203,9 @@ async fn streams_over_tls_with_scram() {
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES ('a', '1', 'tls', '{}');",
     );
     let items = r.collect_until(|i| commits(i) >= 1).await;
-    assert!(items.iter().any(|i| matches!(i, wal_reader::WalItem::Event(_))));
+    assert!(items
+        .iter()
+        .any(|i| matches!(i, wal_reader::WalItem::Event(_))));
     r.stop().await;
 }
 
@@ -193,7 +216,10 @@ async fn missing_slot_role_without_replication_and_wrong_database() {
     cfg.slot = "no_such_slot".into();
     let err = wal_reader::WalReader::start(cfg).await.err().unwrap();
     assert!(err.is_precondition(), "{err}");
-    assert!(err.to_string().contains("outbox-relay slot create"), "{err}");
+    assert!(
+        err.to_string().contains("outbox-relay slot create"),
+        "{err}"
+    );
 
     let role = unique_name("norepl");
     testkit::psql("postgres", &format!("CREATE ROLE {role} LOGIN"));
@@ -240,8 +266,14 @@ async fn wal_level_replica_is_a_precondition_error() {
 async fn slot_in_use_is_reported_with_the_pid() {
     let f = Fixture::new();
     let r = spawn_reader(f.config()).await;
-    let err = wal_reader::WalReader::start(f.config()).await.err().unwrap();
-    assert!(matches!(err, ReaderError::SlotInUse { pid, .. } if pid > 0), "{err}");
+    let err = wal_reader::WalReader::start(f.config())
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, ReaderError::SlotInUse { pid, .. } if pid > 0),
+        "{err}"
+    );
     assert!(err.is_transient());
     r.stop().await;
 }
