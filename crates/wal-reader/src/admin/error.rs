@@ -55,6 +55,10 @@ pub enum AdminError {
     #[error("replication slot \"{slot}\" has been invalidated (wal_status 'lost') and the WAL it needed is gone: recreate it with `outbox-relay slot drop` then `outbox-relay slot create`, and recover the missed events with `outbox-relay replay --from-table`")]
     SlotInvalidated { slot: String },
 
+    /// A warning rather than a failure: the slot still works, for now.
+    #[error("replication slot \"{slot}\" is about to be invalidated (wal_status 'unreserved': it retains more WAL than max_slot_wal_keep_size allows): get the relay streaming so the slot catches up, or raise max_slot_wal_keep_size")]
+    SlotNearInvalidation { slot: String },
+
     #[error("replication slot \"{slot}\" is held by another relay (pid {pid}): stop that relay, or take the slot with `outbox-relay slot drop --force`")]
     SlotActive { slot: String, pid: i32 },
 
@@ -137,6 +141,7 @@ impl AdminError {
         match self {
             AdminError::Sql(_)
             | AdminError::UnexpectedReply { .. }
+            | AdminError::SlotNearInvalidation { .. }
             | AdminError::SlotStillActive { .. }
             | AdminError::TerminateDenied { .. } => false,
             AdminError::InvalidName { .. }

@@ -105,6 +105,10 @@ impl Preflight<'_> {
         }
         let slot = require_slot(c, self.slot).await;
         let held = slot.as_ref().ok().and_then(|s| s.check_free().err());
+        let unreserved = slot
+            .as_ref()
+            .ok()
+            .and_then(|s| s.check_wal_reserved().err());
         results.push(CheckResult::from(
             format!("slot {}", self.slot),
             slot.map(|s| {
@@ -116,6 +120,12 @@ impl Preflight<'_> {
                 )
             }),
         ));
+        if let Some(unreserved) = unreserved {
+            results.push(CheckResult {
+                name: format!("slot {} WAL", self.slot),
+                status: CheckStatus::Warning(unreserved),
+            });
+        }
         if let Some(held) = held {
             results.push(CheckResult {
                 name: format!("slot {} in use", self.slot),

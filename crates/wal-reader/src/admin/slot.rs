@@ -83,6 +83,19 @@ impl SlotState {
         }
     }
 
+    /// Errors (a warning for `status` and `check`) when the slot retains more WAL
+    /// than `max_slot_wal_keep_size` allows and will be invalidated at the next
+    /// checkpoint unless its consumer catches up.
+    pub fn check_wal_reserved(&self) -> Result<(), AdminError> {
+        if self.wal_status.as_deref() == Some("unreserved") {
+            Err(AdminError::SlotNearInvalidation {
+                slot: self.slot_name.clone(),
+            })
+        } else {
+            Ok(())
+        }
+    }
+
     /// The pid of the process holding the slot, if any.
     pub fn holder(&self) -> Option<i32> {
         if self.active {
@@ -442,12 +455,23 @@ mod tests {
     }
 
     #[test]
+    fn unreserved_wal_is_a_warning() {
+        assert!(state().check_wal_reserved().is_ok());
+        let mut s = state();
+        s.wal_status = Some("unreserved".into());
+        let e = s.check_wal_reserved().expect_err("unreserved");
+        assert!(!e.is_precondition());
+        assert!(e.to_string().contains("max_slot_wal_keep_size"), "{e}");
+    }
+
+    #[test]
     fn start_lsn_before_the_slot_is_refused() {
         let s = state();
         assert!(s.check_start_lsn(Lsn::ZERO).is_ok());
         assert!(s.check_start_lsn(Lsn(0x100)).is_ok());
         assert!(s.check_start_lsn(Lsn(0x200)).is_ok());
         let e = s.check_start_lsn(Lsn(0xFF)).expect_err("too old");
+        assert!(e.is_precondition());
         assert!(e.to_string().contains("--start-lsn 0/100"), "{e}");
     }
 
