@@ -161,7 +161,12 @@ impl TestBroker {
     }
 
     /// A new queue (with `arguments`) bound to `exchange` with `key`.
-    pub async fn queue_bound_with(&mut self, exchange: &str, key: &str, arguments: FieldTable) -> String {
+    pub async fn queue_bound_with(
+        &mut self,
+        exchange: &str,
+        key: &str,
+        arguments: FieldTable,
+    ) -> String {
         let name = unique_name("q");
         self.channel
             .queue_declare(
@@ -190,12 +195,17 @@ impl TestBroker {
 
     /// A new queue bound to `exchange` with `key` ("#" = everything on a topic exchange).
     pub async fn queue_bound(&mut self, exchange: &str, key: &str) -> String {
-        self.queue_bound_with(exchange, key, FieldTable::default()).await
+        self.queue_bound_with(exchange, key, FieldTable::default())
+            .await
     }
 
     /// Starts a consumer (auto-ack) on `queue` recording every delivery.
     pub async fn consume(&self, queue: &str) -> Received {
-        let channel = self.connection.create_channel().await.expect("open a channel");
+        let channel = self
+            .connection
+            .create_channel()
+            .await
+            .expect("open a channel");
         let mut consumer = channel
             .basic_consume(
                 queue.into(),

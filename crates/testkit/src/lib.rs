@@ -74,7 +74,15 @@ pub fn pg_url(dbname: &str) -> String {
 /// Returns stdout; panics with psql's stderr on failure.
 pub fn psql(dbname: &str, sql: &str) -> String {
     let out = Command::new("psql")
-        .args(["-XAtq", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-U", "postgres"])
+        .args([
+            "-XAtq",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+        ])
         .args(["-p", &pg_port().to_string(), "-d", dbname, "-c", sql])
         .output()
         .expect("psql runs");
@@ -157,7 +165,10 @@ impl Drop for TestDb {
         let _ = Command::new("psql")
             .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
             .args(["-p", &pg_port().to_string(), "-d", "postgres"])
-            .args(["-c", &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")])
+            .args([
+                "-c",
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            ])
             .output();
     }
 }

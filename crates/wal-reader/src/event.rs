@@ -75,7 +75,11 @@ pub struct CommitMarker {
 }
 
 /// One item of the reader's ordered output.
+///
+/// Events are stored inline (not boxed): items travel in `Vec` batches, and a box
+/// would cost an allocation per event on the hot path.
 #[derive(Debug, Clone)]
+#[allow(clippy::large_enum_variant)]
 pub enum WalItem {
     Event(OutboxEvent),
     Commit(CommitMarker),
