@@ -45,12 +45,15 @@ use wal_reader::{ColumnMapping, TableName};
 mod env;
 mod error;
 mod redact;
+mod validate;
 
 pub use error::ConfigError;
 pub use redact::redact_url;
+pub use validate::validate_routing_key;
 
 use env::EnvOverrides;
-use error::{closest, describe_origin, from_figment};
+use error::{describe_origin, from_figment};
+use validate::{validate_amqp_url, validate_identifier, validate_pg_url};
 
 /// The file read when `--config` is not given, if it exists in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "outbox-relay.toml";
@@ -670,127 +673,6 @@ impl Config {
     pub fn retention_keep(&self) -> Option<Duration> {
         self.retention.keep
     }
-}
-
-fn validate_pg_url(url: &str) -> Result<(), ConfigError> {
-    const KEY: &str = "postgres.url";
-    if url.trim().is_empty() {
-        return Err(ConfigError::invalid(
-            KEY,
-            "it is empty: set a URL like postgresql://user@host:5432/db or a conninfo like \"host=... dbname=...\"",
-        ));
-    }
-    if let Some((scheme, _)) = url.split_once("://") {
-        if scheme != "postgresql" && scheme != "postgres" {
-            return Err(ConfigError::invalid(
-                KEY,
-                format!(
-                    "the URL scheme `{scheme}` is not postgresql:// or postgres://: fix the URL"
-                ),
-            ));
-        }
-    } else if !url.contains('=') {
-        return Err(ConfigError::invalid(
-            KEY,
-            "it is neither a postgresql:// URL nor key=value conninfo: fix it",
-        ));
-    }
-    Ok(())
-}
-
-fn validate_amqp_url(url: &str, index: usize, heartbeat_secs: u64) -> Result<(), ConfigError> {
-    const KEY: &str = "rabbitmq.url";
-    let which = format!("URL #{}", index + 1);
-    match url.split_once("://") {
-        Some(("amqp" | "amqps", rest)) if !rest.is_empty() => {}
-        Some((scheme, _)) if scheme != "amqp" && scheme != "amqps" => {
-            return Err(ConfigError::invalid(
-                KEY,
-                format!("{which} has scheme `{scheme}`: use amqp:// or amqps://"),
-            ))
-        }
-        _ => {
-            return Err(ConfigError::invalid(
-                KEY,
-                format!("{which} is not an AMQP URL: use amqp://user:password@host:5672/vhost"),
-            ))
-        }
-    }
-    if heartbeat_secs > 0 {
-        let has_heartbeat = url
-            .split_once('?')
-            .is_some_and(|(_, q)| q.split('&').any(|p| p.starts_with("heartbeat=")));
-        if has_heartbeat {
-            return Err(ConfigError::invalid(
-                "rabbitmq.heartbeat_secs",
-                format!("{which} already sets ?heartbeat=: set the heartbeat in one place only"),
-            ));
-        }
-    }
-    Ok(())
-}
-
-/// Slot names: lower-case letters, digits, underscores, at most 63 bytes. Publications:
-/// any non-empty name of at most 63 bytes (it is quoted when used).
-fn validate_identifier(key: &str, value: &str, slot_rules: bool) -> Result<(), ConfigError> {
-    if value.is_empty() || value.len() > 63 {
-        return Err(ConfigError::invalid(
-            key,
-            format!("{value:?} must be 1 to 63 bytes long: choose another name"),
-        ));
-    }
-    if slot_rules
-        && !value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    {
-        return Err(ConfigError::invalid(
-            key,
-            format!("{value:?} is not a valid slot name: use only lower-case letters, digits and underscores"),
-        ));
-    }
-    Ok(())
-}
-
-/// Checks that every `{...}` in the template is a known placeholder and braces balance.
-pub fn validate_routing_key(template: &str) -> Result<(), ConfigError> {
-    const KEY: &str = "rabbitmq.routing_key";
-    let mut rest = template;
-    while let Some(i) = rest.find(['{', '}']) {
-        if rest[i..].starts_with('}') {
-            return Err(ConfigError::invalid(
-                KEY,
-                "has a `}` without a matching `{`: fix the template",
-            ));
-        }
-        let after = &rest[i + 1..];
-        let Some(end) = after.find('}') else {
-            return Err(ConfigError::invalid(
-                KEY,
-                "has a `{` without a closing `}`: fix the template",
-            ));
-        };
-        let name = &after[..end];
-        if !ROUTING_KEY_PLACEHOLDERS.contains(&name) {
-            let hint = match closest(name, ROUTING_KEY_PLACEHOLDERS) {
-                Some(s) => format!("did you mean `{{{s}}}`?"),
-                None => format!(
-                    "use only {}",
-                    ROUTING_KEY_PLACEHOLDERS
-                        .iter()
-                        .map(|p| format!("{{{p}}}"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            };
-            return Err(ConfigError::invalid(
-                KEY,
-                format!("unknown placeholder `{{{name}}}`: {hint}"),
-            ));
-        }
-        rest = &after[end + 1..];
-    }
-    Ok(())
 }
 
 #[cfg(test)]

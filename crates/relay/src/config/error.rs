@@ -93,7 +93,8 @@ pub(super) fn from_figment(e: figment::Error, file: Option<&Path>) -> ConfigErro
         .metadata
         .as_ref()
         .map(|m| describe_origin(m, &path.join(".")));
-    let secret = path.last().is_some_and(|k| k == "url");
+    // `rabbitmq.url` may fail on one of its elements: `rabbitmq.url.1`.
+    let secret = path.iter().any(|k| k == "url");
     let actual = |a: &Actual| -> String {
         match a {
             Actual::Bool(b) => format!("the boolean {b}"),
@@ -141,10 +142,18 @@ pub(super) fn from_figment(e: figment::Error, file: Option<&Path>) -> ConfigErro
                 K::InvalidLength(n, exp) => format!("expected {exp}, found {n} items"),
                 other => format!("{other}: fix the value"),
             };
+            // An element of a list: name the key and the element's position.
+            let item = match path.last().map(|i| i.parse::<usize>()) {
+                Some(Ok(i)) => {
+                    path.pop();
+                    format!("item #{}: ", i + 1)
+                }
+                _ => String::new(),
+            };
             ConfigError::Invalid {
                 key: path.join("."),
                 origin,
-                reason: redact_url(&reason),
+                reason: redact_url(&format!("{item}{reason}")),
             }
         }
     }

@@ -322,6 +322,11 @@ fn wrong_types_name_the_key_and_origin() {
         load_toml("[rabbitmq]\nmax_in_flight = -1\n"),
         "rabbitmq.max_in_flight",
     );
+    let msg = err_about(
+        load_toml("[postgres]\ntables = [\"a\", 5]\n"),
+        "postgres.tables",
+    );
+    assert!(msg.contains("item #2: expected a string"), "{msg}");
     err_about(
         load_toml("[postgres]\ntables = \"public.outbox\"\n"),
         "postgres.tables",
@@ -383,6 +388,11 @@ fn invalid_values_name_the_key() {
             "rabbitmq.url",
             "[rabbitmq]\nurl = [\"amqp://h\", \"h2\"]",
             "URL #2",
+        ),
+        (
+            "rabbitmq.url",
+            "[rabbitmq]\nurl = \"amqp://a,amqp://b\"",
+            "TOML array",
         ),
         (
             "rabbitmq.routing_key",
