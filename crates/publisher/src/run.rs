@@ -46,6 +46,8 @@ struct PendingPublish {
     seq: u64,
     target: Target,
     future: PublishFuture,
+    /// Polled once already (its frames are queued).
+    started: bool,
 }
 
 struct PendingConfirm {
@@ -223,6 +225,7 @@ impl Runner {
                 seq,
                 target: Target::Exchange,
                 future,
+                started: false,
             });
             self.report.published += 1;
             metrics::counter!(status::EVENTS_PUBLISHED).increment(1);
@@ -295,9 +298,10 @@ impl Runner {
         done: Vec<(u64, Target, lapin::Result<Confirmation>)>,
     ) -> Option<Failure> {
         let mut failure = None;
+        let now = now_micros();
         for (seq, target, result) in done {
             match result {
-                Ok(Confirmation::Ack(None)) => self.on_ack(seq, target),
+                Ok(Confirmation::Ack(None)) => self.on_ack(seq, target, now),
                 Ok(Confirmation::Ack(Some(returned))) => {
                     self.report.returned += 1;
                     metrics::counter!(status::EVENTS_RETURNED).increment(1);
@@ -342,9 +346,9 @@ impl Runner {
         failure
     }
 
-    fn on_ack(&mut self, seq: u64, target: Target) {
+    fn on_ack(&mut self, seq: u64, target: Target, now_micros: i64) {
         if let Some(message) = self.window.get(seq) {
-            let latency = now_micros().saturating_sub(message.commit_time_micros);
+            let latency = now_micros.saturating_sub(message.commit_time_micros);
             metrics::histogram!(status::PUBLISH_LATENCY).record(latency.max(0) as f64 / 1e6);
         }
         self.report.acked += 1;
@@ -378,6 +382,7 @@ impl Runner {
             seq,
             target: Target::DeadLetter,
             future,
+            started: false,
         });
     }
 
@@ -521,19 +526,25 @@ fn publish(channel: &Channel, exchange: ShortString, message: Message) -> Publis
     Box::pin(MaybeDone::Future(future))
 }
 
-/// Polls every pending write front to back (so each first poll, which enqueues the
-/// frames, happens in publish order) and takes the finished ones from the front.
+/// Gives every new write its first poll, in publish order (that poll enqueues the
+/// frames, so the order on the wire is the publish order), then takes the finished
+/// writes from the front. Only the front is polled again: lapin writes frames in
+/// order, so later writes never finish first.
 fn poll_writes(
     pending: &mut VecDeque<PendingPublish>,
     cx: &mut Context<'_>,
 ) -> Poll<Vec<(u64, Target, lapin::Result<PublisherConfirm>)>> {
-    for p in pending.iter_mut() {
-        if p.future.as_mut().poll(cx).is_pending() {
-            // Later writes were polled at least once already or get polled below.
-        }
+    let new = pending.iter().rev().take_while(|p| !p.started).count();
+    let first_new = pending.len() - new;
+    for p in pending.range_mut(first_new..) {
+        let _ = p.future.as_mut().poll(cx);
+        p.started = true;
     }
     let mut done = Vec::new();
     while let Some(front) = pending.front_mut() {
+        if front.future.as_mut().poll(cx).is_pending() {
+            break;
+        }
         match front.future.as_mut().take_output() {
             Some(result) => {
                 let seq = front.seq;
