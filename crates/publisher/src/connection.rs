@@ -1,6 +1,7 @@
 //! Connecting to the first reachable broker URL and opening the confirm-mode channel.
 
 use std::pin::Pin;
+use std::time::Duration;
 
 use futures_util::Stream;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
@@ -11,7 +12,10 @@ use lapin::{
     ExchangeKind,
 };
 
-use crate::error::{redact_url, PublishError};
+use crate::error::{redact_url, scrub, PublishError};
+
+/// Bound on one connection attempt (TCP, TLS, AMQP handshake, channel setup).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 use crate::PublisherConfig;
 
 /// An open connection, its one channel and its event stream.
@@ -58,6 +62,49 @@ pub(crate) async fn connect_any(
 }
 
 async fn connect_one(
+    config: &PublisherConfig,
+    tls: &OwnedTLSConfig,
+    index: usize,
+) -> Result<Session, PublishError> {
+    let url = &config.urls[index];
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect_one_inner(config, tls, index)).await {
+        Ok(result) => result.map_err(|e| scrub_error(e, url)),
+        Err(_) => Err(PublishError::Unreachable {
+            url: redact_url(url),
+            reason: format!("no answer within {CONNECT_TIMEOUT:?}"),
+        }),
+    }
+}
+
+/// Makes sure no error text quotes the URL's password.
+fn scrub_error(error: PublishError, url: &str) -> PublishError {
+    use PublishError::*;
+    match error {
+        Unreachable { url: u, reason } => Unreachable {
+            url: u,
+            reason: scrub(&reason, url),
+        },
+        AuthenticationRefused { url: u, reason } => AuthenticationRefused {
+            url: u,
+            reason: scrub(&reason, url),
+        },
+        VirtualHost { url: u, reason } => VirtualHost {
+            url: u,
+            reason: scrub(&reason, url),
+        },
+        Exchange { exchange, reason } => Exchange {
+            exchange,
+            reason: scrub(&reason, url),
+        },
+        ConnectionLost { url: u, reason } => ConnectionLost {
+            url: u,
+            reason: scrub(&reason, url),
+        },
+        other => other,
+    }
+}
+
+async fn connect_one_inner(
     config: &PublisherConfig,
     tls: &OwnedTLSConfig,
     index: usize,

@@ -58,6 +58,26 @@ pub fn redact_url(url: &str) -> String {
     format!("{}{}:***{}", &url[..scheme_end + 3], user, &rest[at..])
 }
 
+/// Removes the URL and its password from an error text from a library (lapin's URL
+/// parser, for one, quotes the whole URL).
+pub(crate) fn scrub(reason: &str, url: &str) -> String {
+    let mut out = reason.replace(url, &redact_url(url));
+    if let Some(password) = password_of(url) {
+        // Very short passwords would garble the text and are not worth hiding.
+        if password.len() >= 3 {
+            out = out.replace(password, "***");
+        }
+    }
+    out
+}
+
+fn password_of(url: &str) -> Option<&str> {
+    let rest = &url[url.find("://")? + 3..];
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let userinfo = &authority[..authority.rfind('@')?];
+    userinfo.split_once(':').map(|(_, p)| p)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,6 +95,17 @@ mod tests {
         assert_eq!(redact_url("amqp://user@host"), "amqp://user:***@host");
         assert_eq!(redact_url("amqp://host:5672"), "amqp://host:5672");
         assert_eq!(redact_url("not a url"), "not a url");
+    }
+
+    #[test]
+    fn scrubs_urls_and_passwords_from_library_errors() {
+        let url = "amqp://guest:topsecret@host:5672/%2f";
+        assert_eq!(
+            scrub(&format!("Invalid URL: '{url}'"), url),
+            "Invalid URL: 'amqp://guest:***@host:5672/%2f'"
+        );
+        assert_eq!(scrub("bad topsecret here", url), "bad *** here");
+        assert_eq!(scrub("no secrets", "amqp://host"), "no secrets");
     }
 
     #[test]

@@ -264,7 +264,18 @@ impl Runner {
                 self.status.set_blocked(false);
                 None
             }
-            Some(Event::Error(error)) => Some(Failure::ConnectionEvent(error)),
+            Some(Event::Error(error)) => {
+                // Also sent for a channel the broker closed; ignore it when the
+                // current channel is fine (the failure was already handled).
+                if self.session.channel.status().connected()
+                    && self.session.connection.status().connected()
+                {
+                    tracing::debug!(%error, "rabbitmq error event for an old channel");
+                    None
+                } else {
+                    Some(Failure::ConnectionEvent(error))
+                }
+            }
             Some(other) => {
                 tracing::debug!(event = ?other, "rabbitmq connection event");
                 None
@@ -431,7 +442,15 @@ impl Runner {
             }
             attempt = attempt.saturating_add(1);
             if self.session.connection.status().connected() {
-                match open_channel(&self.session.connection, &self.config, &node).await {
+                let opened = until_deadline(
+                    self.deadline,
+                    open_channel(&self.session.connection, &self.config, &node),
+                )
+                .await;
+                let Some(opened) = opened else {
+                    return Ok(Recovered::DeadlinePassed);
+                };
+                match opened {
                     Ok(channel) => {
                         self.session.channel = channel;
                         self.blocked = self.session.connection.status().blocked();
@@ -444,7 +463,12 @@ impl Runner {
             }
             self.status.set_connected(false);
             let next = (self.session.url_index + 1) % self.config.urls.len();
-            match connect_any(&self.config, &self.tls, next).await {
+            let connected =
+                until_deadline(self.deadline, connect_any(&self.config, &self.tls, next)).await;
+            let Some(connected) = connected else {
+                return Ok(Recovered::DeadlinePassed);
+            };
+            match connected {
                 Ok(session) => {
                     let old = std::mem::replace(&mut self.session, session);
                     close_connection(old);
@@ -581,6 +605,14 @@ fn poll_confirms(
         Poll::Pending
     } else {
         Poll::Ready(done)
+    }
+}
+
+/// Runs `future` unless the deadline passes first (`None` then).
+async fn until_deadline<F: Future>(deadline: Option<Instant>, future: F) -> Option<F::Output> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
+        None => Some(future.await),
     }
 }
 

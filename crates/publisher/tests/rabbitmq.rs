@@ -100,8 +100,14 @@ async fn publishes_every_message_in_order_with_spec_properties() {
     let last = *stream.ends.last().unwrap();
     running.wait_watermark(last).await;
     running.assert_watermarks_valid(&stream.ends);
+    // With nothing in flight, a keepalive position is acked at once.
+    let keepalive = Lsn(last.0 + 0x5000);
+    running.send(vec![WalItem::Keepalive(keepalive)]).await;
+    running.wait_watermark(keepalive).await;
+    assert_eq!(running.status.in_flight(), 0);
+    assert_eq!(running.status.oldest_unacked_commit_micros(), None);
     let report = running.finish().await;
-    assert_eq!(report.watermark, last);
+    assert_eq!(report.watermark, keepalive);
     assert_eq!(report.abandoned, 0);
     assert_eq!(report.acked, total as u64);
     assert_eq!(report.retries, 0);
@@ -518,4 +524,80 @@ async fn unreachable_is_transient_and_the_next_url_is_tried() {
     let mut broker = Broker::new().await;
     broker.forget_exchange_later(&exchange);
     broker.cleanup().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_timeout_bounds_the_wait_for_confirms() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_stop_x");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    // No queue is bound: the messages are returned and retried until the deadline.
+    let mut config = config(&exchange);
+    config.shutdown_timeout = Duration::from_millis(500);
+    let running = start(config).await;
+    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    running.send(stream.transaction(2)).await;
+    running
+        .send(vec![WalItem::Keepalive(Lsn(0x9_0000_0000))])
+        .await;
+    // The oldest unacked event's commit time is visible for the outbox-lag metric.
+    let lagging = tokio::time::timeout(PATIENCE, async {
+        while running.status.oldest_unacked_commit_micros().is_none() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(lagging.is_ok());
+    assert_eq!(
+        running.status.oldest_unacked_commit_micros(),
+        Some(COMMIT_TIME_MICROS)
+    );
+    let report = running.finish().await;
+    assert_eq!(report.abandoned, 2, "{report:?}");
+    assert_eq!(report.watermark, Lsn::ZERO, "{report:?}");
+    assert!(report.returned >= 1, "{report:?}");
+    broker.cleanup().await;
+}
+
+#[tokio::test]
+async fn amqps_against_a_plain_port_fails_cleanly() {
+    let _shared = BROKER.read().await;
+    let mut config = config(&testkit::unique_name("pub_tls_x"));
+    config.urls = vec!["amqps://guest:tlssecret@127.0.0.1:5672/%2f".into()];
+    config.ca_file = Some(testkit::pg_ca_file().into());
+    let err = Publisher::connect(config.clone())
+        .await
+        .err()
+        .expect("no TLS on 5672");
+    assert!(err.is_transient(), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("tlssecret"), "{err}");
+
+    config.ca_file = Some("/nonexistent/ca.pem".into());
+    let err = Publisher::connect(config)
+        .await
+        .err()
+        .expect("missing CA file");
+    assert!(
+        matches!(err, publisher::PublishError::CaFile { .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn invalid_urls_never_leak_the_password() {
+    let mut config = config("unused");
+    config.urls = vec!["amqp://guest:leakme@127.0.0.1:notaport/%2f".into()];
+    let err = Publisher::connect(config.clone())
+        .await
+        .err()
+        .expect("bad port");
+    assert!(!format!("{err} {err:?}").contains("leakme"), "{err}");
+    config.urls = vec!["http://guest:leakme@127.0.0.1/".into()];
+    let err = Publisher::connect(config.clone())
+        .await
+        .err()
+        .expect("bad scheme");
+    assert!(!format!("{err} {err:?}").contains("leakme"), "{err}");
+    assert!(!format!("{config:?}").contains("leakme"));
 }
