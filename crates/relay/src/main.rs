@@ -15,17 +15,17 @@
 //! - `error`: [`error::CliError`], its exit codes and its one-line printing.
 //! - `logging`: the tracing subscriber.
 //!
-//! Commands other than `check` are placeholders that fail with exit code 1 until the
-//! pipeline is wired in.
+//! - `commands`: one module per command (SPEC §6).
+//! - `pipeline`: reader → publisher → LSN feedback, reconnects, clean stop.
+//! - `metrics`: `/metrics`, `/healthz`, `/readyz`.
 
-// The config accessors and the CLI's parsed values are consumed by the pipeline and
-// the commands, which are wired in separately; until then some of them are unused.
-#[allow(dead_code)]
 mod cli;
-#[allow(dead_code)]
+mod commands;
 mod config;
 mod error;
 mod logging;
+mod metrics;
+mod pipeline;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -65,10 +65,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     tracing::debug!(source = %config.source, "configuration loaded");
     match cli.command {
         Command::Check => check(&config).await,
-        Command::Run(_args) => not_yet_implemented("run"),
-        Command::Slot(SlotCommand::Create(_args)) => not_yet_implemented("slot create"),
-        Command::Slot(SlotCommand::Drop(_args)) => not_yet_implemented("slot drop"),
-        Command::Status(_args) => not_yet_implemented("status"),
+        Command::Run(args) => commands::run::run(&config, &args).await,
+        Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
+        Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
+        Command::Status(args) => commands::status::status(&config, &args).await,
         Command::Peek(_args) => not_yet_implemented("peek"),
         Command::Replay(args) => {
             // Range checks clap cannot express are usage errors even before replay exists.
@@ -100,6 +100,6 @@ async fn check(config: &Config) -> Result<(), CliError> {
 /// publication, tables and mapped columns, authentication, broker reachable). Each
 /// check prints `ok   <what>: <detail>` on stdout, or returns
 /// `CliError::Precondition` naming the fix.
-async fn check_environment(_config: &Config) -> Result<(), CliError> {
-    Ok(())
+async fn check_environment(config: &Config) -> Result<(), CliError> {
+    commands::check::environment(config).await
 }

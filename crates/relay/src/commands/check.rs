@@ -1,0 +1,73 @@
+//! `check`: every precondition, one line each (`ok`, `warn` or `FAIL` with the fix).
+
+use wal_reader::admin::{CheckStatus, Preflight};
+
+use super::{publisher_config, sql_client};
+use crate::config::Config;
+use crate::error::CliError;
+
+/// Runs the Postgres preconditions, printing one line each. Returns the first
+/// failure as an unmet precondition (exit code 2) after printing all of them.
+pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
+    let client = match sql_client(cfg).await {
+        Ok(c) => {
+            println!("ok    postgres connection: logged in");
+            c
+        }
+        Err(e) => {
+            println!("FAIL  postgres connection: {e}");
+            return Err(e);
+        }
+    };
+    let tables = cfg.tables();
+    let mapping = cfg.mapping();
+    let preflight = Preflight {
+        slot: &cfg.postgres.slot,
+        publication: &cfg.postgres.publication,
+        tables: &tables,
+        mapping: &mapping,
+    };
+    let mut first_failure = None;
+    for result in preflight.run(&client).await {
+        println!("{result}");
+        if let CheckStatus::Failed(e) = result.status {
+            first_failure.get_or_insert(e);
+        }
+    }
+    match first_failure {
+        Some(e) if e.is_precondition() => Err(CliError::Precondition(e.to_string())),
+        Some(e) => Err(CliError::Runtime(e.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// Connects to the broker as `run` would (declaring the exchange when
+/// `declare_exchange` is on) and prints one line.
+pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
+    match publisher::Publisher::connect(publisher_config(cfg)).await {
+        Ok(p) => {
+            println!(
+                "ok    rabbitmq: connected; exchange {} is usable",
+                cfg.rabbitmq.exchange
+            );
+            drop(p);
+            Ok(())
+        }
+        Err(e) => {
+            println!("FAIL  rabbitmq: {e}");
+            if e.is_transient() {
+                Err(CliError::Runtime(e.to_string()))
+            } else {
+                Err(CliError::Precondition(e.to_string()))
+            }
+        }
+    }
+}
+
+/// Everything after the configuration: Postgres, then the broker. Both are run so
+/// one `check` lists every problem; the first failure decides the exit code.
+pub async fn environment(cfg: &Config) -> Result<(), CliError> {
+    let pg = postgres(cfg).await;
+    let mq = rabbitmq(cfg).await;
+    pg.and(mq)
+}

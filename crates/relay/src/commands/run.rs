@@ -1,0 +1,107 @@
+//! `run [--start-lsn LSN]`: the relay until SIGTERM/SIGINT.
+
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+use wal_reader::admin::{CheckStatus, Preflight};
+
+use super::{publisher_config, reader_config, sql_client};
+use crate::cli::RunArgs;
+use crate::config::Config;
+use crate::error::CliError;
+use crate::pipeline::{self, Health, PipelineConfig};
+
+/// Runs the relay until a signal asks it to stop; exits 0 after a clean stop.
+pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
+    if cfg.replay_window().is_some() {
+        return Err(CliError::Precondition(
+            "[relay] replay_window is not supported by this build yet: set it to \"\" (replay from the table remains possible)".into(),
+        ));
+    }
+    if cfg.retention_keep().is_some() {
+        return Err(CliError::Precondition(
+            "[retention] keep is not supported by this build yet: set it to \"\" and delete old outbox rows with a scheduled job, or use the insert-then-delete pattern".into(),
+        ));
+    }
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    spawn_signal_handler(stop_tx)?;
+    let health = Health::default();
+    if let Some(addr) = cfg.metrics_listen() {
+        crate::metrics::serve(addr, health.clone()).await?;
+    }
+    // Check the preconditions once up front so that a misconfiguration stops the
+    // relay with its fix; wait (with backoff) while Postgres is unreachable.
+    let mut wait = Duration::from_millis(500);
+    loop {
+        match preflight(cfg).await {
+            Ok(()) => break,
+            Err(CliError::Runtime(e)) => {
+                warn!(error = %e, retry_in = ?wait, "postgres not ready");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = stop_rx.changed() => return Ok(()),
+                }
+                wait = (wait * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let pcfg = PipelineConfig {
+        reader: reader_config(cfg, args.start_lsn)?,
+        publisher: publisher_config(cfg),
+        shutdown_timeout: cfg.shutdown_timeout(),
+    };
+    info!(slot = %cfg.postgres.slot, exchange = %cfg.rabbitmq.exchange,
+        brokers = ?cfg.amqp_urls_redacted(), "relay starting");
+    pipeline::run(pcfg, stop_rx, health).await
+}
+
+/// The Postgres preconditions, failing on the first unmet one. A slot held by
+/// another relay is not a failure: `run` stands by.
+async fn preflight(cfg: &Config) -> Result<(), CliError> {
+    let client = sql_client(cfg).await?;
+    let tables = cfg.tables();
+    let mapping = cfg.mapping();
+    let checks = Preflight {
+        slot: &cfg.postgres.slot,
+        publication: &cfg.postgres.publication,
+        tables: &tables,
+        mapping: &mapping,
+    };
+    for result in checks.run(&client).await {
+        if let CheckStatus::Failed(e) = result.status {
+            return Err(if e.is_precondition() {
+                CliError::Precondition(e.to_string())
+            } else {
+                CliError::Runtime(e.to_string())
+            });
+        }
+    }
+    Ok(())
+}
+
+/// SIGTERM or SIGINT asks for a clean stop; a second one exits at once.
+fn spawn_signal_handler(stop: watch::Sender<bool>) -> Result<(), CliError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let err = |e: std::io::Error| CliError::Runtime(format!("cannot install signal handlers: {e}"));
+    let mut term = signal(SignalKind::terminate()).map_err(err)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(err)?;
+    tokio::spawn(async move {
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+            if stopping {
+                warn!("second signal: exiting without waiting");
+                std::process::exit(130);
+            }
+            stopping = true;
+            info!("signal received: stopping at the next transaction boundary");
+            let _ = stop.send(true);
+        }
+    });
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! `status [--json]`: the slot's state and what it costs the server.
+
+use serde_json::json;
+use wal_reader::admin::{self, SlotState};
+
+use super::{admin_error, sql_client};
+use crate::cli::StatusArgs;
+use crate::config::Config;
+use crate::error::CliError;
+
+/// Below this much `safe_wal_size`, `status` warns that the slot nears invalidation.
+pub const LOW_SAFE_WAL_BYTES: i64 = 1 << 30;
+
+/// Human-readable warnings about a slot's health, each naming what to do.
+pub fn warnings(s: &SlotState) -> Vec<String> {
+    let mut w = Vec::new();
+    match s.wal_status.as_deref() {
+        Some("extended") => w.push(format!(
+            "slot {} retains more WAL than max_wal_size (wal_status extended): make sure a relay is running and keeping up",
+            s.slot_name
+        )),
+        Some("unreserved") => w.push(format!(
+            "slot {} is about to be invalidated (wal_status unreserved): start the relay now or raise max_slot_wal_keep_size",
+            s.slot_name
+        )),
+        Some("lost") => w.push(format!(
+            "slot {} was invalidated and its WAL is gone: recreate it (`slot drop`, `slot create`) and recover with `replay --from-table`",
+            s.slot_name
+        )),
+        _ => {}
+    }
+    if let Some(safe) = s.safe_wal_size {
+        if safe < LOW_SAFE_WAL_BYTES && s.wal_status.as_deref() != Some("lost") {
+            w.push(format!(
+                "only {} of WAL can still be written before slot {} is invalidated: start or speed up the relay, or raise max_slot_wal_keep_size",
+                human_bytes(safe),
+                s.slot_name
+            ));
+        }
+    }
+    if !s.active {
+        w.push(format!(
+            "no relay is streaming from slot {}: WAL accumulates until one runs",
+            s.slot_name
+        ));
+    }
+    w
+}
+
+fn human_bytes(b: i64) -> String {
+    let units = ["B", "kB", "MB", "GB", "TB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v.abs() >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+/// Prints the slot's state.
+pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
+    let client = sql_client(cfg).await?;
+    let s = admin::require_slot(&client, &cfg.postgres.slot)
+        .await
+        .map_err(admin_error)?;
+    let pending = s
+        .confirmed_flush_lsn
+        .map(|c| s.current_wal_lsn.0.saturating_sub(c.0) as i64);
+    let warns = warnings(&s);
+    if args.json {
+        let v = json!({
+            "slot": s.slot_name,
+            "plugin": s.plugin,
+            "database": s.database,
+            "active": s.active,
+            "active_pid": s.active_pid,
+            "wal_status": s.wal_status,
+            "safe_wal_size": s.safe_wal_size,
+            "confirmed_flush_lsn": s.confirmed_flush_lsn.map(|l| l.to_string()),
+            "restart_lsn": s.restart_lsn.map(|l| l.to_string()),
+            "current_wal_lsn": s.current_wal_lsn.to_string(),
+            "retained_wal_bytes": s.retained_wal_bytes,
+            "pending_wal_bytes": pending,
+            "two_phase": s.two_phase,
+            "failover": s.failover,
+            "warnings": warns,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        return Ok(());
+    }
+    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
+    println!("slot:                {}", s.slot_name);
+    println!("database:            {}", opt(s.database.clone()));
+    println!(
+        "active:              {}",
+        match s.active_pid {
+            Some(pid) if s.active => format!("yes (pid {pid})"),
+            _ => "no".into(),
+        }
+    );
+    println!("wal_status:          {}", opt(s.wal_status.clone()));
+    println!(
+        "safe_wal_size:       {}",
+        s.safe_wal_size
+            .map(human_bytes)
+            .unwrap_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".into())
+    );
+    println!(
+        "confirmed_flush_lsn: {}",
+        opt(s.confirmed_flush_lsn.map(|l| l.to_string()))
+    );
+    println!(
+        "restart_lsn:         {}",
+        opt(s.restart_lsn.map(|l| l.to_string()))
+    );
+    println!("current_wal_lsn:     {}", s.current_wal_lsn);
+    println!(
+        "retained_wal:        {}",
+        opt(s.retained_wal_bytes.map(human_bytes))
+    );
+    println!("pending_wal:         {}", opt(pending.map(human_bytes)));
+    for w in warns {
+        println!("warning: {w}");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wal_reader::Lsn;
+
+    fn state() -> SlotState {
+        SlotState {
+            slot_name: "s".into(),
+            plugin: Some("pgoutput".into()),
+            slot_type: "logical".into(),
+            database: Some("d".into()),
+            active: true,
+            active_pid: Some(7),
+            confirmed_flush_lsn: Some(Lsn(100)),
+            restart_lsn: Some(Lsn(50)),
+            wal_status: Some("reserved".into()),
+            safe_wal_size: None,
+            retained_wal_bytes: Some(10),
+            two_phase: false,
+            failover: false,
+            current_wal_lsn: Lsn(200),
+        }
+    }
+
+    #[test]
+    fn healthy_slot_has_no_warnings() {
+        assert!(warnings(&state()).is_empty());
+    }
+
+    #[test]
+    fn warns_on_risky_slots() {
+        let mut s = state();
+        s.wal_status = Some("unreserved".into());
+        s.safe_wal_size = Some(1000);
+        let w = warnings(&s);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("max_slot_wal_keep_size"));
+        s.active = false;
+        assert_eq!(warnings(&s).len(), 3);
+    }
+
+    #[test]
+    fn bytes_are_readable() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(1536), "1.5 kB");
+        assert_eq!(human_bytes(3 << 30), "3.0 GB");
+    }
+}

@@ -1,0 +1,265 @@
+//! End-to-end harness: a fresh database with an outbox, the real `outbox-relay`
+//! binary run as a child process with its own config file, and a RabbitMQ consumer
+//! recording what arrives.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use testkit::amqp::{Msg, Received, TestBroker};
+use testkit::{unique_name, TestDb};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+
+pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
+    id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_type text NOT NULL,
+    aggregate_id text NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    headers jsonb,
+    created_at timestamptz NOT NULL DEFAULT now());";
+
+/// One test's world: database, slot/publication names, exchange, queue, config.
+pub struct Env {
+    pub db: TestDb,
+    pub slot: String,
+    pub publication: String,
+    pub exchange: String,
+    pub broker: TestBroker,
+    pub dir: PathBuf,
+    /// Extra TOML appended to the generated config (sections and keys).
+    pub extra: String,
+    pub tables: Vec<String>,
+}
+
+impl Env {
+    /// A database with the default outbox table; nothing created on the broker yet.
+    pub async fn new() -> Env {
+        Self::with_ddl(OUTBOX_DDL, &["public.outbox"]).await
+    }
+
+    pub async fn with_ddl(ddl: &str, tables: &[&str]) -> Env {
+        let db = TestDb::new("e2e");
+        db.psql(ddl);
+        let mut broker = TestBroker::connect().await;
+        let exchange = broker.exchange_name("ex");
+        let dir = std::env::temp_dir().join(unique_name("relay"));
+        std::fs::create_dir_all(&dir).unwrap();
+        Env {
+            db,
+            slot: unique_name("slot"),
+            publication: unique_name("pub"),
+            exchange,
+            broker,
+            dir,
+            extra: String::new(),
+            tables: tables.iter().map(|t| t.to_string()).collect(),
+        }
+    }
+
+    /// Writes the config file and returns its path.
+    pub fn config(&self) -> PathBuf {
+        self.config_with(&self.db.url())
+    }
+
+    /// The config file with another Postgres URL.
+    pub fn config_with(&self, pg_url: &str) -> PathBuf {
+        let tables: Vec<String> = self.tables.iter().map(|t| format!("{t:?}")).collect();
+        let toml = format!(
+            "[postgres]\nurl = {pg_url:?}\nslot = {:?}\npublication = {:?}\ntables = [{}]\n\n\
+             [rabbitmq]\nurl = {:?}\nexchange = {:?}\nmax_in_flight = 1000\n\n\
+             [relay]\nstatus_interval_ms = 200\nmetrics_listen = \"\"\nshutdown_timeout_ms = 10000\n\n{}\n",
+            self.slot,
+            self.publication,
+            tables.join(", "),
+            testkit::amqp_url(),
+            self.exchange,
+            self.extra,
+        );
+        let path = self.dir.join("outbox-relay.toml");
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    /// Runs a one-shot command (`slot create`, `check`, …) and returns its output.
+    pub fn cli(&self, args: &[&str]) -> Output {
+        let config = self.config();
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .current_dir(&self.dir)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap()
+    }
+
+    /// `slot create`, asserting success.
+    pub fn create_slot(&self) {
+        let out = self.cli(&["slot", "create"]);
+        assert!(
+            out.status.success(),
+            "slot create failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Declares the exchange, binds a queue for everything and starts consuming.
+    pub async fn consumer(&mut self) -> Received {
+        self.broker
+            .declare_exchange(&self.exchange.clone(), "topic")
+            .await;
+        let q = self.broker.queue_bound(&self.exchange.clone(), "#").await;
+        self.broker.consume(&q).await
+    }
+
+    /// Starts `outbox-relay run` with stderr going to a log file.
+    pub fn start(&self, extra_args: &[&str]) -> Relay {
+        let config = self.config();
+        let log = self.dir.join(format!("{}.log", unique_name("relay")));
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .args(extra_args)
+            .current_dir(&self.dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Relay { child, log }
+    }
+
+    /// Inserts one outbox row per `(aggregate_type, aggregate_id, event_type, payload)`
+    /// in one transaction.
+    pub fn insert_tx(&self, rows: &[(&str, &str, &str, &str)]) {
+        let values: Vec<String> = rows
+            .iter()
+            .map(|(t, a, e, p)| format!("('{t}', '{a}', '{e}', '{p}')"))
+            .collect();
+        self.db.psql(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload) VALUES {}",
+            values.join(", ")
+        ));
+    }
+
+    /// Inserts `n` rows with ids `prefix-1..=n` (as aggregate_id; payload {"seq": i})
+    /// in transactions of `per_tx` rows, using generate_series (fast).
+    pub fn insert_seq(&self, from: usize, n: usize, per_tx: usize) {
+        let mut i = from;
+        while i < from + n {
+            let end = (i + per_tx - 1).min(from + n - 1);
+            self.db.psql(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'seq', s.n::text, 'tick', jsonb_build_object('seq', s.n)
+                   FROM generate_series({i}, {end}) AS s(n) ORDER BY s.n"
+            ));
+            i = end + 1;
+        }
+    }
+
+    /// The slot's confirmed_flush_lsn and the server's current WAL position, as
+    /// the difference in bytes.
+    pub fn slot_lag_bytes(&self) -> i64 {
+        self.db
+            .psql(&format!(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn)::bigint
+                   FROM pg_replication_slots WHERE slot_name = '{}'",
+                self.slot
+            ))
+            .parse()
+            .unwrap()
+    }
+
+    pub async fn cleanup(self) {
+        self.broker.cleanup().await;
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A running relay process.
+pub struct Relay {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Relay {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// SIGTERM, then waits (bounded) for the exit code.
+    pub fn terminate(mut self) -> (Option<i32>, String) {
+        self.signal("TERM");
+        let code = self.wait(Duration::from_secs(40));
+        (code, self.log_text())
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(mut self) -> String {
+        self.signal("KILL");
+        let _ = self.child.wait();
+        self.log_text()
+    }
+
+    /// Waits for exit up to `timeout`; kills it on timeout and returns None.
+    pub fn wait(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Checks the consumer-side guarantees for a sequence stream: every expected
+/// aggregate_id present, first occurrences in order, and returns the number of
+/// duplicates.
+pub fn check_sequence(msgs: &[Msg], expected: usize) -> usize {
+    let mut seen: HashMap<String, usize> = HashMap::new();
+    let mut firsts: Vec<usize> = Vec::new();
+    for m in msgs {
+        let seq: usize = m.header("aggregate_id").unwrap().parse().unwrap();
+        let count = seen.entry(m.message_id()).or_insert(0);
+        if *count == 0 {
+            firsts.push(seq);
+        }
+        *count += 1;
+    }
+    assert_eq!(firsts.len(), expected, "distinct messages");
+    for (i, s) in firsts.iter().enumerate() {
+        assert_eq!(*s, i + 1, "first occurrences out of order at position {i}");
+    }
+    msgs.len() - expected
+}
