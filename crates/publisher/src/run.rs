@@ -94,6 +94,13 @@ enum Step {
     Deadline,
 }
 
+#[derive(Debug, Clone, Copy)]
+struct Episode {
+    /// The episode ends when the window's front passes this sequence number.
+    until_seq: u64,
+    retries: u64,
+}
+
 /// Whether recovery succeeded or the shutdown deadline passed first.
 enum Recovered {
     Yes,
@@ -114,6 +121,9 @@ pub(crate) struct Runner {
     blocked: bool,
     /// Consecutive failures without an ack in between (drives the backoff).
     failures: u32,
+    /// The failure episode under way: it ends once everything that was buffered
+    /// when it began is done (one warning per episode, not per retry).
+    episode: Option<Episode>,
     report: PublisherReport,
     deadline: Option<Instant>,
 }
@@ -146,6 +156,7 @@ impl Runner {
             confirms: VecDeque::new(),
             blocked,
             failures: 0,
+            episode: None,
             report: PublisherReport {
                 watermark: start,
                 ..PublisherReport::default()
@@ -368,11 +379,14 @@ impl Runner {
             self.report.dead_lettered += 1;
             metrics::counter!(status::EVENTS_DEAD_LETTERED).increment(1);
         }
-        if self.failures > 0 {
-            tracing::info!(retries = self.failures, "publishing recovered");
-            self.failures = 0;
-        }
+        self.failures = 0;
         self.window.ack(seq);
+        if let Some(episode) = self.episode {
+            if self.window.front_seq() >= episode.until_seq {
+                tracing::info!(retries = episode.retries, "publishing recovered");
+                self.episode = None;
+            }
+        }
     }
 
     /// Republishes a returned message to the dead-letter exchange; its entry stays
@@ -420,11 +434,19 @@ impl Runner {
     /// URL list when the connection is gone) and rewinds the window.
     async fn recover(&mut self, failure: Failure) -> Result<Recovered, PublishError> {
         let node = redact_url(&self.config.urls[self.session.url_index]);
-        if self.failures == 0 {
-            tracing::warn!(cause = %failure, %node, in_flight = self.window.in_flight(),
-                "publish failed; republishing from the oldest unacked message");
-        } else {
-            tracing::debug!(cause = %failure, "publish failed again");
+        match &mut self.episode {
+            None => {
+                tracing::warn!(cause = %failure, %node, in_flight = self.window.in_flight(),
+                    "publish failed; republishing from the oldest unacked message (retrying with backoff)");
+                self.episode = Some(Episode {
+                    until_seq: self.window.end_seq(),
+                    retries: 1,
+                });
+            }
+            Some(episode) => {
+                episode.retries += 1;
+                tracing::debug!(cause = %failure, "publish failed again");
+            }
         }
         self.failures = self.failures.saturating_add(1);
         self.report.retries += 1;

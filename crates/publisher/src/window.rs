@@ -144,6 +144,16 @@ impl<T> Window<T> {
         }
     }
 
+    /// Sequence number of the oldest buffered entry (everything below it is done).
+    pub fn front_seq(&self) -> u64 {
+        self.base_seq
+    }
+
+    /// Sequence number the next appended entry will get.
+    pub fn end_seq(&self) -> u64 {
+        self.base_seq + self.entries.len() as u64
+    }
+
     /// The message with sequence number `seq`, if it is still buffered.
     pub fn get(&self, seq: u64) -> Option<&T> {
         let index = usize::try_from(seq.checked_sub(self.base_seq)?).ok()?;

@@ -274,7 +274,19 @@ pub struct Running {
     pub seen: Arc<std::sync::Mutex<Vec<Lsn>>>,
 }
 
+/// Logs go to the test's captured output (shown when it fails); `RUST_LOG` filters.
+pub fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "publisher=info".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 pub async fn start(config: PublisherConfig) -> Running {
+    init_logs();
     let publisher = Publisher::connect(config).await.unwrap();
     let status = publisher.status();
     let (tx, rx) = mpsc::channel(16);
