@@ -10,6 +10,11 @@ use crate::error::CliError;
 /// Creates the publication (if missing) and the pgoutput slot.
 pub async fn create(cfg: &Config, args: &SlotCreateArgs) -> Result<(), CliError> {
     let client = sql_client(cfg).await?;
+    // Server-wide problems first: no publication is worth creating without them.
+    admin::check_wal_level(&client).await.map_err(admin_error)?;
+    admin::check_replication_role(&client)
+        .await
+        .map_err(admin_error)?;
     let publication = &cfg.postgres.publication;
     if admin::ensure_publication(&client, publication, &cfg.tables())
         .await
