@@ -495,7 +495,7 @@ impl Runner {
                     let old = std::mem::replace(&mut self.session, session);
                     close_connection(old);
                     self.report.reconnects += 1;
-                    metrics::counter!(status::RECONNECTS, "side" => "rabbitmq").increment(1);
+                    self.status.add_reconnect();
                     tracing::info!(node = %redact_url(&self.config.urls[self.session.url_index]),
                         "reconnected to rabbitmq");
                     self.status.set_connected(true);

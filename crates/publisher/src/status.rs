@@ -26,6 +26,7 @@ struct Inner {
     /// when nothing is in flight.
     oldest_unacked_micros: AtomicI64,
     acked_lsn: AtomicU64,
+    reconnects: AtomicU64,
 }
 
 /// A cheap, cloneable view of the publisher's state, updated as it runs.
@@ -71,6 +72,16 @@ impl PublisherStatus {
     /// The acked watermark.
     pub fn acked_lsn(&self) -> Lsn {
         Lsn(self.0.acked_lsn.load(Ordering::Relaxed))
+    }
+
+    /// Reconnections to RabbitMQ since the publisher started.
+    pub fn reconnects(&self) -> u64 {
+        self.0.reconnects.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_reconnect(&self) {
+        self.0.reconnects.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(RECONNECTS, "side" => "rabbitmq").increment(1);
     }
 
     pub(crate) fn set_connected(&self, v: bool) {

@@ -28,7 +28,7 @@ async fn publishes_every_message_in_order_with_spec_properties() {
     broker.exchange(&exchange, ExchangeKind::Topic).await;
     broker.queue(&queue, FieldTable::default()).await;
     broker.bind(&queue, &exchange, "#").await;
-    let mut consumer = broker.consumer(&queue, 1000).await;
+    let mut consumer = broker.fast_consumer(&queue).await;
 
     let mut config = config(&exchange);
     config.max_in_flight = 1000;
@@ -96,7 +96,7 @@ async fn publishes_every_message_in_order_with_spec_properties() {
         tx_size = tx_size % 97 + 13;
     }
 
-    let deliveries = receive(&mut consumer, total).await;
+    let deliveries = receive_fast(&mut consumer, total).await;
     let last = *stream.ends.last().unwrap();
     running.wait_watermark(last).await;
     running.assert_watermarks_valid(&stream.ends);
@@ -286,57 +286,116 @@ async fn connection_closed_mid_stream_loses_nothing() {
     broker.exchange(&exchange, ExchangeKind::Topic).await;
     broker.queue(&queue, FieldTable::default()).await;
     broker.bind(&queue, &exchange, "#").await;
-    let mut consumer = broker.consumer(&queue, 1000).await;
+    let mut consumer = broker.fast_consumer(&queue).await;
 
     let mut config = config(&exchange);
     config.max_in_flight = 500;
     let name = config.connection_name.clone();
-    let mut running = start(config).await;
+    let mut running = start(config.clone()).await;
     let mut stream = Stream::new(table("outbox", oid::JSONB));
-    for _ in 0..20 {
-        running.send(stream.transaction(50)).await;
+    let mut transactions = Vec::new();
+    // More than the publisher can take at this feeding pace: a backlog builds up,
+    // so the connection is closed with messages in flight.
+    for _ in 0..120 {
+        transactions.push(stream.transaction(400));
     }
-    running.wait_watermark(stream.ends[3]).await;
-
-    // Close the publisher's connection from the broker side while more is sent.
+    let pid = connection_pid(&name);
+    // Feed at a steady pace so the connection is closed mid-stream.
     let sender = running.input.clone().unwrap();
-    let mut more = Vec::new();
-    for _ in 0..80 {
-        more.push(stream.transaction(50));
-    }
+    let all = transactions.clone();
     let feeder = tokio::spawn(async move {
-        for batch in more {
-            sender.send(batch).await.unwrap();
+        for batch in all {
+            // The publisher is killed below: later sends may fail.
+            if sender.send(batch).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
-    close_connection_named(&name);
+    running.wait_watermark(stream.ends[3]).await;
+    tokio::task::spawn_blocking(move || close_connection(&pid))
+        .await
+        .unwrap();
+    let closed_at = *running.watermark.borrow();
+    assert!(
+        running.status.in_flight() > 0,
+        "the connection was not closed mid-stream"
+    );
+
+    // Once it reconnected and made progress, kill the publisher (as a crash would)
+    // and check that everything below its watermark really is in the queue.
+    let reconnected = tokio::time::timeout(PATIENCE, async {
+        while running.status.reconnects() == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(reconnected.is_ok(), "the publisher did not reconnect");
+    let after = stream
+        .ends
+        .iter()
+        .position(|e| *e > closed_at)
+        .unwrap_or(stream.ends.len() - 1);
+    running.wait_watermark(stream.ends[after]).await;
+    running.task.abort();
+    let _ = (&mut running.task).await;
     feeder.await.unwrap();
-
-    let total = stream.events as usize;
-    let last = *stream.ends.last().unwrap();
-    running.wait_watermark(last).await;
+    let watermark = *running.watermark.borrow();
     running.assert_watermarks_valid(&stream.ends);
-    let report = running.finish().await;
-    assert!(report.reconnects >= 1, "{report:?}");
+    let below: usize = stream.ends.iter().take_while(|e| **e <= watermark).count() * 400;
+    assert!(below >= 4 * 400);
 
-    // Everything arrived (duplicates allowed); first occurrences are in order.
-    let mut first_seen = Vec::new();
+    let mut first_seen: Vec<String> = Vec::new();
     let mut seen = std::collections::HashSet::new();
-    while seen.len() < total {
-        for d in receive(&mut consumer, 1).await {
+    let mut seen_below = 0;
+    let mut record = |deliveries: Vec<lapin::message::Delivery>,
+                      first_seen: &mut Vec<String>,
+                      seen_below: &mut usize| {
+        for d in deliveries {
             let id = message_id(&d);
             if seen.insert(id.clone()) {
+                let index: usize = id.trim_start_matches("id-").parse().unwrap();
+                if index < below {
+                    *seen_below += 1;
+                }
                 first_seen.push(id);
             }
         }
+    };
+    // Every message below the watermark arrives (a missing one fails after PATIENCE).
+    while seen_below < below {
+        let d = receive_fast(&mut consumer, 1).await;
+        record(d, &mut first_seen, &mut seen_below);
+    }
+
+    // A restarted publisher resumes after the watermark, like the relay would.
+    let resume = stream
+        .ends
+        .iter()
+        .position(|e| *e > watermark)
+        .unwrap_or(stream.ends.len());
+    let mut running = start(config).await;
+    for batch in &transactions[resume..] {
+        running.send(batch.clone()).await;
+    }
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    let report = running.finish().await;
+    assert_eq!(report.abandoned, 0);
+
+    // Everything arrived (duplicates allowed); first occurrences are in order.
+    let total = stream.events as usize;
+    while first_seen.len() < total {
+        let d = receive_fast(&mut consumer, 1).await;
+        record(d, &mut first_seen, &mut seen_below);
     }
     let expected: Vec<String> = (0..total).map(|i| format!("id-{i:08}")).collect();
     assert_eq!(first_seen, expected);
     broker.cleanup().await;
 }
 
-/// Closes the broker connection whose client-provided name is `name`.
-fn close_connection_named(name: &str) {
+/// The broker's pid of the connection whose client-provided name is `name`.
+fn connection_pid(name: &str) -> String {
     let out = std::process::Command::new("rabbitmqctl")
         .args(["-q", "list_connections", "pid", "client_properties"])
         .output()
@@ -348,6 +407,11 @@ fn close_connection_named(name: &str) {
         .and_then(|l| l.split_whitespace().next())
         .unwrap_or_else(|| panic!("no connection named {name} in:\n{listing}"))
         .to_string();
+    pid
+}
+
+/// Closes a connection from the broker side.
+fn close_connection(pid: &str) {
     let status = std::process::Command::new("rabbitmqctl")
         .args([
             "-q",

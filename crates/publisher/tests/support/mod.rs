@@ -102,6 +102,23 @@ impl Broker {
             .unwrap();
     }
 
+    /// A consumer on its own channel that needs no acks (fast).
+    pub async fn fast_consumer(&self, queue: &str) -> Consumer {
+        let channel = self.connection.create_channel().await.unwrap();
+        channel
+            .basic_consume(
+                queue.into(),
+                testkit::unique_name("c").into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap()
+    }
+
     /// A consumer on its own channel with the given prefetch (manual acks).
     pub async fn consumer(&self, queue: &str, prefetch: u16) -> Consumer {
         let channel = self.connection.create_channel().await.unwrap();
@@ -135,6 +152,20 @@ impl Broker {
         }
         let _ = self.connection.close(200, "done".into()).await;
     }
+}
+
+/// Receives `n` deliveries from a [`Broker::fast_consumer`].
+pub async fn receive_fast(consumer: &mut Consumer, n: usize) -> Vec<Delivery> {
+    let mut out = Vec::with_capacity(n);
+    while out.len() < n {
+        let delivery = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {n} messages arrived", out.len()))
+            .unwrap()
+            .unwrap();
+        out.push(delivery);
+    }
+    out
 }
 
 /// Receives `n` deliveries (acking each), failing after [`PATIENCE`] of silence.
