@@ -416,7 +416,7 @@ fn close_connection(pid: &str) {
         .args([
             "-q",
             "close_connection",
-            &pid,
+            pid,
             "publisher test closes the connection",
         ])
         .status()
