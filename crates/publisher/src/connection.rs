@@ -96,10 +96,6 @@ fn scrub_error(error: PublishError, url: &str) -> PublishError {
             exchange,
             reason: scrub(&reason, url),
         },
-        ConnectionLost { url: u, reason } => ConnectionLost {
-            url: u,
-            reason: scrub(&reason, url),
-        },
         other => other,
     }
 }

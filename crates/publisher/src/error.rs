@@ -26,18 +26,12 @@ pub enum PublishError {
     /// The CA file given for amqps could not be read.
     #[error("cannot read the RabbitMQ CA file {path}: {reason}; point [rabbitmq] ca_file at a readable PEM file")]
     CaFile { path: String, reason: String },
-    /// The connection or channel failed after it was established.
-    #[error("RabbitMQ connection to {url} failed: {reason}; the publisher reconnects by itself")]
-    ConnectionLost { url: String, reason: String },
 }
 
 impl PublishError {
     /// True when retrying later may succeed without changing the configuration.
     pub fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            PublishError::Unreachable { .. } | PublishError::ConnectionLost { .. }
-        )
+        matches!(self, PublishError::Unreachable { .. })
     }
 }
 

@@ -137,6 +137,16 @@ impl PublisherConfig {
                     ),
                 });
             }
+            if let Err(e) = url.parse::<lapin::uri::AMQPUri>() {
+                return Err(PublishError::InvalidConfig {
+                    key: "url",
+                    reason: format!(
+                        "{} cannot be parsed ({}); fix the URL",
+                        redact_url(url),
+                        error::scrub(&e, url)
+                    ),
+                });
+            }
         }
         if self.max_in_flight == 0 {
             return Err(PublishError::InvalidConfig {
