@@ -35,7 +35,9 @@ pub fn init(format: LogFormat) -> Result<(), CliError> {
     let filter = filter(value.as_deref())?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours only on a terminal: log files and collectors get plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
     let result = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder

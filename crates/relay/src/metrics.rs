@@ -5,14 +5,24 @@ use std::net::SocketAddr;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::error::CliError;
 use crate::pipeline::Health;
 
+/// Buckets of the commit → ack latency histogram, in seconds.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
 /// Installs the Prometheus recorder and serves the endpoints in the background.
 pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), CliError> {
     let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(
+            Matcher::Full("outbox_relay_publish_latency_seconds".into()),
+            LATENCY_BUCKETS,
+        )
+        .map_err(|e| CliError::Runtime(format!("cannot configure metric buckets: {e}")))?
         .install_recorder()
         .map_err(|e| CliError::Runtime(format!("cannot install the metrics recorder: {e}")))?;
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
