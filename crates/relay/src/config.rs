@@ -109,13 +109,8 @@ pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
 pub const MIN_STATUS_INTERVAL_MS: u64 = 100;
 /// Default `relay.metrics_listen`.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
-/// Default `relay.replay_window` (none).
-pub const DEFAULT_REPLAY_WINDOW: &str = "";
 /// Default `relay.shutdown_timeout_ms`.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
-
-/// Default `retention.keep` (retention off).
-pub const DEFAULT_RETENTION_KEEP: &str = "";
 
 /// The placeholders `rabbitmq.routing_key` may use.
 pub const ROUTING_KEY_PLACEHOLDERS: &[&str] =

@@ -30,7 +30,6 @@ pub enum CliError {
     Config(#[from] ConfigError),
     /// An unmet precondition: wal_level not logical, slot or publication missing,
     /// table or mapped column missing, authentication failed.
-    #[allow(dead_code)] // raised by `check` and the commands once they are wired in
     #[error("{0}")]
     Precondition(String),
     /// A failure while running.

@@ -62,6 +62,7 @@ impl ConfigError {
     }
 
     /// The configuration key the error is about, if it is about one.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn key(&self) -> Option<&str> {
         match self {
             ConfigError::UnknownKey { key, .. } | ConfigError::Invalid { key, .. } => Some(key),
