@@ -64,7 +64,7 @@ async fn main() {
         payload_type: oid::JSONB,
         headers_type: Some(oid::JSONB),
     });
-    let filler = "x".repeat(200);
+    let filler = "x".repeat(280); // body ≈ 300 bytes
     let per_tx = 100;
     let mut batches = Vec::new();
     let mut last_end = Lsn::ZERO;
