@@ -665,3 +665,33 @@ async fn invalid_urls_never_leak_the_password() {
     assert!(!format!("{err} {err:?}").contains("leakme"), "{err}");
     assert!(!format!("{config:?}").contains("leakme"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_larger_than_the_window_goes_through() {
+    let _shared = BROKER.read().await;
+    let exchange = testkit::unique_name("pub_big_x");
+    let queue = testkit::unique_name("pub_big_q");
+    let mut broker = Broker::new().await;
+    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    broker.queue(&queue, FieldTable::default()).await;
+    broker.bind(&queue, &exchange, "#").await;
+    let mut consumer = broker.fast_consumer(&queue).await;
+
+    let mut config = config(&exchange);
+    config.max_in_flight = 10;
+    let mut running = start(config).await;
+    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    running.send(stream.transaction(3)).await;
+    running.send(stream.transaction(250)).await;
+    running.send(stream.transaction(3)).await;
+    let deliveries = receive_fast(&mut consumer, 256).await;
+    let last = *stream.ends.last().unwrap();
+    running.wait_watermark(last).await;
+    running.assert_watermarks_valid(&stream.ends);
+    let report = running.finish().await;
+    let ids: Vec<String> = deliveries.iter().map(message_id).collect();
+    let expected: Vec<String> = (0..256).map(|i| format!("id-{i:08}")).collect();
+    assert_eq!(ids, expected);
+    assert_eq!(report.retries, 0);
+    broker.cleanup().await;
+}
