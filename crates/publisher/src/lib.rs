@@ -42,6 +42,10 @@
 //! with `x-outbox-error`, `x-original-exchange` and `x-original-routing-key` headers,
 //! and count as done only once that publish is acked.
 //!
+//! One warning is logged when a failure episode begins and one info line when it
+//! is over (everything buffered at its start is acked); retries in between are
+//! debug lines. Unroutable messages are logged with their exchange and routing key.
+//!
 //! When the broker blocks the connection (`connection.blocked`, a resource alarm),
 //! publishing stops, the watermark holds, and [`PublisherStatus::blocked`] is set
 //! until `connection.unblocked`.
@@ -257,6 +261,9 @@ impl Publisher {
     /// [`PublisherConfig::shutdown_timeout`] has passed since the input closed (then
     /// [`PublisherReport::abandoned`] counts what was not acked). Errors only on a
     /// definite problem found while reconnecting (login, vhost, exchange).
+    ///
+    /// The watermark starts at the `watch`'s current value (the position the relay
+    /// resumes from) and is only sent when it advances.
     pub async fn run(
         self,
         input: mpsc::Receiver<WalBatch>,
