@@ -4,7 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
 const SECRET: &str = "hunter2-s3cret";
@@ -33,7 +34,9 @@ impl Drop for TempDir {
 }
 
 /// Runs the binary in `cwd` with `env` on top of a parent environment stripped of
-/// anything that could change its configuration or logging.
+/// anything that could change its configuration or logging. A command still running
+/// after 3 s (`run` waiting for an unreachable Postgres, as a service should) is
+/// killed; its output so far is returned.
 fn relay(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(BIN);
     cmd.current_dir(cwd).args(args).env_remove("RUST_LOG");
@@ -42,8 +45,16 @@ fn relay(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
             cmd.env_remove(k);
         }
     }
-    cmd.envs(env.iter().copied());
-    cmd.output().unwrap()
+    cmd.envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    child.wait_with_output().unwrap()
 }
 
 fn stdout(o: &Output) -> String {
@@ -128,12 +139,18 @@ fn check_accepts_the_example_config() {
         &["--config", example.to_str().unwrap(), "check"],
         &[],
     );
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         stdout(&out).starts_with("ok   config: ")
             && stdout(&out).contains("outbox-relay.example.toml"),
         "{}",
         stdout(&out)
+    );
+    // The example's database (app on 127.0.0.1:5432) need not exist: whatever the
+    // later checks find, none of them is about the configuration.
+    assert!(
+        !stderr(&out).contains("outbox-relay.example.toml"),
+        "{}",
+        stderr(&out)
     );
 }
 
@@ -141,7 +158,6 @@ fn check_accepts_the_example_config() {
 fn check_reads_the_default_file_in_the_working_directory() {
     let dir = TempDir::new();
     let out = relay(&dir.0, &["check"], &[]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(
         stdout(&out).contains("ok   config: defaults"),
         "{}",
@@ -238,7 +254,7 @@ fn missing_config_file_exits_2() {
 #[test]
 fn unimplemented_command_is_a_runtime_failure() {
     let dir = TempDir::new();
-    let out = relay(&dir.0, &["status"], &[]);
+    let out = relay(&dir.0, &["peek"], &[]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).starts_with("error: "), "{}", stderr(&out));
 }

@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod amqp;
+pub mod proxy;
 
 use std::process::Command;
 
