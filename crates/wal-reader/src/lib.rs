@@ -2,6 +2,7 @@
 //! ordered stream of committed outbox events.
 
 pub mod admin;
+pub mod assemble;
 pub mod conn;
 pub mod conninfo;
 pub mod error;

@@ -40,12 +40,9 @@
 //! `acked` sender (all confirms are in), sends a last status update with the final
 //! watermark, ends the copy and closes the connection.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use pgoutput::logical::{Column, Decoder, LogicalMessage, Relation, TupleData};
+use bytes::BytesMut;
 use pgoutput::replication::{
     encode_standby_status_update, parse_copy_data, pg_now_micros, ReplicationMessage,
 };
@@ -55,9 +52,8 @@ use tracing::{debug, info, warn};
 use crate::conn::ReplicationConnection;
 use crate::conninfo::PgConnectOptions;
 use crate::error::ReaderError;
-use crate::event::{
-    pg_to_unix_micros, CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem,
-};
+use crate::assemble::Assembler;
+use crate::event::{Lsn, WalBatch, WalItem};
 use crate::mapping::{ColumnMapping, TableName};
 
 /// What the reader needs to stream.
@@ -96,36 +92,12 @@ pub struct ReaderExit {
     pub flushed: Lsn,
 }
 
-/// Mapped column positions of a relayed relation.
-#[derive(Debug, Clone)]
-struct RelayedRelation {
-    table: Arc<OutboxTable>,
-    id: usize,
-    aggregate_type: usize,
-    aggregate_id: usize,
-    event_type: usize,
-    payload: usize,
-    headers: Option<usize>,
-    correlation_id: Option<usize>,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct OpenTx {
-    xid: u32,
-    commit_lsn: Lsn,
-    commit_time_micros: i64,
-    events: u64,
-}
-
 /// A streaming replication session on one slot.
 pub struct WalReader {
     conn: ReplicationConnection,
     cfg: ReaderConfig,
     info: StartInfo,
-    decoder: Decoder,
-    /// Relation id → mapped columns, or `None` for a relation we skip.
-    relations: HashMap<u32, Option<RelayedRelation>>,
-    open: Option<OpenTx>,
+    assembler: Assembler,
     /// Highest position received (reported as `write`).
     received: Lsn,
     /// Highest flush position reported (never below the slot's position at start).
@@ -244,9 +216,7 @@ impl WalReader {
         Ok(WalReader {
             conn,
             info,
-            decoder: Decoder::new(),
-            relations: HashMap::new(),
-            open: None,
+            assembler: Assembler::new(cfg.tables.clone(), cfg.mapping.clone()),
             received: start_lsn,
             flushed: slot_confirmed.max(start_lsn),
             status_buf: BytesMut::with_capacity(64),
@@ -292,7 +262,7 @@ impl WalReader {
                 pending.clear();
             }
             // Finished reading: the consumer has everything; wait for its last acks.
-            if stopping && self.open.is_none() && pending.is_empty() && out.is_some() {
+            if stopping && !self.assembler.in_transaction() && pending.is_empty() && out.is_some() {
                 out = None;
                 debug!("reader stopped at a transaction boundary");
             }
@@ -404,7 +374,7 @@ impl WalReader {
                 ReplicationMessage::PrimaryKeepalive(k) => {
                     reply |= k.reply_requested;
                     self.received = self.received.max(k.wal_end);
-                    if self.open.is_none() && !stopping {
+                    if !self.assembler.in_transaction() && !stopping {
                         if let Some(WalItem::Keepalive(l)) = pending.last_mut() {
                             *l = (*l).max(k.wal_end);
                         } else {
@@ -414,7 +384,10 @@ impl WalReader {
                 }
                 ReplicationMessage::XLogData(x) => {
                     self.received = self.received.max(x.wal_start);
-                    let done = self.handle_logical(x.data, pending)?;
+                    let done = self.assembler.handle(x.data, pending)?;
+                    if let (true, Some(WalItem::Commit(c))) = (done, pending.last()) {
+                        self.received = self.received.max(c.end_lsn);
+                    }
                     if done && stopping {
                         // Leave what follows for the next session.
                         return Ok(reply);
@@ -423,115 +396,6 @@ impl WalReader {
             }
         }
         Ok(reply)
-    }
-
-    /// Handles one pgoutput message; returns true when it closed a transaction.
-    fn handle_logical(&mut self, data: Bytes, pending: &mut WalBatch) -> Result<bool, ReaderError> {
-        match self.decoder.decode(data)? {
-            LogicalMessage::Begin(b) => {
-                self.open = Some(OpenTx {
-                    xid: b.xid,
-                    commit_lsn: b.final_lsn,
-                    commit_time_micros: pg_to_unix_micros(b.commit_time),
-                    events: 0,
-                });
-            }
-            LogicalMessage::Commit(c) => {
-                let tx = self
-                    .open
-                    .take()
-                    .ok_or_else(|| ReaderError::Protocol("Commit without Begin".into()))?;
-                self.received = self.received.max(c.end_lsn);
-                pending.push(WalItem::Commit(CommitMarker {
-                    xid: tx.xid,
-                    commit_lsn: c.commit_lsn,
-                    end_lsn: c.end_lsn,
-                    commit_time_micros: pg_to_unix_micros(c.commit_time),
-                    events: tx.events,
-                }));
-                return Ok(true);
-            }
-            LogicalMessage::Relation(r) => {
-                let mapped = self.map_relation(&r)?;
-                if let Some(m) = &mapped {
-                    debug!(table = %m.table.qualified_name, relation_id = r.id, "outbox relation mapped");
-                }
-                self.relations.insert(r.id, mapped);
-            }
-            LogicalMessage::Insert(ins) => {
-                let rel = match self.relations.get(&ins.relation_id) {
-                    Some(Some(rel)) => rel,
-                    Some(None) => return Ok(false),
-                    None => {
-                        return Err(ReaderError::Protocol(format!(
-                            "insert into relation {} before its Relation message",
-                            ins.relation_id
-                        )))
-                    }
-                };
-                let tx = self
-                    .open
-                    .as_mut()
-                    .ok_or_else(|| ReaderError::Protocol("Insert outside a transaction".into()))?;
-                tx.events += 1;
-                pending.push(WalItem::Event(build_event(rel, tx, &ins.tuple)));
-            }
-            // Updates, deletes, truncates, types, origins and messages do not publish.
-            LogicalMessage::Update(_)
-            | LogicalMessage::Delete(_)
-            | LogicalMessage::Truncate(_)
-            | LogicalMessage::Type(_)
-            | LogicalMessage::Origin(_)
-            | LogicalMessage::Message(_) => {}
-            other => {
-                return Err(ReaderError::Protocol(format!(
-                    "unexpected message with protocol version 1: {other:?}"
-                )))
-            }
-        }
-        Ok(false)
-    }
-
-    fn map_relation(&self, r: &Relation) -> Result<Option<RelayedRelation>, ReaderError> {
-        let Some(table) = self
-            .cfg
-            .tables
-            .iter()
-            .find(|t| t.schema == r.namespace && t.name == r.name)
-        else {
-            return Ok(None);
-        };
-        let find = |name: &str| r.columns.iter().position(|c| c.name == name);
-        let m = &self.cfg.mapping;
-        let require = |key: &str, name: &str| {
-            find(name).ok_or_else(|| {
-                ReaderError::Precondition(format!(
-                    "table {table} has no column {name:?} (mapping.{key}): add the column or set [mapping] {key} to an existing column"
-                ))
-            })
-        };
-        let payload = require("payload", &m.payload)?;
-        let headers = m.headers.as_deref().and_then(find);
-        let rel = RelayedRelation {
-            id: require("id", &m.id)?,
-            aggregate_type: require("aggregate_type", &m.aggregate_type)?,
-            aggregate_id: require("aggregate_id", &m.aggregate_id)?,
-            event_type: require("event_type", &m.event_type)?,
-            payload,
-            headers,
-            correlation_id: match m.correlation_id.as_deref() {
-                Some(c) => Some(require("correlation_id", c)?),
-                None => None,
-            },
-            table: Arc::new(OutboxTable {
-                qualified_name: table.qualified(),
-                schema: table.schema.clone(),
-                name: table.name.clone(),
-                payload_type: r.columns[payload].type_oid,
-                headers_type: headers.map(|h| r.columns[h].type_oid),
-            }),
-        };
-        Ok(Some(rel))
     }
 
     async fn send_status(&mut self, acked: Lsn, reply: bool) -> Result<(), ReaderError> {
@@ -554,29 +418,6 @@ impl WalReader {
         }
         self.flushed = flush;
         Ok(())
-    }
-}
-
-fn column(tuple: &TupleData, i: usize) -> Option<Bytes> {
-    match tuple.columns.get(i) {
-        Some(Column::Text(b)) | Some(Column::Binary(b)) => Some(b.clone()),
-        _ => None,
-    }
-}
-
-fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxEvent {
-    OutboxEvent {
-        table: rel.table.clone(),
-        xid: tx.xid,
-        commit_lsn: tx.commit_lsn,
-        commit_time_micros: tx.commit_time_micros,
-        id: column(tuple, rel.id),
-        aggregate_type: column(tuple, rel.aggregate_type),
-        aggregate_id: column(tuple, rel.aggregate_id),
-        event_type: column(tuple, rel.event_type),
-        payload: column(tuple, rel.payload),
-        headers: rel.headers.and_then(|i| column(tuple, i)),
-        correlation_id: rel.correlation_id.and_then(|i| column(tuple, i)),
     }
 }
 
