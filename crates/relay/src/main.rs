@@ -19,6 +19,8 @@
 //! - `pipeline`: reader → publisher → LSN feedback, reconnects, clean stop.
 //! - `metrics`: `/metrics`, `/healthz`, `/readyz`.
 
+mod anchor;
+mod background;
 mod cli;
 mod commands;
 mod config;
@@ -26,6 +28,8 @@ mod error;
 mod logging;
 mod metrics;
 mod pipeline;
+mod retention;
+mod slot_metrics;
 
 use std::io::Write;
 use std::process::ExitCode;
@@ -69,20 +73,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
         Command::Status(args) => commands::status::status(&config, &args).await,
-        Command::Peek(_args) => not_yet_implemented("peek"),
-        Command::Replay(args) => {
-            // Range checks clap cannot express are usage errors even before replay exists.
-            args.source()?;
-            not_yet_implemented("replay")
-        }
+        Command::Peek(args) => commands::peek::peek(&config, &args).await,
+        Command::Replay(args) => commands::replay::replay(&config, &args).await,
     }
-}
-
-/// Placeholder for a command the pipeline has not wired in yet.
-fn not_yet_implemented(command: &str) -> Result<(), CliError> {
-    Err(CliError::Runtime(format!(
-        "`{command}` is not yet implemented in this build: use a release that includes it"
-    )))
 }
 
 /// `check`: one line per precondition on stdout. A failure is the error line on

@@ -1,6 +1,8 @@
 //! The commands of SPEC §6, each over the loaded [`Config`].
 
 pub mod check;
+pub mod peek;
+pub mod replay;
 pub mod run;
 pub mod slot;
 pub mod status;

@@ -14,16 +14,7 @@ use crate::pipeline::{self, Health, PipelineConfig};
 
 /// Runs the relay until a signal asks it to stop; exits 0 after a clean stop.
 pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
-    if cfg.replay_window().is_some() {
-        return Err(CliError::Precondition(
-            "[relay] replay_window is not supported by this build yet: set it to \"\" (replay from the table remains possible)".into(),
-        ));
-    }
-    if cfg.retention_keep().is_some() {
-        return Err(CliError::Precondition(
-            "[retention] keep is not supported by this build yet: set it to \"\" and delete old outbox rows with a scheduled job, or use the insert-then-delete pattern".into(),
-        ));
-    }
+    crate::background::validate(cfg)?;
     let (stop_tx, mut stop_rx) = watch::channel(false);
     spawn_signal_handler(stop_tx)?;
     let health = Health::default();
@@ -52,9 +43,14 @@ pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
         publisher: publisher_config(cfg),
         shutdown_timeout: cfg.shutdown_timeout(),
     };
+    let tasks = crate::background::spawn(cfg, &health, &stop_rx);
     info!(slot = %cfg.postgres.slot, exchange = %cfg.rabbitmq.exchange,
         brokers = ?cfg.amqp_urls_redacted(), "relay starting");
-    pipeline::run(pcfg, stop_rx, health).await
+    let result = pipeline::run(pcfg, stop_rx, health).await;
+    for t in tasks {
+        t.abort();
+    }
+    result
 }
 
 /// The Postgres preconditions, failing on the first unmet one. A slot held by
