@@ -11,6 +11,8 @@ set -euo pipefail
 
 PORT="${OUTBOX_TEST_PG_PORT:-55432}"
 NAME="${OUTBOX_TEST_PG_CLUSTER:-outbox_test}"
+FAULT_PORT="${OUTBOX_TEST_FAULT_PG_PORT:-55433}"
+FAULT_NAME="outbox_fault"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 log() { printf 'test-services: %s\n' "$*" >&2; }
@@ -30,16 +32,19 @@ need_pkg rabbitmqctl rabbitmq-server
 
 VERSION="$(ls /usr/lib/postgresql | sort -V | tail -n 1)"
 PGBIN="/usr/lib/postgresql/$VERSION/bin"
-DATA="/var/lib/postgresql/$VERSION/$NAME"
-CONF="/etc/postgresql/$VERSION/$NAME"
 
-# ---------------------------------------------------------------- Postgres cluster
+# ---------------------------------------------------------------- Postgres clusters
+# setup_cluster NAME PORT: creates (once), configures and starts a cluster.
+setup_cluster() {
+local NAME="$1" PORT="$2"
+local DATA="/var/lib/postgresql/$VERSION/$NAME"
+local CONF="/etc/postgresql/$VERSION/$NAME"
 if [ ! -d "$CONF" ]; then
   log "creating cluster $VERSION/$NAME on port $PORT"
   pg_createcluster "$VERSION" "$NAME" --port "$PORT" -- --auth=trust >/dev/null
 fi
 
-CERTS="$CONF/certs"
+local CERTS="$CONF/certs"
 if [ ! -f "$CERTS/server.crt" ]; then
   log "generating a test CA and server certificate"
   mkdir -p "$CERTS"
@@ -91,6 +96,7 @@ host all all ::1/128 trust
 HBAEOF
 chown postgres:postgres "$CONF/pg_hba.conf"
 
+local status_line cur wal
 status_line="$(pg_lsclusters --no-header | awk -v v="$VERSION" -v n="$NAME" '$1==v && $2==n {print $4}')"
 if [ "$status_line" != "online" ]; then
   log "starting cluster $VERSION/$NAME"
@@ -120,6 +126,13 @@ SQLEOF
 wal="$(su postgres -c "psql -XAtq -p $PORT -h 127.0.0.1 -c 'show wal_level'")"
 [ "$wal" = "logical" ] || { log "cluster is not at wal_level=logical"; exit 1; }
 
+}
+
+setup_cluster "$NAME" "$PORT"
+# A second cluster for fault tests that restart or crash Postgres, so that they
+# never disturb the tests running on the first one.
+setup_cluster "$FAULT_NAME" "$FAULT_PORT"
+
 # ---------------------------------------------------------------- RabbitMQ
 rabbit_ok() { rabbitmqctl -q await_startup --timeout 5 >/dev/null 2>&1; }
 if ! rabbit_ok; then
@@ -145,7 +158,9 @@ mkdir -p "$ROOT/target"
 cat > "$ROOT/target/test-services.env" <<ENVEOF
 OUTBOX_TEST_PG_PORT=$PORT
 OUTBOX_TEST_PG_CLUSTER=$VERSION/$NAME
-OUTBOX_TEST_PG_CA=$CERTS/ca.crt
+OUTBOX_TEST_PG_CA=/etc/postgresql/$VERSION/$NAME/certs/ca.crt
+OUTBOX_TEST_FAULT_PG_PORT=$FAULT_PORT
+OUTBOX_TEST_FAULT_PG_CLUSTER=$VERSION/$FAULT_NAME
 OUTBOX_TEST_PG_BIN=$PGBIN
 OUTBOX_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/%2f
 ENVEOF

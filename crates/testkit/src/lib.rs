@@ -20,6 +20,21 @@ pub fn pg_port() -> u16 {
         .unwrap_or(55432)
 }
 
+/// Port of the second cluster, reserved for fault tests that restart or crash
+/// Postgres (`outbox_fault`, default 55433).
+pub fn pg_fault_port() -> u16 {
+    std::env::var("OUTBOX_TEST_FAULT_PG_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(55433)
+}
+
+/// `major/name` of the fault-test cluster, for `pg_ctlcluster`.
+pub fn pg_fault_cluster() -> (String, String) {
+    let (v, _) = pg_cluster();
+    (v, "outbox_fault".to_string())
+}
+
 /// `major/name` of the tests' cluster, for `pg_ctlcluster`.
 pub fn pg_cluster() -> (String, String) {
     let spec = std::env::var("OUTBOX_TEST_PG_CLUSTER").unwrap_or_else(|_| {
@@ -98,29 +113,47 @@ pub fn psql(dbname: &str, sql: &str) -> String {
 /// A fresh database on the test cluster, dropped (with its slots) on drop.
 pub struct TestDb {
     pub name: String,
+    /// The cluster's port.
+    pub port: u16,
 }
 
 impl TestDb {
     /// Creates a database named after `prefix` plus a unique suffix.
     pub fn new(prefix: &str) -> TestDb {
+        Self::new_at(pg_port(), prefix)
+    }
+
+    /// Like [`TestDb::new`], on the fault-test cluster ([`pg_fault_port`]), which
+    /// fault tests may restart or crash.
+    pub fn new_on_fault_cluster(prefix: &str) -> TestDb {
+        Self::new_at(pg_fault_port(), prefix)
+    }
+
+    fn new_at(port: u16, prefix: &str) -> TestDb {
         let name = unique_name(prefix);
-        psql("postgres", &format!("CREATE DATABASE {name}"));
-        TestDb { name }
+        psql_at(port, "postgres", &format!("CREATE DATABASE {name}"));
+        TestDb { name, port }
     }
 
     /// libpq key=value conninfo for this database as `postgres`.
     pub fn conninfo(&self) -> String {
-        pg_conninfo(&self.name)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={}",
+            self.port, self.name
+        )
     }
 
     /// URL for this database as `postgres`.
     pub fn url(&self) -> String {
-        pg_url(&self.name)
+        format!(
+            "postgresql://postgres@127.0.0.1:{}/{}",
+            self.port, self.name
+        )
     }
 
     /// Runs SQL in this database with psql.
     pub fn psql(&self, sql: &str) -> String {
-        psql(&self.name, sql)
+        psql_at(self.port, &self.name, sql)
     }
 
     /// An ordinary tokio-postgres client on this database (its connection task is
@@ -146,7 +179,7 @@ impl Drop for TestDb {
         );
         let _ = Command::new("psql")
             .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
-            .args(["-p", &pg_port().to_string(), "-d", "postgres", "-c", &sql])
+            .args(["-p", &self.port.to_string(), "-d", "postgres", "-c", &sql])
             .output();
         for _ in 0..50 {
             let sql = format!(
@@ -156,7 +189,7 @@ impl Drop for TestDb {
             );
             let out = Command::new("psql")
                 .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
-                .args(["-p", &pg_port().to_string(), "-d", "postgres", "-c", &sql])
+                .args(["-p", &self.port.to_string(), "-d", "postgres", "-c", &sql])
                 .output();
             match out {
                 Ok(o) if String::from_utf8_lossy(&o.stdout).trim_end().ends_with('0') => break,
