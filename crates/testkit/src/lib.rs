@@ -89,6 +89,11 @@ pub fn pg_url(dbname: &str) -> String {
 /// Runs SQL on the test cluster with `psql` (synchronous: usable from `Drop`).
 /// Returns stdout; panics with psql's stderr on failure.
 pub fn psql(dbname: &str, sql: &str) -> String {
+    psql_at(pg_port(), dbname, sql)
+}
+
+/// [`psql`] on the cluster listening on `port`.
+pub fn psql_at(port: u16, dbname: &str, sql: &str) -> String {
     let out = Command::new("psql")
         .args([
             "-XAtq",
@@ -99,7 +104,7 @@ pub fn psql(dbname: &str, sql: &str) -> String {
             "-U",
             "postgres",
         ])
-        .args(["-p", &pg_port().to_string(), "-d", dbname, "-c", sql])
+        .args(["-p", &port.to_string(), "-d", dbname, "-c", sql])
         .output()
         .expect("psql runs");
     assert!(
@@ -198,7 +203,7 @@ impl Drop for TestDb {
         }
         let _ = Command::new("psql")
             .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
-            .args(["-p", &pg_port().to_string(), "-d", "postgres"])
+            .args(["-p", &self.port.to_string(), "-d", "postgres"])
             .args([
                 "-c",
                 &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
