@@ -1,5 +1,43 @@
 //! The replication connection: turns a Postgres logical replication slot into an
 //! ordered stream of committed outbox events.
+//!
+//! # Layout
+//!
+//! ```text
+//!  conninfo ─► conn (startup, auth, TLS, simple query, CopyBoth) ─► stream::WalReader
+//!                                                                    │ CopyData frames
+//!                        pgoutput::replication / pgoutput::logical ◄─┘
+//!                                        │
+//!                         assemble::Assembler (relation cache, column mapping)
+//!                                        │
+//!                                        ▼
+//!                 event::WalItem::{Event, Commit, Keepalive} in WalBatch (mpsc)
+//!
+//!  admin: slot / publication administration and every precondition (SQL side)
+//! ```
+//!
+//! - [`conn`]: the replication transport on the official `postgres-protocol` crate
+//!   (no crates.io release of tokio-postgres speaks replication): `replication=database`
+//!   startup, trust / cleartext / md5 / SCRAM-SHA-256, TLS with libpq's `sslmode`
+//!   values ([`tls`]), simple queries, CopyBoth (the `W` response is handled here).
+//! - [`stream`]: `START_REPLICATION … LOGICAL` with pgoutput protocol version 1,
+//!   backpressure (the socket is read only when the consumer has room), standby
+//!   status updates carrying the consumer's acked position, keepalive replies, stall
+//!   detection, and a clean stop at a transaction boundary. Its module docs explain
+//!   how LSN progress is tracked.
+//! - [`assemble`]: pgoutput messages → outbox events and commit markers.
+//! - [`admin`]: creating and dropping slots and publications, reading slot state,
+//!   and the precondition checks behind `outbox-relay check`.
+//! - [`event`]: the domain items the rest of the relay sees (no wire types).
+//!
+//! # Start positions
+//!
+//! `START_REPLICATION … LOGICAL X` behaves in two surprising ways, so
+//! [`WalReader::start`] compares X with the slot first: Postgres *silently forwards*
+//! an X older than the slot's `confirmed_flush_lsn` to that position (the reader
+//! refuses such an X with an error naming the earliest possible LSN), and *silently
+//! skips* transactions committed before an X newer than it (the reader logs a
+//! warning). `0/0`, or no start LSN, resumes from the slot.
 
 pub mod admin;
 pub mod assemble;

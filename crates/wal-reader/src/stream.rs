@@ -14,7 +14,7 @@
 //! # How LSN progress is tracked
 //!
 //! - Each transaction's events carry its commit LSN (from Begin); its
-//!   [`CommitMarker`] carries the *end* LSN of the commit record. Postgres resumes a
+//!   [`CommitMarker`](crate::event::CommitMarker) carries the *end* LSN of the commit record. Postgres resumes a
 //!   slot *after* the confirmed position, so confirming a commit LSN would re-send that
 //!   transaction; the end LSN is the position to confirm.
 //! - The reader never decides what is confirmed: it reports as `flush` only what the
@@ -49,10 +49,10 @@ use pgoutput::replication::{
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use crate::assemble::Assembler;
 use crate::conn::ReplicationConnection;
 use crate::conninfo::PgConnectOptions;
 use crate::error::ReaderError;
-use crate::assemble::Assembler;
 use crate::event::{Lsn, WalBatch, WalItem};
 use crate::mapping::{ColumnMapping, TableName};
 
