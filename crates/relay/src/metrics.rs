@@ -30,6 +30,7 @@ pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), CliError> {
             "cannot listen on {addr} for metrics ({e}): choose a free address in [relay] metrics_listen, or \"\" to disable"
         ))
     })?;
+    describe();
     spawn_gauges(health.clone());
     let app = router(handle, health);
     tokio::spawn(async move {
@@ -56,6 +57,80 @@ fn router(handle: PrometheusHandle, health: Health) -> Router {
                 })
             }),
         )
+}
+
+/// HELP text for every metric, and the counters registered at 0 so that a scrape
+/// shows them (and `rate()`/`increase()` work) before the first event.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    use publisher::status as p;
+
+    let counters = [
+        (
+            p::EVENTS_PUBLISHED,
+            "basic.publish calls for outbox events, retries included",
+        ),
+        (p::EVENTS_ACKED, "publishes acked by the broker"),
+        (p::EVENTS_NACKED, "publishes nacked by the broker (retried)"),
+        (p::EVENTS_RETURNED, "publishes returned as unroutable"),
+        (
+            p::EVENTS_DEAD_LETTERED,
+            "returned messages republished to dead_letter_exchange and acked",
+        ),
+        (
+            p::PUBLISH_RETRIES,
+            "publish failure recoveries (each republishes from the oldest unacked message)",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Unit::Count, help);
+        metrics::counter!(name).increment(0);
+    }
+    describe_counter!(
+        p::RECONNECTS,
+        Unit::Count,
+        "reconnects, by side (postgres, rabbitmq)"
+    );
+    for side in ["postgres", "rabbitmq"] {
+        metrics::counter!(p::RECONNECTS, "side" => side).increment(0);
+    }
+    describe_gauge!(
+        p::IN_FLIGHT,
+        Unit::Count,
+        "messages published and not yet below the acked watermark"
+    );
+    metrics::gauge!(p::IN_FLIGHT).set(0.0);
+    describe_gauge!(p::ACKED_LSN, "the acked watermark (LSN as a number)");
+    describe_gauge!(
+        "outbox_relay_confirmed_lsn",
+        "the last flush position sent to Postgres (LSN as a number)"
+    );
+    describe_gauge!(
+        "outbox_relay_outbox_lag_seconds",
+        Unit::Seconds,
+        "now minus the commit time of the oldest unacked event; 0 when idle"
+    );
+    describe_gauge!("outbox_relay_ready", "1 while /readyz answers 200");
+    describe_histogram!(
+        p::PUBLISH_LATENCY,
+        Unit::Seconds,
+        "commit to broker ack, per event"
+    );
+    describe_gauge!(
+        crate::slot_metrics::SLOT_RETAINED_WAL,
+        Unit::Bytes,
+        "WAL the server retains for the slot (current WAL minus restart_lsn)"
+    );
+    describe_gauge!(
+        crate::slot_metrics::SLOT_PENDING_WAL,
+        Unit::Bytes,
+        "WAL not yet confirmed by the relay (current WAL minus confirmed_flush_lsn)"
+    );
+    describe_gauge!(
+        crate::slot_metrics::SLOT_SAFE_WAL,
+        Unit::Bytes,
+        "WAL that can still be written before the slot is invalidated (safe_wal_size)"
+    );
 }
 
 /// Gauges derived from live state, refreshed every second.

@@ -1,11 +1,308 @@
-//! `peek [--limit N] [--json]`: not in this build yet.
+//! `peek [--limit N] [--json]`: the pending outbox events (what the next `run` would
+//! publish), read without consuming them.
+//!
+//! ```text
+//!   pg_logical_slot_peek_binary_changes(slot, NULL, n, proto_version 1, publication)
+//!        │ one pgoutput message per row (whole transactions, from confirmed_flush_lsn)
+//!        ▼
+//!   assemble::Assembler (the decoder `run` uses) ─► committed events ─► first N printed
+//! ```
+//!
+//! The SQL function decodes whole transactions and stops once it has returned at
+//! least `n` rows, so `peek` asks for a generous multiple of N rows and, when that
+//! was not enough (transactions with few outbox rows among many changes), reads again
+//! from the start with twice as many, up to [`MAX_CHANGES`]. Postgres refuses to
+//! decode a slot that a walsender streams from, so `peek` refuses an active slot
+//! up front (exit 2, like every other "the environment is not ready" failure).
 
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use publisher::message::RoutingKeyTemplate;
+use serde_json::json;
+use tokio_postgres::error::SqlState;
+use wal_reader::admin::{self, ident::quote_ident};
+use wal_reader::assemble::Assembler;
+use wal_reader::{Lsn, OutboxEvent, WalItem};
+
+use super::{admin_error, sql_client};
 use crate::cli::PeekArgs;
 use crate::config::Config;
 use crate::error::CliError;
 
-pub async fn peek(_cfg: &Config, _args: &PeekArgs) -> Result<(), CliError> {
-    Err(CliError::Runtime(
-        "`peek` is not yet implemented in this build: use `status` for the slot's position".into(),
+/// Changes asked for per event wanted, on the first read.
+const CHANGES_PER_EVENT: i64 = 4;
+/// Extra changes asked for on the first read (Begin/Commit/Relation messages).
+const CHANGES_EXTRA: i64 = 64;
+/// Upper bound on the changes one `peek` decodes: past it, fewer than N events are
+/// printed rather than decoding a huge backlog of unrelated changes.
+pub const MAX_CHANGES: i64 = 1_000_000;
+/// Payload characters shown per line in text output.
+const TEXT_PAYLOAD_CHARS: usize = 200;
+
+/// One pending event, with its transaction's positions.
+#[derive(Debug)]
+struct Pending {
+    event: OutboxEvent,
+    end_lsn: Lsn,
+    routing_key: String,
+}
+
+/// Prints up to `--limit` pending events, oldest first.
+pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
+    let routing = RoutingKeyTemplate::parse(&cfg.rabbitmq.routing_key)
+        .map_err(|e| CliError::Precondition(e.to_string()))?;
+    let client = sql_client(cfg).await?;
+    let slot = admin::require_slot(&client, &cfg.postgres.slot)
+        .await
+        .map_err(admin_error)?;
+    if let Some(pid) = slot.holder() {
+        return Err(slot_active(&cfg.postgres.slot, &pid.to_string()));
+    }
+    let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
+    let events = read_pending(&client, cfg, limit, &routing).await?;
+    if args.json {
+        let list: Vec<serde_json::Value> = events.iter().map(to_json).collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).unwrap_or_else(|_| "[]".into())
+        );
+    } else if events.is_empty() {
+        println!("no pending events");
+    } else {
+        for p in &events {
+            println!("{}", to_line(p));
+        }
+    }
+    Ok(())
+}
+
+fn slot_active(slot: &str, pid: &str) -> CliError {
+    CliError::Precondition(format!(
+        "replication slot \"{slot}\" is in use by pid {pid}, and `peek` cannot read a slot a relay is streaming from: stop that relay first, or use `outbox-relay status` to see the slot's position"
     ))
+}
+
+/// Decodes the slot's pending changes until `limit` committed events are found or
+/// the slot has nothing more.
+async fn read_pending(
+    client: &tokio_postgres::Client,
+    cfg: &Config,
+    limit: usize,
+    routing: &RoutingKeyTemplate,
+) -> Result<Vec<Pending>, CliError> {
+    let sql = "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
+                 'proto_version', '1', 'publication_names', $3)";
+    let publication = quote_ident(&cfg.postgres.publication);
+    let mut changes = (limit as i64)
+        .saturating_mul(CHANGES_PER_EVENT)
+        .saturating_add(CHANGES_EXTRA)
+        .min(MAX_CHANGES);
+    loop {
+        let rows = client
+            .query(sql, &[&cfg.postgres.slot, &(changes as i32), &publication])
+            .await
+            .map_err(|e| peek_error(e, &cfg.postgres.slot))?;
+        let read = rows.len() as i64;
+        let mut assembler = Assembler::new(cfg.tables(), cfg.mapping());
+        let mut items = Vec::new();
+        for row in rows {
+            let data: Vec<u8> = row
+                .try_get(0)
+                .map_err(|e| CliError::Runtime(format!("Postgres: {e}")))?;
+            assembler
+                .handle(Bytes::from(data), &mut items)
+                .map_err(|e| {
+                    if e.is_precondition() {
+                        CliError::Precondition(e.to_string())
+                    } else {
+                        CliError::Runtime(format!("cannot decode the slot's changes: {e}"))
+                    }
+                })?;
+        }
+        let events = committed(items, limit, routing);
+        // Fewer rows than asked for: the slot has nothing more.
+        if events.len() >= limit || read < changes || changes >= MAX_CHANGES {
+            return Ok(events);
+        }
+        changes = changes.saturating_mul(2).min(MAX_CHANGES);
+    }
+}
+
+/// The first `limit` events of committed transactions (an event is kept only once
+/// its transaction's Commit was decoded).
+fn committed(items: Vec<WalItem>, limit: usize, routing: &RoutingKeyTemplate) -> Vec<Pending> {
+    let mut out = Vec::new();
+    let mut open: Vec<OutboxEvent> = Vec::new();
+    for item in items {
+        match item {
+            WalItem::Event(e) => open.push(e),
+            WalItem::Commit(c) => {
+                for event in open.drain(..) {
+                    if out.len() == limit {
+                        return out;
+                    }
+                    out.push(Pending {
+                        routing_key: routing.render(&event),
+                        event,
+                        end_lsn: c.end_lsn,
+                    });
+                }
+            }
+            WalItem::Keepalive(_) => {}
+        }
+    }
+    out
+}
+
+/// The server refusing to decode: an active slot (raced with a relay starting) is
+/// the precondition error of [`slot_active`]; anything else a runtime failure.
+fn peek_error(e: tokio_postgres::Error, slot: &str) -> CliError {
+    if e.code() == Some(&SqlState::OBJECT_IN_USE) {
+        let pid = e
+            .as_db_error()
+            .and_then(|d| d.message().rsplit(' ').next().map(str::to_string))
+            .unwrap_or_else(|| "?".into());
+        return slot_active(slot, &pid);
+    }
+    let text = e
+        .as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_else(|| e.to_string());
+    CliError::Runtime(format!(
+        "cannot peek at replication slot \"{slot}\" ({text}): check that the relay's role has the REPLICATION attribute and that Postgres is up"
+    ))
+}
+
+fn text(v: Option<&Bytes>) -> Option<String> {
+    v.map(|b| String::from_utf8_lossy(b).into_owned())
+}
+
+fn commit_time(micros: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64);
+    humantime::format_rfc3339_micros(t).to_string()
+}
+
+/// One line: commit LSN, xid, table, id, event type, aggregate, routing key, payload.
+fn to_line(p: &Pending) -> String {
+    let e = &p.event;
+    let or_null = |v: Option<&Bytes>| text(v).unwrap_or_else(|| "NULL".into());
+    let payload = or_null(e.payload.as_ref());
+    let shown: String = payload.chars().take(TEXT_PAYLOAD_CHARS).collect();
+    let ellipsis = if shown.len() < payload.len() {
+        "…"
+    } else {
+        ""
+    };
+    format!(
+        "{} xid={} {} id={} type={} aggregate={}/{} routing_key={} payload={shown}{ellipsis}",
+        e.commit_lsn,
+        e.xid,
+        e.table,
+        or_null(e.id.as_ref()),
+        or_null(e.event_type.as_ref()),
+        or_null(e.aggregate_type.as_ref()),
+        or_null(e.aggregate_id.as_ref()),
+        p.routing_key,
+    )
+}
+
+/// Every field, the payload in full (as text exactly as Postgres renders it).
+fn to_json(p: &Pending) -> serde_json::Value {
+    let e = &p.event;
+    json!({
+        "commit_lsn": e.commit_lsn.to_string(),
+        "end_lsn": p.end_lsn.to_string(),
+        "xid": e.xid,
+        "commit_time": commit_time(e.commit_time_micros),
+        "table": e.table.qualified_name,
+        "message_id": text(e.id.as_ref()),
+        "aggregate_type": text(e.aggregate_type.as_ref()),
+        "aggregate_id": text(e.aggregate_id.as_ref()),
+        "event_type": text(e.event_type.as_ref()),
+        "routing_key": p.routing_key,
+        "content_type": publisher::message::content_type(e.table.payload_type),
+        "payload": text(e.payload.as_ref()),
+        "headers": text(e.headers.as_ref()),
+        "correlation_id": text(e.correlation_id.as_ref()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use wal_reader::{CommitMarker, OutboxTable};
+
+    use super::*;
+
+    fn event(i: u32, payload: &str) -> OutboxEvent {
+        OutboxEvent {
+            table: Arc::new(OutboxTable {
+                qualified_name: "public.outbox".into(),
+                schema: "public".into(),
+                name: "outbox".into(),
+                payload_type: wal_reader::event::oid::JSONB,
+                headers_type: None,
+            }),
+            xid: 700 + i,
+            commit_lsn: Lsn(0x100 * u64::from(i)),
+            commit_time_micros: 1_700_000_000_000_000,
+            id: Some(Bytes::from(format!("id-{i}"))),
+            aggregate_type: Some(Bytes::from_static(b"order")),
+            aggregate_id: Some(Bytes::from(format!("o-{i}"))),
+            event_type: Some(Bytes::from_static(b"created")),
+            payload: Some(Bytes::from(payload.to_string())),
+            headers: None,
+            correlation_id: None,
+        }
+    }
+
+    fn commit(i: u32) -> WalItem {
+        WalItem::Commit(CommitMarker {
+            xid: 700 + i,
+            commit_lsn: Lsn(0x100 * u64::from(i)),
+            end_lsn: Lsn(0x100 * u64::from(i) + 8),
+            commit_time_micros: 0,
+            events: 1,
+        })
+    }
+
+    #[test]
+    fn only_committed_events_up_to_the_limit() {
+        let rk = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+        let items = vec![
+            WalItem::Event(event(1, "{}")),
+            WalItem::Event(event(1, "{}")),
+            commit(1),
+            WalItem::Event(event(2, "{}")),
+            commit(2),
+            // A transaction cut off by the read: not pending yet as far as we know.
+            WalItem::Event(event(3, "{}")),
+        ];
+        let all = committed(items.clone(), 10, &rk);
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[2].end_lsn, Lsn(0x208));
+        assert_eq!(all[0].routing_key, "order.created");
+        assert_eq!(committed(items, 2, &rk).len(), 2);
+    }
+
+    #[test]
+    fn text_line_truncates_the_payload_and_json_keeps_it() {
+        let rk = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+        let long = format!("\"{}\"", "x".repeat(500));
+        let p = committed(vec![WalItem::Event(event(1, &long)), commit(1)], 1, &rk)
+            .pop()
+            .unwrap();
+        let line = to_line(&p);
+        assert!(line.starts_with("0/100 xid=701 public.outbox id=id-1 type=created aggregate=order/o-1 routing_key=order.created payload=\"xxx"), "{line}");
+        assert!(line.ends_with('…') && line.len() < 400, "{line}");
+        let v = to_json(&p);
+        assert_eq!(v["payload"].as_str().unwrap(), long);
+        assert_eq!(v["commit_time"], "2023-11-14T22:13:20.000000Z");
+        assert_eq!(v["content_type"], "application/json");
+        assert!(v["headers"].is_null());
+    }
 }

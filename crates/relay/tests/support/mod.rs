@@ -175,6 +175,66 @@ impl Env {
             .unwrap()
     }
 
+    /// Writes a config file named `name` with the given Postgres and AMQP URLs and
+    /// `[relay] metrics_listen` (the rest as [`Env::config_with`]); returns its path.
+    pub fn config_file(
+        &self,
+        name: &str,
+        pg_url: &str,
+        amqp_url: &str,
+        metrics_listen: &str,
+    ) -> PathBuf {
+        let tables: Vec<String> = self.tables.iter().map(|t| format!("{t:?}")).collect();
+        let toml = format!(
+            "[postgres]\nurl = {pg_url:?}\nslot = {:?}\npublication = {:?}\ntables = [{}]\n\n\
+             [rabbitmq]\nurl = {amqp_url:?}\nexchange = {:?}\nmax_in_flight = 1000\n\n\
+             [relay]\nstatus_interval_ms = 200\nmetrics_listen = {metrics_listen:?}\nshutdown_timeout_ms = 10000\n\n{}\n",
+            self.slot,
+            self.publication,
+            tables.join(", "),
+            self.exchange,
+            self.extra,
+        );
+        let path = self.dir.join(name);
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+
+    /// Runs a one-shot command with `config` and `RUST_LOG=rust_log`.
+    pub fn cli_with(&self, config: &std::path::Path, rust_log: &str, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--config")
+            .arg(config)
+            .args(args)
+            .current_dir(&self.dir)
+            .env("RUST_LOG", rust_log)
+            .output()
+            .unwrap()
+    }
+
+    /// Starts `outbox-relay [global_args] run` with `config` and `RUST_LOG=rust_log`,
+    /// stderr going to a log file.
+    pub fn start_with(
+        &self,
+        config: &std::path::Path,
+        rust_log: &str,
+        global_args: &[&str],
+    ) -> Relay {
+        let log = self.dir.join(format!("{}.log", unique_name("relay")));
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(config)
+            .args(global_args)
+            .arg("run")
+            .current_dir(&self.dir)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Relay { child, log }
+    }
+
     pub async fn cleanup(self) {
         self.broker.cleanup().await;
         let _ = std::fs::remove_dir_all(&self.dir);
