@@ -372,6 +372,11 @@ impl Runner {
         if let Some(message) = self.window.get(seq) {
             let latency = now_micros.saturating_sub(message.commit_time_micros);
             metrics::histogram!(status::PUBLISH_LATENCY).record(latency.max(0) as f64 / 1e6);
+            // Trace correlation (SPEC §4, §5): at debug level only; the check keeps
+            // the header lookups off the hot path at info.
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                trace_published(message);
+            }
         }
         self.report.acked += 1;
         metrics::counter!(status::EVENTS_ACKED).increment(1);
@@ -553,6 +558,27 @@ impl Runner {
 }
 
 /// Starts one publish; the future resolves once lapin wrote the frames.
+/// One debug event per acked message, with the fields a trace is correlated by.
+fn trace_published(message: &OutboundMessage) {
+    let headers = message.properties.headers().as_ref();
+    let header = |key: &str| headers.and_then(|h| h.inner().get(key));
+    let commit_lsn = match header("commit_lsn") {
+        Some(AMQPValue::LongString(s)) => s.to_string(),
+        _ => String::new(),
+    };
+    let xid = match header("xid") {
+        Some(AMQPValue::LongLongInt(x)) => *x,
+        _ => -1,
+    };
+    tracing::debug!(
+        message_id = message.properties.message_id().as_ref().map_or("", |id| id.as_str()),
+        commit_lsn = %commit_lsn,
+        xid,
+        routing_key = message.routing_key.as_str(),
+        "message published"
+    );
+}
+
 fn publish(channel: &Channel, exchange: ShortString, message: Message) -> PublishFuture {
     let channel = channel.clone();
     let future: BoxFuture<'static, _> = Box::pin(async move {

@@ -1,27 +1,450 @@
-//! `[retention] keep` (SPEC §8): not in this build yet.
+//! `[retention] keep` (SPEC §8): deletes outbox rows that are older than `keep` *and*
+//! whose events are certainly published and confirmed, in small batches, on a timer.
+//!
+//! # Which rows are confirmed
+//!
+//! Rows carry no LSN, so the task relates transactions to WAL positions through
+//! *markers*. Every tick it takes one in a single statement:
+//!
+//! ```text
+//!   SELECT pg_snapshot_xmin(pg_current_snapshot()), pg_current_wal_insert_lsn()
+//!                  │ sx                                   │ L
+//! ```
+//!
+//! - `pg_current_snapshot()` is the statement's snapshot, taken before the statement
+//!   evaluates anything. Its `xmin` (`sx`) is the oldest transaction id still running
+//!   then: every transaction id below `sx` had finished when the snapshot was taken.
+//! - A transaction becomes visible (leaves the running set) only after its commit
+//!   record is in the WAL, so every transaction below `sx` committed at a position
+//!   below the WAL *insert* position read afterwards (`L`). The insert position, not
+//!   `pg_current_wal_lsn()` (the write position), because with
+//!   `synchronous_commit = off` a commit is visible before its record is written.
+//! - Once the slot's `confirmed_flush_lsn` ≥ `L`, the relay has confirmed to Postgres
+//!   a position past every one of those commits, and it confirms a position only
+//!   after the broker acked every message below it (SPEC §1): their events are
+//!   published.
+//!
+//! So a row may go when `created_at < now() - keep` and its `xmin` precedes `sx` of
+//! the newest marker the slot has passed. Why `xmin < sx` and not the finer
+//! `pg_visible_in_snapshot(xmin, snapshot)`: a row inserted after a `SAVEPOINT` carries
+//! the *subtransaction's* id, and `pg_current_snapshot()` lists only top-level ids in
+//! progress, so a subtransaction of a transaction still running at the marker would
+//! look finished. A subtransaction's id is always greater than its parent's, so
+//! `xmin < sx` implies that the top-level transaction was not running either. The
+//! price: a long-running writing transaction anywhere in the cluster holds `sx` back
+//! and delays retention (never makes it unsafe). A row updated later has the
+//! updater's `xmin`; the updater could only see the row after its insert committed,
+//! so the rule still holds.
+//!
+//! `xmin` is a 32-bit id and `sx` a 64-bit `xid8`: the comparison is done modulo 2³²
+//! like Postgres's own (`0 < (sx − xmin) mod 2³² < 2³¹`), which is exact for every
+//! row not yet frozen (wraparound protection keeps them within 2³¹ of the current id).
+//! A frozen row keeps its `xmin` and may then compare either way: it committed long
+//! ago, so deleting it is safe and keeping it is merely conservative.
+//!
+//! ```text
+//!   tick ──► take marker (sx, L) ──► queue of markers (oldest first, ≤ MAX_MARKERS)
+//!        ──► read the slot's confirmed_flush_lsn = C
+//!        ──► newest marker with L ≤ C (older ones dropped)
+//!        ──► per table: DELETE … WHERE ctid = ANY(ARRAY(SELECT ctid … LIMIT BATCH))
+//!            until a batch deletes fewer than BATCH rows
+//! ```
+//!
+//! The tick is `keep / 10`, between 1 s and 60 s. Markers live in memory only: after
+//! a restart the first marker is usable as soon as the slot passes it (seconds).
+//! Rows with a NULL `created_at` are never deleted.
+
+use std::collections::VecDeque;
+use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+use tracing::{debug, info, warn, Instrument};
+use wal_reader::admin::ident::quote_table;
+use wal_reader::{Lsn, PgConnectOptions, TableName};
 
 use crate::config::Config;
 use crate::error::CliError;
 use crate::pipeline::Health;
 
-/// Refuses a configured retention until it is implemented.
-pub fn validate(cfg: &Config) -> Result<(), CliError> {
-    if cfg.retention_keep().is_some() {
-        return Err(CliError::Precondition(
-            "[retention] keep is not supported by this build yet: set it to \"\" and delete old outbox rows with a scheduled job, or use the insert-then-delete pattern".into(),
-        ));
+/// The column that tells old rows from new ones (not configurable).
+pub const CREATED_AT: &str = "created_at";
+/// Rows deleted per statement.
+const BATCH: i64 = 1_000;
+/// Markers waiting for the slot to pass them, at most.
+const MAX_MARKERS: usize = 64;
+const TICK_MIN: Duration = Duration::from_secs(1);
+const TICK_MAX: Duration = Duration::from_secs(60);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A DELETE waits at most this long for a table lock (e.g. behind an ALTER TABLE),
+/// so that it never queues application inserts behind it for long.
+const LOCK_TIMEOUT: &str = "5s";
+
+/// Counter of deleted rows, labelled by table.
+pub const DELETED_ROWS: &str = "outbox_relay_retention_deleted_rows_total";
+
+/// Nothing to refuse without a database: `keep` is parsed (and non-zero) at load;
+/// the tables are checked by [`preflight`].
+pub fn validate(_cfg: &Config) -> Result<(), CliError> {
+    Ok(())
+}
+
+/// With `keep` set, every outbox table needs a `created_at` timestamp column and
+/// the relay's role needs DELETE on it. Fails with the fix.
+pub async fn preflight(cfg: &Config, client: &Client) -> Result<(), CliError> {
+    if cfg.retention_keep().is_none() {
+        return Ok(());
+    }
+    for table in cfg.tables() {
+        let row = client
+            .query_opt(
+                "SELECT format_type(a.atttypid, a.atttypmod), \
+                        has_table_privilege(c.oid, 'DELETE'), current_user::text \
+                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                   LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $3 \
+                                            AND a.attnum > 0 AND NOT a.attisdropped \
+                  WHERE n.nspname = $1 AND c.relname = $2",
+                &[&table.schema, &table.name, &CREATED_AT],
+            )
+            .await
+            .map_err(crate::commands::sql_error)?;
+        let Some(row) = row else {
+            return Err(CliError::Precondition(format!(
+                "outbox table {table} does not exist: create it or fix [postgres] tables"
+            )));
+        };
+        let kind: Option<String> = row.get(0);
+        let may_delete: bool = row.get(1);
+        let role: String = row.get(2);
+        match kind.as_deref() {
+            None => {
+                return Err(CliError::Precondition(format!(
+                    "[retention] keep needs a {CREATED_AT} column in outbox table {table}: add one (ALTER TABLE {q} ADD COLUMN {CREATED_AT} timestamptz NOT NULL DEFAULT now()) or set [retention] keep = \"\"",
+                    q = quote_table(&table)
+                )))
+            }
+            Some("timestamp with time zone" | "timestamp without time zone" | "date") => {}
+            Some(other) => {
+                return Err(CliError::Precondition(format!(
+                    "[retention] keep needs {table}.{CREATED_AT} to be a timestamp but it is {other}: change its type to timestamptz or set [retention] keep = \"\""
+                )))
+            }
+        }
+        if !may_delete {
+            return Err(CliError::Precondition(format!(
+                "[retention] keep deletes old rows of {table} but role {role} may not: GRANT DELETE ON {q} TO {role}, or set [retention] keep = \"\"",
+                q = quote_table(&table)
+            )));
+        }
     }
     Ok(())
 }
 
-/// Starts the retention task (none without `keep`).
+/// [`preflight`] for `check`: one line, `ok` or `FAIL` with the fix (none when
+/// retention is off).
+pub async fn check(cfg: &Config, client: &Client) -> Result<(), CliError> {
+    if cfg.retention_keep().is_none() {
+        return Ok(());
+    }
+    let result = preflight(cfg, client).await;
+    match &result {
+        Ok(()) => println!(
+            "ok    retention: every outbox table has {CREATED_AT} and the role may delete from it"
+        ),
+        Err(e) => println!("FAIL  retention: {e}"),
+    }
+    result
+}
+
+/// Starts the retention task (none without `keep`). It stops when `stop` turns true.
 pub fn spawn(
-    _cfg: &Config,
+    cfg: &Config,
     _health: &Health,
-    _stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> Option<JoinHandle<()>> {
-    None
+    let keep = cfg.retention_keep()?;
+    let conn = match crate::commands::pg_options(cfg) {
+        Ok(c) => c,
+        Err(e) => {
+            // Cannot happen after the preflight, which parsed the same URL.
+            warn!(error = %e, "retention disabled");
+            return None;
+        }
+    };
+    let task = Retention {
+        conn,
+        slot: cfg.postgres.slot.clone(),
+        tables: cfg.tables(),
+        keep,
+        tick: tick_for(keep),
+    };
+    for t in &task.tables {
+        metrics::counter!(DELETED_ROWS, "table" => t.qualified()).increment(0);
+    }
+    let span = tracing::info_span!("retention", keep = %humantime::format_duration(keep));
+    Some(tokio::spawn(task.run(stop).instrument(span)))
+}
+
+/// How often markers are taken and old rows deleted.
+fn tick_for(keep: Duration) -> Duration {
+    (keep / 10).clamp(TICK_MIN, TICK_MAX)
+}
+
+/// A point that ties transaction ids to the WAL: every transaction id below `xmin`
+/// committed (or aborted) before WAL position `lsn`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Marker {
+    xmin: u64,
+    lsn: Lsn,
+}
+
+struct Retention {
+    conn: PgConnectOptions,
+    slot: String,
+    tables: Vec<TableName>,
+    keep: Duration,
+    tick: Duration,
+}
+
+/// Ends a connection's work: stop requested, or an error to retry after.
+enum End {
+    Stopped,
+    Failed(String),
+}
+
+impl Retention {
+    async fn run(self, mut stop: watch::Receiver<bool>) {
+        let mut backoff = self.tick;
+        let mut markers = VecDeque::new();
+        loop {
+            match self.connected(&mut stop, &mut markers).await {
+                End::Stopped => return,
+                End::Failed(e) => {
+                    warn!(error = %e, retry_in = ?backoff, "retention pass failed");
+                    tokio::select! {
+                        _ = tokio::time::sleep(backoff) => {}
+                        _ = stop.changed() => return,
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// One connection: a marker and a deletion pass per tick until stopped or failed.
+    async fn connected(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        markers: &mut VecDeque<Marker>,
+    ) -> End {
+        let client = match self.connect().await {
+            Ok(c) => c,
+            Err(e) => return End::Failed(e),
+        };
+        let mut tick = tokio::time::interval(self.tick);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = stop.changed() => return End::Stopped,
+            }
+            if *stop.borrow() {
+                return End::Stopped;
+            }
+            match self.pass(&client, stop, markers).await {
+                Ok(true) => {}
+                Ok(false) => return End::Stopped,
+                Err(e) if client.is_closed() => return End::Failed(e.to_string()),
+                // A statement failed (lock timeout, ...): try again next tick.
+                Err(e) => warn!(error = %e, "retention pass failed; retrying next tick"),
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<Client, String> {
+        let tls = wal_reader::tls::make_tls_connect(&self.conn).map_err(|e| e.to_string())?;
+        let (client, conn) = self
+            .conn
+            .to_tokio_postgres()
+            .connect(tls)
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot connect to Postgres at {}: {e}",
+                    self.conn.display_target()
+                )
+            })?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                debug!(error = %e, "retention connection closed");
+            }
+        });
+        client
+            .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(client)
+    }
+
+    /// Takes a marker, then deletes with the newest marker the slot has passed.
+    /// Returns false when a stop was requested in the middle.
+    async fn pass(
+        &self,
+        client: &Client,
+        stop: &watch::Receiver<bool>,
+        markers: &mut VecDeque<Marker>,
+    ) -> Result<bool, tokio_postgres::Error> {
+        let confirmed = slot_confirmed(client, &self.slot).await?;
+        let marker = take_marker(client).await?;
+        push_marker(markers, marker);
+        let Some(confirmed) = confirmed else {
+            debug!(slot = %self.slot, "slot not found; nothing deleted");
+            return Ok(true);
+        };
+        let Some(usable) = pop_usable(markers, confirmed) else {
+            debug!(%confirmed, "the slot has not passed a marker yet; nothing deleted");
+            return Ok(true);
+        };
+        for table in &self.tables {
+            let mut total = 0u64;
+            loop {
+                if *stop.borrow() {
+                    return Ok(false);
+                }
+                let n = delete_batch(client, table, self.keep, usable.xmin).await?;
+                total += n;
+                metrics::counter!(DELETED_ROWS, "table" => table.qualified()).increment(n);
+                if n < BATCH as u64 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            if total > 0 {
+                info!(table = %table, rows = total, below_xid = usable.xmin, marker_lsn = %usable.lsn,
+                    "retention deleted confirmed outbox rows");
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// The slot's `confirmed_flush_lsn`; `None` if the slot does not exist (or has none).
+async fn slot_confirmed(client: &Client, slot: &str) -> Result<Option<Lsn>, tokio_postgres::Error> {
+    let row = client
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    Ok(row
+        .and_then(|r| r.get::<_, Option<String>>(0))
+        .and_then(|s| s.parse().ok()))
+}
+
+async fn take_marker(client: &Client) -> Result<Marker, tokio_postgres::Error> {
+    let row = client
+        .query_one(
+            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, \
+                    pg_current_wal_insert_lsn()::text",
+            &[],
+        )
+        .await?;
+    let xmin: i64 = row.get(0);
+    let lsn: String = row.get(1);
+    Ok(Marker {
+        xmin: xmin as u64,
+        lsn: lsn.parse().unwrap_or(Lsn(u64::MAX)),
+    })
+}
+
+/// Queues a marker; when the queue is full the newest one is replaced, so the older
+/// ones (which the slot passes first) stay.
+fn push_marker(markers: &mut VecDeque<Marker>, marker: Marker) {
+    if markers.len() >= MAX_MARKERS {
+        markers.pop_back();
+    }
+    markers.push_back(marker);
+}
+
+/// The newest marker at or below `confirmed`, removing it and every older one.
+fn pop_usable(markers: &mut VecDeque<Marker>, confirmed: Lsn) -> Option<Marker> {
+    let mut usable = None;
+    while let Some(m) = markers.front() {
+        if m.lsn > confirmed {
+            break;
+        }
+        usable = markers.pop_front();
+    }
+    usable
+}
+
+/// Deletes up to [`BATCH`] rows older than `keep` whose `xmin` precedes `xmin8`
+/// (modulo 2³², see the module docs). Returns the number deleted.
+async fn delete_batch(
+    client: &Client,
+    table: &TableName,
+    keep: Duration,
+    xmin8: u64,
+) -> Result<u64, tokio_postgres::Error> {
+    let t = quote_table(table);
+    let sql = format!(
+        "DELETE FROM {t} WHERE ctid = ANY(ARRAY(\
+            SELECT ctid FROM {t} \
+             WHERE {CREATED_AT} < now() - $1::float8 * interval '1 second' \
+               AND (($2::bigint - xmin::text::bigint) % 4294967296 + 4294967296) % 4294967296 \
+                   BETWEEN 1 AND 2147483647 \
+             LIMIT $3))"
+    );
+    let sx32 = (xmin8 % (1 << 32)) as i64;
+    client
+        .execute(&sql, &[&keep.as_secs_f64(), &sx32, &BATCH])
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(xmin: u64, lsn: u64) -> Marker {
+        Marker {
+            xmin,
+            lsn: Lsn(lsn),
+        }
+    }
+
+    #[test]
+    fn the_newest_passed_marker_is_used_and_older_ones_dropped() {
+        let mut q = VecDeque::new();
+        for (x, l) in [(10, 100), (20, 200), (30, 300)] {
+            push_marker(&mut q, m(x, l));
+        }
+        assert_eq!(pop_usable(&mut q, Lsn(99)), None);
+        assert_eq!(q.len(), 3);
+        assert_eq!(pop_usable(&mut q, Lsn(250)), Some(m(20, 200)));
+        assert_eq!(q, [m(30, 300)]);
+        assert_eq!(pop_usable(&mut q, Lsn(300)), Some(m(30, 300)));
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_full_queue_keeps_its_oldest_markers() {
+        let mut q = VecDeque::new();
+        for i in 0..(MAX_MARKERS as u64 + 10) {
+            push_marker(&mut q, m(i, i));
+        }
+        assert_eq!(q.len(), MAX_MARKERS);
+        assert_eq!(q.front(), Some(&m(0, 0)));
+        assert_eq!(
+            q.back(),
+            Some(&m(MAX_MARKERS as u64 + 9, MAX_MARKERS as u64 + 9))
+        );
+    }
+
+    #[test]
+    fn the_tick_follows_keep_within_bounds() {
+        assert_eq!(tick_for(Duration::from_secs(2)), TICK_MIN);
+        assert_eq!(tick_for(Duration::from_secs(100)), Duration::from_secs(10));
+        assert_eq!(tick_for(Duration::from_secs(7 * 86_400)), TICK_MAX);
+    }
 }

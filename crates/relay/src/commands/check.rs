@@ -34,10 +34,11 @@ pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
             first_failure.get_or_insert(e);
         }
     }
+    let retention = crate::retention::check(cfg, &client).await;
     match first_failure {
         Some(e) if e.is_precondition() => Err(CliError::Precondition(e.to_string())),
         Some(e) => Err(CliError::Runtime(e.to_string())),
-        None => Ok(()),
+        None => retention,
     }
 }
 

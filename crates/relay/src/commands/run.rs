@@ -74,7 +74,7 @@ async fn preflight(cfg: &Config) -> Result<(), CliError> {
             });
         }
     }
-    Ok(())
+    crate::retention::preflight(cfg, &client).await
 }
 
 /// SIGTERM or SIGINT asks for a clean stop; a second one exits at once.
