@@ -131,6 +131,11 @@ pub fn parse_pg_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
+/// The name of the replay window's anchor slot for `slot` (`<slot>_anchor`, SPEC §7).
+pub fn anchor_slot_name(slot: &str) -> String {
+    format!("{slot}_anchor")
+}
+
 impl WalReader {
     /// Connects, checks the slot, and starts streaming.
     pub async fn start(cfg: ReaderConfig) -> Result<WalReader, ReaderError> {
@@ -186,9 +191,24 @@ impl WalReader {
         let slot_confirmed: Lsn = field(2).and_then(|l| l.parse().ok()).unwrap_or(Lsn::ZERO);
         let start_lsn = match cfg.start_lsn {
             Some(l) if l != Lsn::ZERO && l < slot_confirmed => {
+                let rows = conn
+                    .simple_query(&format!(
+                        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = {}",
+                        quote_literal(&anchor_slot_name(&cfg.slot))
+                    ))
+                    .await?;
+                let window = rows
+                    .first()
+                    .and_then(|r| r.first().cloned().flatten())
+                    .map(|w| {
+                        format!("; the replay window starts at {w}: re-publish events from {l} with `outbox-relay replay --from-lsn {l}`")
+                    })
+                    .unwrap_or_else(|| {
+                        "; no replay window is kept: re-publish older events with `outbox-relay replay --from-table`".into()
+                    });
                 return Err(ReaderError::Precondition(format!(
-                    "cannot start at {l}: Postgres cannot stream from before the slot's confirmed position; the earliest LSN that can be replayed is {slot_confirmed} (to re-publish older events use `outbox-relay replay`)"
-                )))
+                    "cannot start at {l}: Postgres cannot stream from before the slot's confirmed position; the earliest LSN that can be replayed is {slot_confirmed}{window}"
+                )));
             }
             Some(l) if l > slot_confirmed => {
                 warn!(start_lsn = %l, slot_confirmed = %slot_confirmed,

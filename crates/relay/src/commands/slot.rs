@@ -1,4 +1,6 @@
-//! `slot create` and `slot drop`.
+//! `slot create` and `slot drop`. With `[relay] replay_window` set, `slot create`
+//! also creates the anchor slot ([`crate::anchor`]); `slot drop` drops it, and any
+//! replay slots left behind by a killed `replay`.
 
 use wal_reader::admin;
 
@@ -42,6 +44,19 @@ pub async fn create(cfg: &Config, args: &SlotCreateArgs) -> Result<(), CliError>
             created.consistent_point
         );
     }
+    if cfg.replay_window().is_some() {
+        crate::anchor::validate(cfg)?;
+        let anchor = crate::anchor::anchor_slot_name(slot);
+        match crate::anchor::create(&client, slot)
+            .await
+            .map_err(admin_error)?
+        {
+            Some(at) => {
+                println!("created anchor slot {anchor} at {at} (keeps WAL for the replay window)")
+            }
+            None => println!("anchor slot {anchor} exists"),
+        }
+    }
     Ok(())
 }
 
@@ -56,6 +71,26 @@ pub async fn drop(cfg: &Config, args: &SlotDropArgs) -> Result<(), CliError> {
         println!("dropped slot {slot}");
     } else {
         println!("slot {slot} does not exist; nothing to drop");
+    }
+    // The replay window's anchor and stale replay copies go with the slot.
+    let anchor = crate::anchor::anchor_slot_name(slot);
+    if admin::slot_state(&client, &anchor)
+        .await
+        .map_err(admin_error)?
+        .is_some()
+        && admin::drop_slot(&client, &anchor, true, args.force)
+            .await
+            .map_err(admin_error)?
+    {
+        println!("dropped anchor slot {anchor}");
+    }
+    for (stale, _) in crate::commands::replay::replay_slots(&client, slot).await? {
+        if admin::drop_slot(&client, &stale, true, args.force)
+            .await
+            .map_err(admin_error)?
+        {
+            println!("dropped replay slot {stale}");
+        }
     }
     Ok(())
 }

@@ -71,8 +71,42 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
     let pending = s
         .confirmed_flush_lsn
         .map(|c| s.current_wal_lsn.0.saturating_sub(c.0) as i64);
-    let warns = warnings(&s);
+    let mut warns = warnings(&s);
+    let anchor_name = crate::anchor::anchor_slot_name(&cfg.postgres.slot);
+    let anchor = admin::slot_state(&client, &anchor_name)
+        .await
+        .map_err(admin_error)?;
+    let window = cfg.replay_window();
+    match (&anchor, window) {
+        (None, Some(_)) => warns.push(format!(
+            "[relay] replay_window is set but the anchor slot {anchor_name} does not exist: run `outbox-relay slot create --if-not-exists` (or start the relay, which creates it)"
+        )),
+        (Some(a), _) if a.wal_status.as_deref() == Some("lost") => warns.push(format!(
+            "the anchor slot {anchor_name} was invalidated: the replay window is gone; drop it (`SELECT pg_drop_replication_slot('{anchor_name}')`) so the relay recreates it, and raise max_slot_wal_keep_size"
+        )),
+        (Some(_), None) => warns.push(format!(
+            "the anchor slot {anchor_name} exists but [relay] replay_window is not set: nothing advances it and it retains WAL; set the window or drop the slot"
+        )),
+        _ => {}
+    }
     if args.json {
+        let anchor_json = anchor.as_ref().map(|a| {
+            json!({
+                "slot": a.slot_name,
+                "active": a.active,
+                "wal_status": a.wal_status,
+                "confirmed_flush_lsn": a.confirmed_flush_lsn.map(|l| l.to_string()),
+                "restart_lsn": a.restart_lsn.map(|l| l.to_string()),
+                "retained_wal_bytes": a.retained_wal_bytes,
+            })
+        });
+        let replay_window = json!({
+            "configured": window.map(|w| humantime::format_duration(w).to_string()),
+            "start_lsn": anchor.as_ref().and_then(|a| a.confirmed_flush_lsn).map(|l| l.to_string()),
+            "end_lsn": s.confirmed_flush_lsn.map(|l| l.to_string()),
+            "retained_wal_bytes": anchor.as_ref().and_then(|a| a.retained_wal_bytes),
+            "anchor": anchor_json,
+        });
         let v = json!({
             "slot": s.slot_name,
             "plugin": s.plugin,
@@ -88,6 +122,7 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             "pending_wal_bytes": pending,
             "two_phase": s.two_phase,
             "failover": s.failover,
+            "replay_window": replay_window,
             "warnings": warns,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -124,6 +159,36 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
         opt(s.retained_wal_bytes.map(human_bytes))
     );
     println!("pending_wal:         {}", opt(pending.map(human_bytes)));
+    match &anchor {
+        Some(a) => {
+            println!(
+                "replay_window:       {} .. {} ({})",
+                opt(a.confirmed_flush_lsn.map(|l| l.to_string())),
+                opt(s.confirmed_flush_lsn.map(|l| l.to_string())),
+                window
+                    .map(|w| humantime::format_duration(w).to_string())
+                    .unwrap_or_else(|| "not configured".into())
+            );
+            println!(
+                "anchor_slot:         {} (wal_status {}, restart_lsn {})",
+                a.slot_name,
+                opt(a.wal_status.clone()),
+                opt(a.restart_lsn.map(|l| l.to_string()))
+            );
+            println!(
+                "anchor_retained_wal: {}",
+                opt(a.retained_wal_bytes.map(human_bytes))
+            );
+        }
+        None => println!(
+            "replay_window:       {}",
+            if window.is_some() {
+                "configured, but no anchor slot yet"
+            } else {
+                "none"
+            }
+        ),
+    }
     for w in warns {
         println!("warning: {w}");
     }

@@ -97,6 +97,39 @@ impl Env {
             .unwrap()
     }
 
+    /// `cli` with extra environment variables (e.g. `OUTBOX_RELAY_RELAY_REPLAY_WINDOW`).
+    pub fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
+        let config = self.config();
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .args(args)
+            .envs(env.iter().copied())
+            .current_dir(&self.dir)
+            .env("RUST_LOG", "info")
+            .output()
+            .unwrap()
+    }
+
+    /// `start` with extra environment variables.
+    pub fn start_env(&self, extra_args: &[&str], env: &[(&str, &str)]) -> Relay {
+        let config = self.config();
+        let log = self.dir.join(format!("{}.log", unique_name("relay")));
+        let child = Command::new(BIN)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .args(extra_args)
+            .envs(env.iter().copied())
+            .current_dir(&self.dir)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Relay { child, log }
+    }
+
     /// `slot create`, asserting success.
     pub fn create_slot(&self) {
         let out = self.cli(&["slot", "create"]);

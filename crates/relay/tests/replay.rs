@@ -1,0 +1,491 @@
+//! Recovery and replay (SPEC §7): `run --start-lsn`, the replay window's anchor slot,
+//! `replay --from-lsn/--to-lsn`, `replay --from-table`, and restart safety.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::*;
+use testkit::amqp::Msg;
+
+const WAIT: Duration = Duration::from_secs(60);
+const WINDOW_ENV: &str = "OUTBOX_RELAY_RELAY_REPLAY_WINDOW";
+
+fn lsn(text: &str) -> u64 {
+    let (hi, lo) = text.trim().split_once('/').unwrap();
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+fn lsn_text(v: u64) -> String {
+    format!("{:X}/{:X}", v >> 32, v & 0xFFFF_FFFF)
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A slot's confirmed_flush_lsn, or None if the slot does not exist.
+fn confirmed(env: &Env, slot: &str) -> Option<u64> {
+    let v = env.db.psql(&format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    ));
+    (!v.trim().is_empty()).then(|| lsn(&v))
+}
+
+fn replay_slots(env: &Env) -> Vec<String> {
+    env.db
+        .psql(&format!(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE '{}\\_replay\\_%'",
+            env.slot
+        ))
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+fn anchor(env: &Env) -> String {
+    format!("{}_anchor", env.slot)
+}
+
+/// Polls until `f` is true, panicking with `what` after WAIT.
+async fn poll(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn is_replay(m: &Msg) -> bool {
+    m.header("replay").as_deref() == Some("true")
+}
+
+/// Inserts one transaction of one row with aggregate_id `id`; returns nothing (the
+/// commit LSN is read from the delivered message's header).
+fn insert_one(env: &Env, id: &str) {
+    env.insert_tx(&[("t", id, "e", "{}")]);
+}
+
+#[tokio::test]
+async fn start_lsn_before_the_slot_exits_2_and_after_it_skips() {
+    let mut env = Env::new().await;
+    env.create_slot();
+    let got = env.consumer().await;
+    let relay = env.start(&[]);
+    insert_one(&env, "a");
+    got.wait_for(1, WAIT).await;
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    let slot_pos = confirmed(&env, &env.slot).unwrap();
+
+    // Older than the slot: exit 2 naming the earliest replayable LSN.
+    let mut old = env.start(&["--start-lsn", "0/1"]);
+    let code = old.wait(WAIT);
+    let log = old.log_text();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains(&format!(
+            "the earliest LSN that can be replayed is {}",
+            lsn_text(slot_pos)
+        )),
+        "{log}"
+    );
+    assert!(log.contains("replay --from-table"), "{log}");
+
+    // Newer than the slot: what committed before it is skipped, with a warning.
+    insert_one(&env, "skipped-1");
+    insert_one(&env, "skipped-2");
+    let start = env.db.psql("SELECT pg_current_wal_lsn()");
+    insert_one(&env, "after-1");
+    insert_one(&env, "after-2");
+    let relay = env.start(&["--start-lsn", start.trim()]);
+    let msgs = got
+        .wait_until(WAIT, |m| {
+            m.iter()
+                .any(|m| m.header("aggregate_id").as_deref() == Some("after-2"))
+        })
+        .await;
+    let ids: Vec<String> = msgs
+        .iter()
+        .map(|m| m.header("aggregate_id").unwrap())
+        .collect();
+    // Delivery is in commit order, so anything before "after-1" would be here by now.
+    assert_eq!(ids, ["a", "after-1", "after-2"]);
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("transactions committed before the start LSN are skipped"),
+        "{log}"
+    );
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn start_lsn_error_names_the_replay_window() {
+    let mut env = Env::new().await;
+    let window = [(WINDOW_ENV, "1h")];
+    let out = env.cli_env(&["slot", "create"], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = env.consumer().await;
+    let relay = env.start_env(&[], &window);
+    insert_one(&env, "a");
+    got.wait_for(1, WAIT).await;
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    let start = confirmed(&env, &anchor(&env)).unwrap();
+    let mut old = env.start_env(&["--start-lsn", "0/1"], &window);
+    assert_eq!(old.wait(WAIT), Some(2), "{}", old.log_text());
+    let log = old.log_text();
+    assert!(
+        log.contains(&format!("the replay window starts at {}", lsn_text(start))),
+        "{log}"
+    );
+    env.cleanup().await;
+}
+
+/// Reads `/metrics` from `addr` (plain HTTP/1.0).
+fn metrics_text(addr: &str) -> String {
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n");
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+#[tokio::test]
+async fn the_window_is_kept_and_trimmed_as_time_passes() {
+    let mut env = Env::new().await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    // A long window first: the anchor must stay where it was created.
+    let long = [(WINDOW_ENV, "1h")];
+    let out = env.cli_env(&["slot", "create"], &long);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("created anchor slot"),
+        "{}",
+        stdout(&out)
+    );
+    let created_at = confirmed(&env, &anchor(&env)).unwrap();
+    assert_eq!(
+        Some(created_at),
+        confirmed(&env, &env.slot),
+        "anchor copies the slot"
+    );
+    let got = env.consumer().await;
+    let relay = env.start_env(&[], &long);
+    insert_one(&env, "a");
+    let msgs = got.wait_for(1, WAIT).await;
+    let commit = lsn(&msgs[0].header("commit_lsn").unwrap());
+    poll("the live slot to pass the commit", || {
+        confirmed(&env, &env.slot).unwrap() > commit
+    })
+    .await;
+    // Several samples later (1h window: every 5 s), the anchor has not moved.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(confirmed(&env, &anchor(&env)), Some(created_at));
+    let out = env.cli_env(&["status"], &long);
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!("replay_window:       {} ..", lsn_text(created_at))),
+        "{text}"
+    );
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+
+    // A 3 s window: the anchor follows the live slot about 3 s behind.
+    let short = [
+        (WINDOW_ENV, "3s"),
+        ("OUTBOX_RELAY_RELAY_METRICS_LISTEN", listen.as_str()),
+    ];
+    let relay = env.start_env(&[], &short);
+    insert_one(&env, "b");
+    got.wait_for(2, WAIT).await;
+    poll("the anchor to pass the first commit", || {
+        confirmed(&env, &anchor(&env)).unwrap() > commit
+    })
+    .await;
+    assert!(confirmed(&env, &anchor(&env)).unwrap() <= confirmed(&env, &env.slot).unwrap());
+    poll("the retained-WAL gauge", || {
+        metrics_text(&listen).contains("outbox_relay_replay_window_retained_wal_bytes")
+    })
+    .await;
+    let out = env.cli_env(&["status", "--json"], &short);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["replay_window"]["configured"], "3s", "{v}");
+    assert!(v["replay_window"]["start_lsn"].is_string(), "{v}");
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+
+    // slot drop takes the anchor with it.
+    let out = env.cli(&["slot", "drop"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(confirmed(&env, &anchor(&env)).is_none());
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn replay_delivers_exactly_the_range_while_the_live_relay_runs() {
+    let mut env = Env::new().await;
+    let window = [(WINDOW_ENV, "1h")];
+    let out = env.cli_env(&["slot", "create"], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = env.consumer().await;
+    let relay = env.start_env(&[], &window);
+    // Four transactions; the second has two rows.
+    insert_one(&env, "t1");
+    env.insert_tx(&[("t", "t2a", "e", "{}"), ("t", "t2b", "e", "{}")]);
+    insert_one(&env, "t3");
+    insert_one(&env, "t4");
+    let live = got.wait_for(5, WAIT).await;
+    assert!(live.iter().all(|m| !is_replay(m)));
+    let commit_of = |id: &str| -> u64 {
+        let m = live
+            .iter()
+            .find(|m| m.header("aggregate_id").as_deref() == Some(id))
+            .unwrap();
+        lsn(&m.header("commit_lsn").unwrap())
+    };
+    let (c2, c3) = (commit_of("t2a"), commit_of("t3"));
+    poll("the live slot to pass t4", || {
+        confirmed(&env, &env.slot).unwrap() > commit_of("t4")
+    })
+    .await;
+
+    // --from-lsn c2 --to-lsn c3: exactly t2 and t3, with replay = true.
+    let out = env.cli_env(
+        &[
+            "replay",
+            "--from-lsn",
+            &lsn_text(c2),
+            "--to-lsn",
+            &lsn_text(c3),
+        ],
+        &window,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("replayed 3 events"),
+        "{}",
+        stdout(&out)
+    );
+    // The live relay keeps going meanwhile.
+    insert_one(&env, "t5");
+    let msgs = got
+        .wait_until(WAIT, |m| {
+            m.iter().filter(|m| is_replay(m)).count() >= 3
+                && m.iter()
+                    .any(|m| m.header("aggregate_id").as_deref() == Some("t5"))
+        })
+        .await;
+    let replayed: Vec<&Msg> = msgs.iter().filter(|m| is_replay(m)).collect();
+    let ids: Vec<String> = replayed
+        .iter()
+        .map(|m| m.header("aggregate_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["t2a", "t2b", "t3"]);
+    for m in &replayed {
+        let orig = live
+            .iter()
+            .find(|l| l.header("aggregate_id") == m.header("aggregate_id"))
+            .unwrap();
+        assert_eq!(m.message_id(), orig.message_id());
+        assert_eq!(m.header("commit_lsn"), orig.header("commit_lsn"));
+    }
+    let t5 = msgs
+        .iter()
+        .find(|m| m.header("aggregate_id").as_deref() == Some("t5"))
+        .unwrap();
+    assert!(!is_replay(t5));
+
+    // Without --to-lsn: up to the live slot's position (t3, t4, t5 once it is
+    // confirmed).
+    poll("the live slot to pass t5", || {
+        confirmed(&env, &env.slot).unwrap() > lsn(&t5.header("commit_lsn").unwrap())
+    })
+    .await;
+    let before = got.len();
+    let out = env.cli_env(&["replay", "--from-lsn", &lsn_text(c3)], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let msgs = got.wait_for(before + 3, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(got.len(), before + 3, "{:?}", got.snapshot());
+    let ids: Vec<String> = msgs[before..]
+        .iter()
+        .map(|m| m.header("aggregate_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["t3", "t4", "t5"]);
+    assert!(msgs[before..].iter().all(is_replay));
+    // No temporary slot is left behind.
+    assert!(replay_slots(&env).is_empty(), "{:?}", replay_slots(&env));
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn replay_outside_the_window_exits_2() {
+    let env = Env::new().await;
+    // Without a window there is nothing to replay from.
+    env.create_slot();
+    let out = env.cli(&["replay", "--from-lsn", "0/1"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no replay window is kept"),
+        "{}",
+        stderr(&out)
+    );
+
+    let window = [(WINDOW_ENV, "1h")];
+    let out = env.cli_env(&["slot", "create", "--if-not-exists"], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let start = confirmed(&env, &anchor(&env)).unwrap();
+    let out = env.cli_env(&["replay", "--from-lsn", "0/1"], &window);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("outside the replay window {} ..", lsn_text(start))),
+        "{err}"
+    );
+    // Past the live slot's position: outside too.
+    let out = env.cli_env(&["replay", "--from-lsn", "FF/0"], &window);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(replay_slots(&env).is_empty());
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn replay_from_table_with_since_and_until() {
+    let mut env = Env::new().await;
+    env.db.psql(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers, created_at) VALUES
+           ('00000000-0000-0000-0000-000000000001', 'o', 'r1', 'e', '{\"n\": 1}', NULL, '2024-01-01T00:00:00Z'),
+           ('00000000-0000-0000-0000-000000000003', 'o', 'r3', 'e', '{\"n\": 3}', '{\"tenant\": \"acme\"}', '2024-01-02T00:00:00Z'),
+           ('00000000-0000-0000-0000-000000000002', 'o', 'r2', 'e', '{\"n\": 2}', NULL, '2024-01-02T00:00:00Z'),
+           ('00000000-0000-0000-0000-000000000004', 'o', 'r4', 'e', '{\"n\": 4}', NULL, '2024-01-03T00:00:00Z')",
+    );
+    // More than two batches at one instant: keyset pagination over the id.
+    env.db.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+         SELECT 'bulk', n::text, 'e', jsonb_build_object('n', n), '2024-02-01T00:00:00Z'
+           FROM generate_series(1, 2500) n",
+    );
+    let got = env.consumer().await;
+    let out = env.cli(&[
+        "replay",
+        "--from-table",
+        "--since",
+        "2024-01-02T00:00:00Z",
+        "--until",
+        "2024-01-03T00:00:00Z",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("replayed 2 rows"), "{}", stdout(&out));
+    let msgs = got.wait_for(2, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(got.len(), 2);
+    let ids: Vec<String> = msgs.iter().map(|m| m.message_id()).collect();
+    assert_eq!(
+        ids,
+        [
+            "00000000-0000-0000-0000-000000000002",
+            "00000000-0000-0000-0000-000000000003"
+        ]
+    );
+    assert!(msgs.iter().all(is_replay));
+    assert_eq!(msgs[0].text(), "{\"n\": 2}");
+    assert_eq!(msgs[0].routing_key, "o.e");
+    assert_eq!(msgs[1].header("tenant").as_deref(), Some("acme"));
+    assert_eq!(
+        msgs[1].header("outbox_table").as_deref(),
+        Some("public.outbox")
+    );
+
+    let out = env.cli(&["replay", "--from-table", "--since", "2024-02-01T00:00:00Z"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let msgs = got.wait_for(2 + 2500, WAIT).await;
+    let bulk = &msgs[2..];
+    let ids: Vec<String> = bulk.iter().map(|m| m.message_id()).collect();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(ids, sorted, "in id order, no duplicates");
+    assert!(bulk
+        .iter()
+        .all(|m| is_replay(m) && m.routing_key == "bulk.e"));
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn a_killed_replay_leaves_no_slot_after_the_next_command() {
+    let mut env = Env::new().await;
+    let window = [(WINDOW_ENV, "1h")];
+    let out = env.cli_env(&["slot", "create"], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let start = confirmed(&env, &anchor(&env)).unwrap();
+    let got = env.consumer().await;
+    let relay = env.start_env(&[], &window);
+    insert_one(&env, "a");
+    got.wait_for(1, WAIT).await;
+    poll("the live slot to move", || {
+        confirmed(&env, &env.slot).unwrap() > start
+    })
+    .await;
+
+    // A replay whose broker never answers: it holds its slot until killed.
+    let proxy = testkit::proxy::Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
+    proxy.stall();
+    let stalled_url = testkit::amqp_url().replace(":5672", &format!(":{}", proxy.port()));
+    let config = std::fs::read_to_string(env.config())
+        .unwrap()
+        .replace(&testkit::amqp_url(), &stalled_url);
+    let path = env.dir.join("stalled.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(&path)
+        .args(["replay", "--from-lsn", &lsn_text(start)])
+        .env(WINDOW_ENV, "1h")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    poll("the replay's slot", || !replay_slots(&env).is_empty()).await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let left = replay_slots(&env);
+    assert_eq!(left.len(), 1, "{left:?}");
+
+    // The next replay cleans up, then does its work and leaves nothing behind.
+    poll("the killed replay's walsender to exit", || {
+        env.db
+            .psql(&format!(
+                "SELECT active FROM pg_replication_slots WHERE slot_name = '{}'",
+                left[0]
+            ))
+            .trim()
+            == "f"
+    })
+    .await;
+    let out = env.cli_env(&["replay", "--from-lsn", &lsn_text(start)], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(replay_slots(&env).is_empty(), "{:?}", replay_slots(&env));
+    got.wait_until(WAIT, |m| m.iter().any(is_replay)).await;
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    env.cleanup().await;
+}
