@@ -429,6 +429,42 @@ async fn status_and_peek_show_a_known_slot_without_consuming_it() {
     env.cleanup().await;
 }
 
+/// A publication that also publishes updates (an operator's choice): changes that
+/// are not events come first, and `peek --limit 1` reads further until it finds one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peek_reads_past_changes_that_are_not_events() {
+    let env = Env::new().await;
+    env.db.psql(&format!(
+        "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert, update')",
+        env.publication
+    ));
+    env.db.psql(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+           VALUES ('{ID1}', 'order', 'o-1', 'created', '{{}}')"
+    ));
+    env.create_slot();
+    // 300 transactions of one update each (about 900 changes), then two events.
+    let updates: String = (0..300)
+        .map(|i| format!("BEGIN; UPDATE outbox SET headers = '{{\"n\": {i}}}'; COMMIT; "))
+        .collect();
+    env.db.psql(&updates);
+    env.db.psql(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+           VALUES ('{ID2}', 'order', 'o-1', 'paid', '{{}}'), ('{ID3}', 'order', 'o-1', 'shipped', '{{}}')"
+    ));
+    let out = env.cli(&["peek", "--limit", "1", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let arr: Vec<serde_json::Value> = serde_json::from_str(&stdout(&out)).unwrap();
+    let ids: Vec<&str> = arr
+        .iter()
+        .map(|e| e["message_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [ID2]);
+    let out = env.cli(&["peek"]);
+    assert_eq!(stdout(&out).lines().count(), 2, "{}", stdout(&out));
+    env.cleanup().await;
+}
+
 // ---------------------------------------------------------------------------------
 // credentials
 
