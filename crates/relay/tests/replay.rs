@@ -455,15 +455,34 @@ async fn a_killed_replay_leaves_no_slot_after_the_next_command() {
         .replace(&testkit::amqp_url(), &stalled_url);
     let path = env.dir.join("stalled.toml");
     std::fs::write(&path, config).unwrap();
-    let mut child = Command::new(BIN)
-        .arg("--config")
-        .arg(&path)
-        .args(["replay", "--from-lsn", &lsn_text(start)])
-        .env(WINDOW_ENV, "1h")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let stalled = || {
+        Command::new(BIN)
+            .arg("--config")
+            .arg(&path)
+            .args(["replay", "--from-lsn", &lsn_text(start)])
+            .env(WINDOW_ENV, "1h")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+
+    // SIGTERM: the replay drops its own slot and exits 1.
+    let child = stalled();
+    poll("the replay's slot", || !replay_slots(&env).is_empty()).await;
+    let ok = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("run it again"), "{}", stderr(&out));
+    assert!(replay_slots(&env).is_empty(), "{:?}", replay_slots(&env));
+
+    // SIGKILL: the slot stays behind until the next replay.
+    let mut child = stalled();
     poll("the replay's slot", || !replay_slots(&env).is_empty()).await;
     child.kill().unwrap();
     child.wait().unwrap();

@@ -31,9 +31,10 @@
 //!
 //! # Restart safety
 //!
-//! Every replay first drops inactive `<slot>_replay_*` slots, so a replay killed
-//! halfway leaves nothing behind after the next one; a replay can simply be run
-//! again (consumers deduplicate on `message_id`).
+//! A replay stopped by SIGINT/SIGTERM drops its slot before exiting. Every replay
+//! first drops inactive `<slot>_replay_*` slots, so a replay killed halfway
+//! (SIGKILL, crash) leaves nothing behind after the next one; a replay can simply be
+//! run again (consumers deduplicate on `message_id`).
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -215,7 +216,12 @@ async fn from_wal(cfg: &Config, from: Lsn, to: Option<Lsn>) -> Result<(), CliErr
             ))
         })?;
     info!(slot = %tmp, from = %from, stop = %stop, "replaying from a copy of the anchor slot");
-    let result = replay_copy(cfg, &client, &tmp, &anchor_name, from, stop, end).await;
+    let result = tokio::select! {
+        r = replay_copy(cfg, &client, &tmp, &anchor_name, from, stop, end) => r,
+        signal = interrupted() => Err(CliError::Runtime(format!(
+            "{signal}: the replay stopped before the end of its range; run it again (consumers deduplicate on message_id)"
+        ))),
+    };
     // Drop the copy whatever happened (its walsender may take a moment to exit).
     if let Err(e) = admin::drop_slot(&client, &tmp, true, true).await {
         warn!(slot = %tmp, error = %e, "cannot drop the replay slot; the next replay drops it");
@@ -226,6 +232,22 @@ async fn from_wal(cfg: &Config, from: Lsn, to: Option<Lsn>) -> Result<(), CliErr
         report.acked
     );
     Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM (never, if the handlers cannot be installed), so
+/// that an interrupted replay still drops its slot.
+async fn interrupted() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut int), Ok(mut term)) => tokio::select! {
+            _ = int.recv() => "interrupted (SIGINT)",
+            _ = term.recv() => "terminated (SIGTERM)",
+        },
+        _ => std::future::pending().await,
+    }
 }
 
 fn outside_window(from: Lsn, start: Lsn, end: Lsn, anchor: &str) -> CliError {
