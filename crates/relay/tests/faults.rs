@@ -1,0 +1,31 @@
+//! Fault injection: the real relay binary between Postgres and RabbitMQ while things
+//! break, with a consumer that checks what arrived (SPEC §1): every committed row
+//! present, first occurrences in commit order, duplicates within the bound, rolled
+//! back rows absent, and — sampled throughout — the slot's `confirmed_flush_lsn`
+//! never past a message the broker had not acked (see `harness::Sampler`).
+//!
+//! Tests that change the broker for everyone (stop_app, memory alarm) hold
+//! `harness::BROKER` for writing; all others hold it for reading. Tests that restart or
+//! crash Postgres use the fault cluster (55433) and hold `harness::FAULT_PG`.
+//! docs/reliability.md maps each guarantee to the test that proves it.
+#![allow(clippy::unwrap_used)]
+
+mod support;
+
+#[path = "faults/harness.rs"]
+mod harness;
+
+#[path = "faults/kills.rs"]
+mod kills;
+
+#[path = "faults/broker.rs"]
+mod broker;
+
+#[path = "faults/postgres.rs"]
+mod postgres;
+
+#[path = "faults/large.rs"]
+mod large;
+
+#[path = "faults/soak.rs"]
+mod soak;

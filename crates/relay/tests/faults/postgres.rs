@@ -1,0 +1,133 @@
+//! Postgres faults: restart, crash, a stalled replication connection, and a schema
+//! change while streaming.
+
+use std::time::Duration;
+
+use crate::harness::*;
+
+/// Restarts (`fast`) or crashes (`immediate`) the fault cluster mid-stream.
+///
+/// Postgres 15 persists the slot's `confirmed_flush_lsn` only at checkpoints (and
+/// only when the slot is otherwise dirty), so after a restart the slot can go back
+/// to its last saved position and redeliver. The test takes two CHECKPOINTs a moment
+/// apart just before the fault (the first logs a running-xacts record the relay then
+/// confirms past, making the slot dirty; the second saves it) and allows, as the
+/// duplicate bound, every message committed at or after the position the slot had
+/// before those checkpoints, plus `max_in_flight`.
+async fn restart_mid_stream(mode: &str) {
+    let _broker = BROKER.read().await;
+    let _pg = FAULT_PG.lock().await;
+    const MAX_IN_FLIGHT: usize = 500;
+    let w = World::new(Cluster::Fault, Proxies::default(), MAX_IN_FLIGHT).await;
+    let relay = w.start();
+    let load = w.load(1, 10_000, 50, Duration::from_millis(50));
+    w.wait_distinct(1000, WAIT).await;
+    let saved = w.confirmed().await;
+    w.sql("CHECKPOINT").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    w.sql("CHECKPOINT").await;
+    restart_fault_cluster(mode).await;
+    let at_restart = w.consumer.distinct();
+    load.await.unwrap();
+    w.rolled_back(10).await;
+    // Everything since the saved position may come again (see above).
+    let recs = w.consumer.snapshot();
+    let mut seen = std::collections::HashSet::new();
+    let since_checkpoint = recs
+        .iter()
+        .filter(|r| r.marker.is_none() && r.commit_lsn >= saved && seen.insert(r.id.clone()))
+        .count();
+    w.wait_all(WAIT).await;
+    let recs = w.consumer.snapshot();
+    let mut seen = std::collections::HashSet::new();
+    let since_checkpoint_all = recs
+        .iter()
+        .filter(|r| r.marker.is_none() && r.commit_lsn >= saved && seen.insert(r.id.clone()))
+        .count();
+    let _ = since_checkpoint;
+    let report = w
+        .verify(since_checkpoint_all.min(at_restart) + MAX_IN_FLIGHT)
+        .await;
+    eprintln!(
+        "{mode}: {} duplicates; {at_restart} received before the restart",
+        report.duplicates
+    );
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    w.cleanup().await;
+}
+
+/// SPEC §1.1: `pg_ctlcluster … restart -m fast` mid-stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_restarted_mid_stream() {
+    restart_mid_stream("fast").await;
+}
+
+/// SPEC §1.1, §1.3: `pg_ctlcluster … restart -m immediate` (a crash) mid-stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_crashed_mid_stream() {
+    restart_mid_stream("immediate").await;
+}
+
+/// The replication connection stalls (the proxy stops forwarding, nothing closes):
+/// the relay notices the silence (`wal_sender_timeout` = 10 s on the test clusters)
+/// and reconnects; once the network is back everything arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_side_network_stall() {
+    let _broker = BROKER.read().await;
+    const MAX_IN_FLIGHT: usize = 500;
+    let proxies = Proxies {
+        postgres: true,
+        amqp: false,
+    };
+    let w = World::new(Cluster::Test, proxies, MAX_IN_FLIGHT).await;
+    let relay = w.start();
+    let load = w.load(1, 10_000, 50, Duration::from_millis(100));
+    w.wait_distinct(1000, WAIT).await;
+    let mark = relay.log_text().len();
+    w.pg_proxy.as_ref().unwrap().stall();
+    let deadline = std::time::Instant::now() + Duration::from_secs(45);
+    let mut noticed = false;
+    while std::time::Instant::now() < deadline && !noticed {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let log = relay.log_text();
+        noticed = log[mark.min(log.len())..].contains("session ended; reconnecting");
+    }
+    w.pg_proxy.as_ref().unwrap().restore();
+    assert!(
+        noticed,
+        "the relay noticed the stalled replication connection: {}",
+        relay.log_text()
+    );
+    load.await.unwrap();
+    w.verify(2 * MAX_IN_FLIGHT).await;
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    w.cleanup().await;
+}
+
+/// A column added to the outbox while streaming (with and without a default, then
+/// used): the relay follows the new relation and publishes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn column_added_mid_stream() {
+    let _broker = BROKER.read().await;
+    const MAX_IN_FLIGHT: usize = 500;
+    let w = World::new(Cluster::Test, Proxies::default(), MAX_IN_FLIGHT).await;
+    let relay = w.start();
+    let load = w.load(1, 5000, 50, Duration::from_millis(10));
+    w.wait_distinct(500, WAIT).await;
+    w.sql("ALTER TABLE outbox ADD COLUMN tenant text").await;
+    w.sql("ALTER TABLE outbox ADD COLUMN version int NOT NULL DEFAULT 1")
+        .await;
+    load.await.unwrap();
+    w.sql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, tenant, version)
+         SELECT 'seq', s.n::text, 'tick', '{}', 'acme', 2 FROM generate_series(5001, 5100) s(n) ORDER BY s.n",
+    )
+    .await;
+    let report = w.verify(0).await;
+    assert_eq!(report.distinct, 5100);
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    w.cleanup().await;
+}
