@@ -361,6 +361,15 @@ async fn replay_outside_the_window_exits_2() {
         err.contains(&format!("outside the replay window {} ..", lsn_text(start))),
         "{err}"
     );
+    // At the end of the window: nothing to do.
+    let end = lsn_text(confirmed(&env, &env.slot).unwrap());
+    let out = env.cli_env(&["replay", "--from-lsn", &end], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("nothing to replay"),
+        "{}",
+        stdout(&out)
+    );
     // Past the live slot's position: outside too.
     let out = env.cli_env(&["replay", "--from-lsn", "FF/0"], &window);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));

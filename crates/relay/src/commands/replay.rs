@@ -197,6 +197,10 @@ async fn from_wal(cfg: &Config, from: Lsn, to: Option<Lsn>) -> Result<(), CliErr
         Some(y) => Lsn(y.0.saturating_add(1)).min(live.current_wal_lsn),
         None => end,
     };
+    if from >= stop {
+        println!("nothing to replay: no transaction can have committed in {from} .. {end}");
+        return Ok(());
+    }
 
     let tmp = format!("{}{}", replay_slot_prefix(slot), std::process::id());
     ident::validate_slot_name(&tmp).map_err(|e| {
