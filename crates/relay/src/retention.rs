@@ -298,6 +298,8 @@ impl Retention {
         let confirmed = slot_confirmed(client, &self.slot).await?;
         let marker = take_marker(client).await?;
         push_marker(markers, marker);
+        debug!(?confirmed, new_marker_xmin = marker.xmin, new_marker_lsn = %marker.lsn,
+            pending = markers.len(), "retention tick");
         let Some(confirmed) = confirmed else {
             debug!(slot = %self.slot, "slot not found; nothing deleted");
             return Ok(true);
@@ -439,6 +441,59 @@ mod tests {
             q.back(),
             Some(&m(MAX_MARKERS as u64 + 9, MAX_MARKERS as u64 + 9))
         );
+    }
+
+    /// The deletion rule against a real server. A row inserted after a SAVEPOINT
+    /// carries its subtransaction's id, which `pg_current_snapshot()` does not list
+    /// among the ids in progress: `pg_visible_in_snapshot` takes it for committed
+    /// before the marker although its transaction commits after it.
+    #[tokio::test]
+    async fn only_rows_of_transactions_finished_before_the_marker_and_older_than_keep_go() {
+        let db = testkit::TestDb::new("retention");
+        db.psql("CREATE TABLE outbox (id serial PRIMARY KEY, tag text, created_at timestamptz)");
+        let table = TableName::parse("outbox").unwrap();
+        let keep = Duration::from_secs(3600);
+        let old = "now() - interval '1 day'";
+        let insert = |tag: &str, at: &str| {
+            format!("INSERT INTO outbox (tag, created_at) VALUES ('{tag}', {at});")
+        };
+        db.psql(&insert("before", old));
+        db.psql(&insert("young", "now()"));
+        db.psql(&insert("no-created-at", "NULL"));
+        let open = db.client().await;
+        open.batch_execute(&format!(
+            "BEGIN; {} SAVEPOINT s; {} RELEASE SAVEPOINT s;",
+            insert("open-top", old),
+            insert("open-sub", old)
+        ))
+        .await
+        .unwrap();
+        // A later id completes, so the snapshot's xmax passes the subtransaction's id.
+        db.psql("SELECT pg_current_xact_id()");
+
+        let c = db.client().await;
+        let marker = take_marker(&c).await.unwrap();
+        let snapshot = db.psql("SELECT pg_current_snapshot()");
+        open.batch_execute("COMMIT").await.unwrap();
+        db.psql(&insert("after", old));
+        let fooled = db.psql(&format!(
+            "SELECT pg_visible_in_snapshot(xmin::text::xid8, '{snapshot}') FROM outbox WHERE tag = 'open-sub'"
+        ));
+        assert_eq!(
+            fooled, "t",
+            "the savepoint row looks committed to the finer rule"
+        );
+
+        let tags = || db.psql("SELECT string_agg(tag, ',' ORDER BY id) FROM outbox");
+        assert_eq!(
+            delete_batch(&c, &table, keep, marker.xmin).await.unwrap(),
+            1
+        );
+        assert_eq!(tags(), "young,no-created-at,open-top,open-sub,after");
+
+        let later = take_marker(&c).await.unwrap();
+        assert_eq!(delete_batch(&c, &table, keep, later.xmin).await.unwrap(), 3);
+        assert_eq!(tags(), "young,no-created-at");
     }
 
     #[test]
