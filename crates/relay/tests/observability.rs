@@ -85,8 +85,9 @@ async fn scrape_until(addr: &str, what: &str, pred: impl Fn(&str) -> bool) -> St
 async fn wait_ready(addr: &str, want: u16, relay: &Relay) {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let health = http_get(addr, "/healthz").await.map(|(s, _)| s);
+        // /readyz first: once the server answered, /healthz must answer 200.
         let ready = http_get(addr, "/readyz").await.map(|(s, _)| s);
+        let health = http_get(addr, "/healthz").await.map(|(s, _)| s);
         if ready.is_some() {
             assert_eq!(health, Some(200), "/healthz while /readyz is {ready:?}");
         }
