@@ -596,10 +596,7 @@ impl Sampler {
                     continue;
                 }
                 if amqp.as_ref().is_none_or(|(c, _)| !c.status().connected()) {
-                    amqp = match connect_channel().await {
-                        Ok(x) => Some(x),
-                        Err(_) => None,
-                    };
+                    amqp = connect_channel().await.ok();
                 }
                 let Some((_, ch)) = &amqp else { continue };
                 let idx = out.lock().unwrap().len();

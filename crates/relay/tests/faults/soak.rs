@@ -113,7 +113,7 @@ async fn chaos_soak() {
     assert_eq!(report.distinct as u64, inserted);
 
     // Lag: commit (as seen by the loader) to first arrival.
-    let committed_at = committed_at.lock().unwrap();
+    let committed_at = committed_at.lock().unwrap().clone();
     let mut max_lag = Duration::ZERO;
     let mut seen = HashSet::new();
     for (r, at) in w.consumer.snapshot_timed() {
