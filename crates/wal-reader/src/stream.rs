@@ -382,6 +382,14 @@ impl WalReader {
                         "Postgres ended the replication stream (CopyDone)",
                     )))
                 }
+                // A walsender shutting down (server stop or restart) ends the stream
+                // with CommandComplete, without CopyDone: the same transient end.
+                b'C' => {
+                    return Err(ReaderError::Io(std::io::Error::new(
+                        std::io::ErrorKind::UnexpectedEof,
+                        "Postgres ended the replication stream (server shutting down)",
+                    )))
+                }
                 b'N' | b'S' => continue,
                 other => {
                     return Err(ReaderError::Protocol(format!(
