@@ -41,7 +41,8 @@ GRANT CONNECT ON DATABASE :"DBNAME" TO :"relay_role";
 GRANT USAGE ON SCHEMA public TO :"relay_role";
 GRANT SELECT ON public.outbox TO :"relay_role";
 
--- Only with [retention] keep = "…":
+-- Only with [retention] keep = "…" (docs/retention.md): the relay deletes rows whose
+-- events are published and confirmed; `run` refuses to start without this grant.
 -- GRANT DELETE ON public.outbox TO :"relay_role";
 
 -- Only if the relay itself should create the publication (`slot create`):
