@@ -298,8 +298,13 @@ impl Retention {
         let confirmed = slot_confirmed(client, &self.slot).await?;
         let marker = take_marker(client).await?;
         push_marker(markers, marker);
-        debug!(?confirmed, new_marker_xmin = marker.xmin, new_marker_lsn = %marker.lsn,
-            pending = markers.len(), "retention tick");
+        debug!(
+            confirmed = %confirmed.map_or_else(|| "none".to_string(), |l| l.to_string()),
+            marker_xmin = marker.xmin,
+            marker_lsn = %marker.lsn,
+            pending = markers.len(),
+            "retention tick"
+        );
         let Some(confirmed) = confirmed else {
             debug!(slot = %self.slot, "slot not found; nothing deleted");
             return Ok(true);
