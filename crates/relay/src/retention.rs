@@ -37,10 +37,11 @@
 //! so the rule still holds.
 //!
 //! `xmin` is a 32-bit id and `sx` a 64-bit `xid8`: the comparison is done modulo 2³²
-//! like Postgres's own (`0 < (sx − xmin) mod 2³² < 2³¹`), which is exact for every
-//! row not yet frozen (wraparound protection keeps them within 2³¹ of the current id).
-//! A frozen row keeps its `xmin` and may then compare either way: it committed long
-//! ago, so deleting it is safe and keeping it is merely conservative.
+//! like Postgres's own (`0 < (sx − xmin) mod 2³² < 2³¹`), exact for ids less than 2³¹
+//! apart. (Freezing keeps the raw `xmin` since Postgres 9.4, so a frozen row compares
+//! correctly too.) Only a row more than 2³¹ transactions old can compare either way;
+//! the slot's `catalog_xmin` holds back wraparound, so the server cannot get that far
+//! past a transaction the slot has not confirmed: its event was published long ago.
 //!
 //! ```text
 //!   tick ──► take marker (sx, L) ──► queue of markers (oldest first, ≤ MAX_MARKERS)
