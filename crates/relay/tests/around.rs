@@ -270,6 +270,49 @@ async fn retention_without_a_created_at_column_is_refused_with_the_fix() {
     env.cleanup().await;
 }
 
+#[tokio::test]
+async fn retention_without_delete_privilege_is_refused_with_the_grant() {
+    let mut env = Env::new().await;
+    env.create_slot();
+    env.extra = RETENTION_2S.into();
+    let role = unique_name("relay_role");
+    env.db.psql(&format!(
+        "CREATE ROLE {role} LOGIN REPLICATION;
+         GRANT USAGE ON SCHEMA public TO {role};
+         GRANT SELECT ON outbox TO {role};"
+    ));
+    let url = env.db.url().replacen("postgres@", &format!("{role}@"), 1);
+    assert!(url.contains(&role), "{url}");
+    let vars = [("OUTBOX_RELAY_POSTGRES_URL", url.as_str())];
+
+    let mut relay = start(&env, &[], &vars);
+    let code = relay.wait(WAIT);
+    let log = relay.log_text();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains(&format!("GRANT DELETE ON \"public\".\"outbox\" TO {role}")),
+        "{log}"
+    );
+
+    // With the grant it runs and deletes.
+    env.db.psql(&format!("GRANT DELETE ON outbox TO {role}"));
+    let got = env.consumer().await;
+    let relay = start(&env, &[], &vars);
+    env.db.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+         VALUES ('old', 'o-1', 'gone', '{}', now() - interval '1 day')",
+    );
+    got.wait_for(1, WAIT).await;
+    eventually(&relay, WAIT, "the old row to be deleted", || {
+        count(&env, "true") == 0
+    })
+    .await;
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    env.cleanup().await;
+    testkit::psql("postgres", &format!("DROP ROLE IF EXISTS {role}"));
+}
+
 // ---------------------------------------------------------------------------------
 // Trace correlation (SPEC §4, §5)
 // ---------------------------------------------------------------------------------
