@@ -232,7 +232,8 @@ async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
         sample(b, "outbox_relay_ready", "") == Some(0.0)
     })
     .await;
-    // Events committed during the outage wait in the slot.
+    // Events committed during the outage wait (see the ignored test below for the
+    // outbox lag meanwhile).
     env.insert_seq(11, 10, 5);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -245,10 +246,16 @@ async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
     wait_ready(&addr, 200, &relay).await;
     let msgs = got.wait_for(20, WAIT).await;
     check_sequence(&msgs, 20);
-    let body = scrape_until(&addr, "a rabbitmq reconnect counted", |b| {
-        sample(b, "outbox_relay_reconnects_total", "side=\"rabbitmq\"").unwrap_or(0.0) >= 1.0
-            && sample(b, "outbox_relay_ready", "") == Some(1.0)
-    })
+    let body = scrape_until(
+        &addr,
+        "a rabbitmq reconnect counted, nothing in flight",
+        |b| {
+            sample(b, "outbox_relay_reconnects_total", "side=\"rabbitmq\"").unwrap_or(0.0) >= 1.0
+                && sample(b, "outbox_relay_ready", "") == Some(1.0)
+                && sample(b, "outbox_relay_in_flight", "") == Some(0.0)
+                && sample(b, "outbox_relay_outbox_lag_seconds", "") == Some(0.0)
+        },
+    )
     .await;
     assert_eq!(
         sample(&body, "outbox_relay_reconnects_total", "side=\"postgres\""),
@@ -256,6 +263,46 @@ async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
         "the Postgres side was not disturbed"
     );
 
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    drop(proxy);
+    env.cleanup().await;
+}
+
+/// SPEC §8: the outbox lag is the age of the oldest unacked event, so it must grow
+/// while the broker is unreachable. It does not yet: while the publisher reconnects
+/// it takes no input from the reader, so events committed during the outage are in
+/// neither `outbox_relay_in_flight` nor the lag, which reads 0 (a fix belongs in
+/// `crates/publisher`: keep taking input into the window while recovering).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "known gap: outbox_lag_seconds reads 0 during a broker outage (publisher takes no input while reconnecting)"]
+async fn outbox_lag_grows_while_the_broker_is_cut() {
+    let mut env = Env::new().await;
+    env.create_slot();
+    let got = env.consumer().await;
+    let proxy = Proxy::start(amqp_target()).await;
+    let amqp = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+    let addr = free_addr();
+    let config = env.config_file("lag.toml", &env.db.url(), &amqp, &addr);
+    let relay = env.start_with(&config, "info", &[]);
+    wait_ready(&addr, 200, &relay).await;
+    env.insert_seq(1, 10, 5);
+    got.wait_for(10, WAIT).await;
+
+    proxy.cut();
+    wait_ready(&addr, 503, &relay).await;
+    env.insert_seq(11, 10, 5);
+    scrape_until(&addr, "a positive outbox lag during the outage", |b| {
+        sample(b, "outbox_relay_outbox_lag_seconds", "").unwrap_or(0.0) > 0.0
+    })
+    .await;
+
+    proxy.restore();
+    got.wait_for(20, WAIT).await;
+    scrape_until(&addr, "lag back to 0", |b| {
+        sample(b, "outbox_relay_outbox_lag_seconds", "") == Some(0.0)
+    })
+    .await;
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
     drop(proxy);
@@ -607,8 +654,8 @@ async fn no_password_in_any_log_line_at_trace_level() {
         assert!(log.contains("TRACE"), "trace logging was not on:\n{log}");
         // The log does quote the broker URL (redacted): the test can fail.
         assert!(
-            log.contains(&user.name),
-            "the log never names the AMQP user:\n{log}"
+            log.contains(&format!("{}:***@", user.name)),
+            "the log never shows the broker URL (redacted):\n{log}"
         );
         assert_clean(&format!("relay log ({format})"), &log);
     }
