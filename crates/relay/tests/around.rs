@@ -276,6 +276,10 @@ async fn retention_without_delete_privilege_is_refused_with_the_grant() {
     env.create_slot();
     env.extra = RETENTION_2S.into();
     let role = unique_name("relay_role");
+    let _drop_role = DropRole {
+        role: role.clone(),
+        db: env.db.name.clone(),
+    };
     env.db.psql(&format!(
         "CREATE ROLE {role} LOGIN REPLICATION;
          GRANT USAGE ON SCHEMA public TO {role};
@@ -310,7 +314,27 @@ async fn retention_without_delete_privilege_is_refused_with_the_grant() {
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
     env.cleanup().await;
-    testkit::psql("postgres", &format!("DROP ROLE IF EXISTS {role}"));
+}
+
+/// Drops a test role on the way out, also when the test fails.
+struct DropRole {
+    role: String,
+    db: String,
+}
+
+impl Drop for DropRole {
+    fn drop(&mut self) {
+        // Plain commands, no assertions: this may run while a test panics.
+        let psql = |db: &str, sql: &str| {
+            let _ = Command::new("psql")
+                .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(testkit::pg_port().to_string())
+                .args(["-d", db, "-c", sql])
+                .output();
+        };
+        psql(&self.db, &format!("DROP OWNED BY {}", self.role));
+        psql("postgres", &format!("DROP ROLE IF EXISTS {}", self.role));
+    }
 }
 
 // ---------------------------------------------------------------------------------
