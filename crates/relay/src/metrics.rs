@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tracing::Instrument;
 
 use crate::error::CliError;
 use crate::pipeline::Health;
@@ -33,11 +34,14 @@ pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), CliError> {
     describe();
     spawn_gauges(health.clone());
     let app = router(handle, health);
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            tracing::error!(error = %e, "metrics server stopped");
+    tokio::spawn(
+        async move {
+            if let Err(e) = axum::serve(listener, app).await {
+                tracing::error!(error = %e, "metrics server stopped");
+            }
         }
-    });
+        .instrument(tracing::info_span!("metrics_server", %addr)),
+    );
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     Ok(())
 }
@@ -135,7 +139,7 @@ fn describe() {
 
 /// Gauges derived from live state, refreshed every second.
 fn spawn_gauges(health: Health) {
-    tokio::spawn(async move {
+    let task = async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tick.tick().await;
@@ -153,5 +157,7 @@ fn spawn_gauges(health: Health) {
             metrics::gauge!("outbox_relay_outbox_lag_seconds").set(lag);
             metrics::gauge!("outbox_relay_ready").set(if health.ready() { 1.0 } else { 0.0 });
         }
-    });
+    }
+    .instrument(tracing::info_span!("gauges"));
+    tokio::spawn(task);
 }
