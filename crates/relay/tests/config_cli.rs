@@ -252,9 +252,13 @@ fn missing_config_file_exits_2() {
 }
 
 #[test]
-fn unimplemented_command_is_a_runtime_failure() {
+fn unreachable_postgres_is_a_runtime_failure() {
     let dir = TempDir::new();
-    let out = relay(&dir.0, &["peek"], &[]);
+    let url = (
+        "OUTBOX_RELAY_POSTGRES_URL",
+        "postgresql://postgres@127.0.0.1:1/app",
+    );
+    let out = relay(&dir.0, &["peek"], &[url]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     assert!(stderr(&out).starts_with("error: "), "{}", stderr(&out));
 }
