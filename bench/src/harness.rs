@@ -1,0 +1,357 @@
+//! Shared plumbing: databases with an outbox, slots, the relay process, consumers,
+//! process CPU and memory readings.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicConsumeOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::FieldTable;
+use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use testkit::{unique_name, TestDb};
+
+pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
+    id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+    aggregate_type text NOT NULL,
+    aggregate_id text NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    headers jsonb,
+    created_at timestamptz NOT NULL DEFAULT now());";
+
+/// ~300-byte payload expression over the series variable `n`.
+pub const PAYLOAD_SQL: &str =
+    "jsonb_build_object('n', n, 'customer', 'c-' || (n % 1000), 'pad', repeat('x', 240))";
+
+/// A database with an outbox table and a publication.
+pub struct BenchDb {
+    pub db: TestDb,
+    pub publication: String,
+}
+
+impl BenchDb {
+    pub fn new() -> BenchDb {
+        let db = TestDb::new("bench");
+        db.psql(OUTBOX_DDL);
+        let publication = unique_name("pub");
+        db.psql(&format!(
+            "CREATE PUBLICATION {publication} FOR TABLE outbox WITH (publish = 'insert')"
+        ));
+        BenchDb { db, publication }
+    }
+
+    pub fn create_slot(&self) -> String {
+        let slot = unique_name("slot");
+        self.db.psql(&format!(
+            "SELECT pg_create_logical_replication_slot('{slot}', 'pgoutput')"
+        ));
+        slot
+    }
+
+    /// Inserts `n` rows in transactions of `per_tx` rows (server-side generation).
+    pub fn preload(&self, n: usize, per_tx: usize) {
+        if per_tx >= n {
+            self.insert_range(1, n);
+            return;
+        }
+        if per_tx == 1 {
+            // One transaction per row, generated server-side: a DO block commits
+            // after every insert (procedures may COMMIT).
+            self.db.psql(&format!(
+                "CREATE OR REPLACE PROCEDURE bench_load(total int) LANGUAGE plpgsql AS $$
+                 BEGIN FOR n IN 1..total LOOP
+                   INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                     VALUES ('bench', n::text, 'tick', {PAYLOAD_SQL});
+                   COMMIT;
+                 END LOOP; END $$;"
+            ));
+            // A separate statement: psql -c runs its statements in one transaction,
+            // where the procedure could not COMMIT.
+            self.db.psql(&format!("CALL bench_load({n})"));
+            return;
+        }
+        let mut start = 1;
+        while start <= n {
+            let end = (start + per_tx - 1).min(n);
+            self.insert_range(start, end);
+            start = end + 1;
+        }
+    }
+
+    fn insert_range(&self, from: usize, to: usize) {
+        self.db.psql(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'bench', n::text, 'tick', {PAYLOAD_SQL} FROM generate_series({from}, {to}) AS s(n)"
+        ));
+    }
+
+    pub fn current_lsn(&self) -> String {
+        self.db.psql("SELECT pg_current_wal_lsn()")
+    }
+}
+
+/// A queue bound to a fresh exchange, with a counting consumer.
+pub struct Sink {
+    pub exchange: String,
+    pub queue: String,
+    pub count: Arc<AtomicUsize>,
+    /// Latencies (seconds) computed from a `t` field (epoch seconds) in the body.
+    pub latencies: Arc<Mutex<Vec<f64>>>,
+    conn: Connection,
+}
+
+impl Sink {
+    pub async fn new(measure_latency: bool) -> anyhow::Result<Sink> {
+        let conn =
+            Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
+        let ch = conn.create_channel().await?;
+        let exchange = unique_name("bx");
+        let queue = unique_name("bq");
+        ch.exchange_declare(
+            exchange.as_str().into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+        ch.queue_bind(
+            queue.as_str().into(),
+            exchange.as_str().into(),
+            "#".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+        let count = Arc::new(AtomicUsize::new(0));
+        let latencies = Arc::new(Mutex::new(Vec::new()));
+        let cch = conn.create_channel().await?;
+        let mut consumer = cch
+            .basic_consume(
+                queue.as_str().into(),
+                "bench".into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        let (c, l) = (count.clone(), latencies.clone());
+        tokio::spawn(async move {
+            let _keep = cch;
+            while let Some(Ok(d)) = consumer.next().await {
+                if measure_latency {
+                    let now = epoch_secs();
+                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&d.data) {
+                        if let Some(t) = v.get("t").and_then(|t| t.as_f64()) {
+                            if let Ok(mut l) = l.lock() {
+                                l.push(now - t);
+                            }
+                        }
+                    }
+                }
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        Ok(Sink {
+            exchange,
+            queue,
+            count,
+            latencies,
+            conn,
+        })
+    }
+
+    /// Waits until `n` messages arrived; errors after `timeout`.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> anyhow::Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.count.load(Ordering::Relaxed) >= n {
+                return Ok(Instant::now());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "timed out with {} of {n} messages",
+                    self.count.load(Ordering::Relaxed)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn cleanup(self) {
+        if let Ok(ch) = self.conn.create_channel().await {
+            let _ = ch
+                .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
+                .await;
+            let _ = ch
+                .exchange_delete(self.exchange.as_str().into(), Default::default())
+                .await;
+        }
+        let _ = self.conn.close(200, "bench done".into()).await;
+    }
+}
+
+pub fn epoch_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The release relay binary (built on demand).
+pub fn relay_binary() -> anyhow::Result<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let status = Command::new("cargo")
+        .args([
+            "build",
+            "--release",
+            "--locked",
+            "-p",
+            "outbox-relay",
+            "--bin",
+            "outbox-relay",
+        ])
+        .current_dir(&root)
+        .status()
+        .context("run cargo build")?;
+    if !status.success() {
+        bail!("building outbox-relay failed");
+    }
+    Ok(root.join("target/release/outbox-relay"))
+}
+
+/// A running relay process.
+pub struct RelayProc {
+    pub child: Child,
+    dir: PathBuf,
+}
+
+impl RelayProc {
+    pub fn start(
+        bin: &Path,
+        db: &BenchDb,
+        slot: &str,
+        exchange: &str,
+        window: usize,
+    ) -> anyhow::Result<RelayProc> {
+        let dir = std::env::temp_dir().join(unique_name("bench"));
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("relay.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[postgres]\nurl = {:?}\nslot = {slot:?}\npublication = {:?}\n\n\
+                 [rabbitmq]\nurl = {:?}\nexchange = {exchange:?}\nmax_in_flight = {window}\n\n\
+                 [relay]\nmetrics_listen = \"\"\n",
+                db.db.url(),
+                db.publication,
+                testkit::amqp_url()
+            ),
+        )?;
+        let child = Command::new(bin)
+            .arg("--config")
+            .arg(&config)
+            .arg("run")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()?;
+        Ok(RelayProc { child, dir })
+    }
+
+    /// CPU seconds (user + system) used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(self.child.id())
+    }
+
+    /// Peak resident set size in MB.
+    pub fn peak_rss_mb(&self) -> f64 {
+        proc_status_kb(self.child.id(), "VmHWM:") as f64 / 1024.0
+    }
+
+    /// Current resident set size in MB.
+    pub fn rss_mb(&self) -> f64 {
+        proc_status_kb(self.child.id(), "VmRSS:") as f64 / 1024.0
+    }
+
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses and may hold spaces).
+    let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the full line: 12 and 13 here.
+    let ticks: f64 = fields
+        .get(11..13)
+        .map(|f| f.iter().filter_map(|v| v.parse::<f64>().ok()).sum())
+        .unwrap_or(0.0);
+    ticks / 100.0
+}
+
+pub fn proc_status_kb(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(key))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+pub fn median(mut v: Vec<f64>) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[idx.min(sorted.len() - 1)]
+}
