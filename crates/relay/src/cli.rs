@@ -127,7 +127,7 @@ pub struct PeekArgs {
     #[arg(long, value_name = "N", default_value_t = DEFAULT_PEEK_LIMIT,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
-    /// Print JSON lines instead of text.
+    /// Print a JSON array instead of text.
     #[arg(long)]
     pub json: bool,
 }

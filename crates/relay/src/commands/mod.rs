@@ -56,7 +56,12 @@ pub fn publisher_config(cfg: &Config) -> PublisherConfig {
 /// Classifies a failure of an SQL connection or statement: authentication and
 /// unknown database are unmet preconditions (exit 2), the rest runtime failures.
 pub fn sql_error(e: tokio_postgres::Error) -> CliError {
-    let text = e.to_string();
+    // tokio-postgres prints a server error as a bare "db error": use the server's
+    // own message.
+    let text = match e.as_db_error() {
+        Some(db) => db.message().to_string(),
+        None => e.to_string(),
+    };
     match e.code() {
         Some(c) if *c == SqlState::INVALID_PASSWORD || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => {
             CliError::Precondition(format!(

@@ -17,6 +17,18 @@ pub async fn create(cfg: &Config, args: &SlotCreateArgs) -> Result<(), CliError>
     admin::check_replication_role(&client)
         .await
         .map_err(admin_error)?;
+    if args.failover {
+        let version = admin::server_version_num(&client)
+            .await
+            .map_err(admin_error)?;
+        if version < 170000 {
+            // create_slot says the same; checking first creates nothing on refusal.
+            return admin::create_slot(&client, &cfg.postgres.slot, args.if_not_exists, true)
+                .await
+                .map(|_| ())
+                .map_err(admin_error);
+        }
+    }
     let publication = &cfg.postgres.publication;
     if admin::ensure_publication(&client, publication, &cfg.tables())
         .await
