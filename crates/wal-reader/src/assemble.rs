@@ -15,7 +15,9 @@ use pgoutput::logical::{Column, Decoder, LogicalMessage, Relation, TupleData};
 use tracing::debug;
 
 use crate::error::ReaderError;
-use crate::event::{pg_to_unix_micros, CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
+use crate::event::{
+    pg_to_unix_micros, CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem,
+};
 use crate::mapping::{ColumnMapping, TableName};
 
 /// Mapped column positions of a relayed relation.
@@ -133,7 +135,8 @@ impl Assembler {
     }
 
     fn map_relation(&self, r: &Relation) -> Result<Option<RelayedRelation>, ReaderError> {
-        let Some(table) = self.tables
+        let Some(table) = self
+            .tables
             .iter()
             .find(|t| t.schema == r.namespace && t.name == r.name)
         else {
@@ -171,7 +174,6 @@ impl Assembler {
         };
         Ok(Some(rel))
     }
-
 }
 
 fn column(tuple: &TupleData, i: usize) -> Option<Bytes> {
@@ -196,4 +198,3 @@ fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxE
         correlation_id: rel.correlation_id.and_then(|i| column(tuple, i)),
     }
 }
-
