@@ -110,6 +110,24 @@ async fn pipe(client: TcpStream, server: TcpStream, state: Arc<AtomicU8>, rx: wa
     let _ = b.await;
 }
 
+/// Waits while the proxy is stalled. False when it is cut (or dropped).
+async fn wait_until_up(state: &AtomicU8, rx: &mut watch::Receiver<u8>) -> bool {
+    loop {
+        match state.load(Ordering::SeqCst) {
+            CUT => return false,
+            STALLED => {
+                if tokio::time::timeout(Duration::from_millis(200), rx.changed())
+                    .await
+                    .is_ok_and(|r| r.is_err())
+                {
+                    return false;
+                }
+            }
+            _ => return true,
+        }
+    }
+}
+
 /// Copies until EOF or a cut; while stalled, holds the data read so far.
 async fn copy(
     mut from: tokio::net::tcp::OwnedReadHalf,
@@ -120,19 +138,8 @@ async fn copy(
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // Wait while stalled; stop on a cut.
-        loop {
-            match state.load(Ordering::SeqCst) {
-                CUT => return,
-                STALLED => {
-                    if tokio::time::timeout(Duration::from_millis(200), rx.changed())
-                        .await
-                        .is_ok_and(|r| r.is_err())
-                    {
-                        return;
-                    }
-                }
-                _ => break,
-            }
+        if !wait_until_up(&state, &mut rx).await {
+            return;
         }
         let n = tokio::select! {
             r = from.read(&mut buf) => match r {
@@ -142,19 +149,8 @@ async fn copy(
             _ = rx.changed() => continue,
         };
         // Data read just before a stall is held until the stall ends.
-        loop {
-            match state.load(Ordering::SeqCst) {
-                CUT => return,
-                STALLED => {
-                    if tokio::time::timeout(Duration::from_millis(200), rx.changed())
-                        .await
-                        .is_ok_and(|r| r.is_err())
-                    {
-                        return;
-                    }
-                }
-                _ => break,
-            }
+        if !wait_until_up(&state, &mut rx).await {
+            return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
