@@ -260,6 +260,8 @@ impl World {
             .await
             .parse()
             .unwrap();
+        // Big streams get 2 ms per expected message if that is longer.
+        let timeout = timeout.max(Duration::from_millis(2 * expected as u64));
         let deadline = Instant::now() + timeout;
         loop {
             let got = self.consumer.distinct();
