@@ -144,8 +144,7 @@ fn spawn_gauges(health: Health) {
         loop {
             tick.tick().await;
             let lag = health
-                .publisher()
-                .and_then(|p| p.oldest_unacked_commit_micros())
+                .oldest_unacked_commit_micros()
                 .map(|commit| {
                     let now = std::time::SystemTime::now()
                         .duration_since(std::time::UNIX_EPOCH)

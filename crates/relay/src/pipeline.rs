@@ -32,7 +32,7 @@ use std::time::Duration;
 use publisher::{Publisher, PublisherConfig, PublisherStatus};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn, Instrument};
-use wal_reader::{Lsn, PgConnectOptions, ReaderConfig, ReaderError, WalReader};
+use wal_reader::{Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalReader};
 
 use crate::error::CliError;
 
@@ -48,6 +48,7 @@ const STANDBY_POLL: Duration = Duration::from_secs(1);
 pub struct Health {
     streaming: Arc<AtomicBool>,
     publisher: Arc<std::sync::Mutex<Option<PublisherStatus>>>,
+    reader: Arc<std::sync::Mutex<Option<ReaderProgress>>>,
 }
 
 impl Health {
@@ -64,6 +65,29 @@ impl Health {
     /// The current session's publisher status, if a session runs.
     pub fn publisher(&self) -> Option<PublisherStatus> {
         self.publisher.lock().ok().and_then(|p| p.clone())
+    }
+
+    /// Commit time (µs since the Unix epoch) of the oldest event read but not yet
+    /// acked, including events still queued towards the publisher.
+    pub fn oldest_unacked_commit_micros(&self) -> Option<i64> {
+        let reader = self
+            .reader
+            .lock()
+            .ok()
+            .and_then(|r| r.as_ref().and_then(|r| r.oldest_unacked_commit_micros()));
+        let publisher = self
+            .publisher()
+            .and_then(|p| p.oldest_unacked_commit_micros());
+        match (reader, publisher) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn set_reader(&self, r: Option<ReaderProgress>) {
+        if let Ok(mut p) = self.reader.lock() {
+            *p = r;
+        }
     }
 
     fn set_streaming(&self, v: bool) {
@@ -165,6 +189,7 @@ async fn session(
         *standby_logged = false;
     }
     let start = reader.start_info().clone();
+    health.set_reader(Some(reader.progress()));
     let publisher = match Publisher::connect(cfg.publisher.clone()).await {
         Ok(p) => p,
         Err(e) if e.is_transient() => return Ok(SessionEnd::Retry(e.to_string())),
@@ -255,6 +280,7 @@ async fn session(
     };
     health.set_streaming(false);
     health.set_publisher(None);
+    health.set_reader(None);
     outcome
 }
 

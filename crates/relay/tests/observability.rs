@@ -232,8 +232,8 @@ async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
         sample(b, "outbox_relay_ready", "") == Some(0.0)
     })
     .await;
-    // Events committed during the outage wait (see the ignored test below for the
-    // outbox lag meanwhile).
+    // Events committed during the outage wait (the outbox lag meanwhile: see
+    // `outbox_lag_grows_while_the_broker_is_cut`).
     env.insert_seq(11, 10, 5);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -270,12 +270,9 @@ async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
 }
 
 /// SPEC §8: the outbox lag is the age of the oldest unacked event, so it must grow
-/// while the broker is unreachable. It does not yet: while the publisher reconnects
-/// it takes no input from the reader, so events committed during the outage are in
-/// neither `outbox_relay_in_flight` nor the lag, which reads 0 (a fix belongs in
-/// `crates/publisher`: keep taking input into the window while recovering).
+/// while the broker is unreachable, although the publisher takes no input while it
+/// reconnects: the reader tracks every transaction it read until it is acked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known gap: outbox_lag_seconds reads 0 during a broker outage (publisher takes no input while reconnecting)"]
 async fn outbox_lag_grows_while_the_broker_is_cut() {
     let mut env = Env::new().await;
     env.create_slot();

@@ -40,6 +40,9 @@
 //! `acked` sender (all confirms are in), sends a last status update with the final
 //! watermark, ends the copy and closes the connection.
 
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -103,6 +106,27 @@ pub struct WalReader {
     /// Highest flush position reported (never below the slot's position at start).
     flushed: Lsn,
     status_buf: BytesMut,
+    /// Commit LSN and time of each transaction with events sent but not yet acked,
+    /// oldest first: the source of the outbox lag (SPEC §8).
+    unacked: VecDeque<(Lsn, i64)>,
+    progress: ReaderProgress,
+}
+
+/// The reader's view of what is not yet acked, shared with metrics: covers events
+/// still queued towards the publisher too (a broker outage stops the publisher from
+/// taking them, but they are no less late).
+#[derive(Debug, Clone, Default)]
+pub struct ReaderProgress(Arc<AtomicI64>);
+
+impl ReaderProgress {
+    /// Commit time (µs since the Unix epoch) of the oldest transaction whose events
+    /// were read but are not all acked; `None` when everything read is acked.
+    pub fn oldest_unacked_commit_micros(&self) -> Option<i64> {
+        match self.0.load(Ordering::Relaxed) {
+            0 => None,
+            t => Some(t),
+        }
+    }
 }
 
 fn quote_literal(s: &str) -> String {
@@ -240,8 +264,15 @@ impl WalReader {
             received: start_lsn,
             flushed: slot_confirmed.max(start_lsn),
             status_buf: BytesMut::with_capacity(64),
+            unacked: VecDeque::new(),
+            progress: ReaderProgress::default(),
             cfg,
         })
+    }
+
+    /// Where this session started.
+    pub fn progress(&self) -> ReaderProgress {
+        self.progress.clone()
     }
 
     /// Where this session started.
@@ -412,7 +443,9 @@ impl WalReader {
                 }
                 ReplicationMessage::XLogData(x) => {
                     self.received = self.received.max(x.wal_start);
+                    let before = pending.len();
                     let done = self.assembler.handle(x.data, pending)?;
+                    self.track_unacked(&pending[before..]);
                     if let (true, Some(WalItem::Commit(c))) = (done, pending.last()) {
                         self.received = self.received.max(c.end_lsn);
                     }
@@ -426,7 +459,37 @@ impl WalReader {
         Ok(reply)
     }
 
+    /// Remembers the first event of each transaction (for the outbox lag).
+    fn track_unacked(&mut self, items: &[WalItem]) {
+        for item in items {
+            if let WalItem::Event(e) = item {
+                if self.unacked.back().map(|(l, _)| *l) != Some(e.commit_lsn) {
+                    if self.unacked.is_empty() {
+                        self.progress
+                            .0
+                            .store(e.commit_time_micros.max(1), Ordering::Relaxed);
+                    }
+                    self.unacked.push_back((e.commit_lsn, e.commit_time_micros));
+                }
+            }
+        }
+    }
+
+    /// Forgets transactions the consumer acked: a commit record starting at C ends
+    /// after C, and no acked position falls inside it, so `acked > C` means acked.
+    fn forget_acked(&mut self, acked: Lsn) {
+        let before = self.unacked.len();
+        while self.unacked.front().is_some_and(|(c, _)| *c < acked) {
+            self.unacked.pop_front();
+        }
+        if self.unacked.len() != before {
+            let oldest = self.unacked.front().map(|(_, t)| (*t).max(1)).unwrap_or(0);
+            self.progress.0.store(oldest, Ordering::Relaxed);
+        }
+    }
+
     async fn send_status(&mut self, acked: Lsn, reply: bool) -> Result<(), ReaderError> {
+        self.forget_acked(acked);
         let flush = self.flushed.max(acked);
         self.status_buf.clear();
         encode_standby_status_update(
