@@ -8,6 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -410,6 +411,9 @@ pub struct Rec {
 /// duplicates).
 pub struct Consumer {
     recs: Arc<Mutex<Vec<Rec>>>,
+    /// Distinct relay messages so far (kept by the task: counting on demand over a
+    /// million records would slow the consumer down).
+    distinct: Arc<AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -417,12 +421,14 @@ impl Consumer {
     pub fn start(queue: String) -> Consumer {
         let recs = Arc::new(Mutex::new(Vec::new()));
         let sink = recs.clone();
+        let distinct = Arc::new(AtomicUsize::new(0));
+        let counter = distinct.clone();
         let task = tokio::spawn(async move {
             // (message id, marker) deliveries seen, to drop broker redeliveries.
             let mut seen: HashSet<String> = HashSet::new();
             let mut last_error = String::new();
             loop {
-                if let Err(e) = consume_once(&queue, &sink, &mut seen).await {
+                if let Err(e) = consume_once(&queue, &sink, &counter, &mut seen).await {
                     let e = e.to_string();
                     if e != last_error {
                         eprintln!("consumer: {e}; reconnecting");
@@ -432,7 +438,11 @@ impl Consumer {
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         });
-        Consumer { recs, task }
+        Consumer {
+            recs,
+            distinct,
+            task,
+        }
     }
 
     pub fn snapshot(&self) -> Vec<Rec> {
@@ -452,12 +462,7 @@ impl Consumer {
 
     /// Distinct relay messages received (markers excluded).
     pub fn distinct(&self) -> usize {
-        let recs = self.recs.lock().unwrap();
-        recs.iter()
-            .filter(|r| r.marker.is_none())
-            .map(|r| r.id.as_str())
-            .collect::<HashSet<_>>()
-            .len()
+        self.distinct.load(Ordering::SeqCst)
     }
 
     /// Relay messages received (markers excluded), duplicates included.
@@ -478,6 +483,7 @@ impl Consumer {
 async fn consume_once(
     queue: &str,
     sink: &Arc<Mutex<Vec<Rec>>>,
+    distinct: &AtomicUsize,
     seen: &mut HashSet<String>,
 ) -> Result<(), lapin::Error> {
     let conn = Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
@@ -513,7 +519,9 @@ async fn consume_once(
         // broker repeating itself after our consumer connection broke before the ack:
         // not a duplicate publish by the relay.
         if !(d.redelivered && seen.contains(&id)) {
-            seen.insert(id.clone());
+            if seen.insert(id.clone()) && marker.is_none() {
+                distinct.fetch_add(1, Ordering::SeqCst);
+            }
             sink.lock().unwrap().push(Rec {
                 kind: header("aggregate_type").unwrap_or_default(),
                 seq: header("aggregate_id")
