@@ -47,8 +47,15 @@ pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), CliError> {
 }
 
 fn router(handle: PrometheusHandle, health: Health) -> Router {
+    let gauges = health.clone();
     Router::new()
-        .route("/metrics", get(move || std::future::ready(handle.render())))
+        .route(
+            "/metrics",
+            get(move || {
+                update_gauges(&gauges);
+                std::future::ready(handle.render())
+            }),
+        )
         .route("/healthz", get(|| std::future::ready("ok\n")))
         .route(
             "/readyz",
@@ -137,24 +144,29 @@ fn describe() {
     );
 }
 
-/// Gauges derived from live state, refreshed every second.
+/// Gauges derived from live state, set at every scrape (so a scrape never sees a
+/// stale value) and every second (for recorders that are read otherwise).
+fn update_gauges(health: &Health) {
+    let lag = health
+        .oldest_unacked_commit_micros()
+        .map(|commit| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_micros() as i64)
+                .unwrap_or(commit);
+            (now - commit).max(0) as f64 / 1e6
+        })
+        .unwrap_or(0.0);
+    metrics::gauge!("outbox_relay_outbox_lag_seconds").set(lag);
+    metrics::gauge!("outbox_relay_ready").set(if health.ready() { 1.0 } else { 0.0 });
+}
+
 fn spawn_gauges(health: Health) {
     let task = async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tick.tick().await;
-            let lag = health
-                .oldest_unacked_commit_micros()
-                .map(|commit| {
-                    let now = std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_micros() as i64)
-                        .unwrap_or(commit);
-                    (now - commit).max(0) as f64 / 1e6
-                })
-                .unwrap_or(0.0);
-            metrics::gauge!("outbox_relay_outbox_lag_seconds").set(lag);
-            metrics::gauge!("outbox_relay_ready").set(if health.ready() { 1.0 } else { 0.0 });
+            update_gauges(&health);
         }
     }
     .instrument(tracing::info_span!("gauges"));
