@@ -50,7 +50,7 @@ pub struct Args {
     /// Small numbers, one run: a smoke test of the harness itself.
     #[arg(long)]
     pub quick: bool,
-    /// Only these scenarios (comma-separated: lapin,recvlogical,reader,drain,steady,large).
+    /// Only these scenarios (comma-separated: lapin,channels,recvlogical,reader,drain,steady,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Where to write the markdown report (default: docs/benchmarks.md).

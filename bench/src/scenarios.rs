@@ -192,7 +192,7 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
     if wants(args, "lapin") {
         let mut rates = Vec::new();
         for _ in 0..args.runs {
-            rates.push(lapin_baseline(args.events, args.window).await?);
+            rates.push(lapin_baseline(args.events, args.window, 1).await?);
         }
         report.add(
             "lapin raw publisher",
@@ -203,6 +203,25 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
                 args.events, args.window
             ),
         );
+    }
+    if wants(args, "channels") {
+        // Would publishing over several channels (e.g. partitioned by aggregate_id)
+        // raise the total? Same messages, one queue, the window split between them.
+        for channels in [2usize, 4] {
+            let mut rates = Vec::new();
+            for _ in 0..args.runs {
+                rates.push(lapin_baseline(args.events, args.window, channels).await?);
+            }
+            report.add(
+                format!("lapin raw publisher, {channels} channels"),
+                median(rates),
+                "msgs/s",
+                format!(
+                    "N={}, window={} in total, one queue",
+                    args.events, args.window
+                ),
+            );
+        }
     }
     for per_tx in [100usize, 1] {
         if !(wants(args, "drain") || wants(args, "reader") || wants(args, "recvlogical")) {
@@ -265,18 +284,49 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
     Ok(report)
 }
 
-async fn lapin_baseline(n: usize, window: usize) -> anyhow::Result<f64> {
+async fn lapin_baseline(n: usize, window: usize, channels: usize) -> anyhow::Result<f64> {
     let sink = Sink::new(false).await?;
     let conn = Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..channels {
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        let exchange = sink.exchange.clone();
+        let share = n / channels + usize::from(c < n % channels);
+        tasks.push(tokio::spawn(publish_share(
+            ch,
+            exchange,
+            share,
+            c * n,
+            window / channels,
+        )));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let end = sink.wait_for(n, WAIT).await?;
+    let rate = n as f64 / (end - start).as_secs_f64();
+    let _ = conn.close(200, "done".into()).await;
+    sink.cleanup().await;
+    Ok(rate)
+}
+
+/// Publishes `n` relay-shaped messages on `ch` with a pipelined confirm window.
+async fn publish_share(
+    ch: lapin::Channel,
+    exchange: String,
+    n: usize,
+    first: usize,
+    window: usize,
+) -> anyhow::Result<()> {
+    let window = window.max(1);
     let body = format!(
         "{{\"n\": 1, \"pad\": \"{}\", \"customer\": \"c-1\"}}",
         "x".repeat(240)
     );
-    let start = Instant::now();
     let mut pending = VecDeque::with_capacity(window);
-    for i in 0..n {
+    for i in first..first + n {
         let mut headers = FieldTable::default();
         headers.insert(
             "aggregate_type".into(),
@@ -311,7 +361,7 @@ async fn lapin_baseline(n: usize, window: usize) -> anyhow::Result<f64> {
             .with_headers(headers);
         let confirm = ch
             .basic_publish(
-                sink.exchange.as_str().into(),
+                exchange.as_str().into(),
                 "bench.tick".into(),
                 BasicPublishOptions {
                     mandatory: true,
@@ -331,11 +381,7 @@ async fn lapin_baseline(n: usize, window: usize) -> anyhow::Result<f64> {
     for c in pending {
         c.await?;
     }
-    let end = sink.wait_for(n, WAIT).await?;
-    let rate = n as f64 / (end - start).as_secs_f64();
-    let _ = conn.close(200, "done".into()).await;
-    sink.cleanup().await;
-    Ok(rate)
+    Ok(())
 }
 
 #[derive(Default)]
