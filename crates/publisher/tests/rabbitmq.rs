@@ -22,12 +22,8 @@ use wal_reader::event::{oid, Lsn, WalItem};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_every_message_in_order_with_spec_properties() {
     let _shared = BROKER.read().await;
-    let exchange = testkit::unique_name("pub_all_x");
-    let queue = testkit::unique_name("pub_all_q");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
-    broker.queue(&queue, FieldTable::default()).await;
-    broker.bind(&queue, &exchange, "#").await;
+    let (exchange, queue) = broker.topic_queue("pub_all").await;
     let mut consumer = broker.fast_consumer(&queue).await;
 
     let mut config = config(&exchange);
@@ -158,18 +154,15 @@ async fn publishes_every_message_in_order_with_spec_properties() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nacked_messages_are_retried_and_hold_the_watermark() {
     let _shared = BROKER.read().await;
-    let exchange = testkit::unique_name("pub_nack_x");
-    let queue = testkit::unique_name("pub_nack_q");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    let exchange = broker.topic_exchange("pub_nack").await;
     let mut args = FieldTable::default();
     args.insert("x-max-length".into(), AMQPValue::LongInt(100));
     args.insert(
         "x-overflow".into(),
         AMQPValue::LongString("reject-publish".into()),
     );
-    broker.queue(&queue, args).await;
-    broker.bind(&queue, &exchange, "#").await;
+    let queue = broker.bound_queue("pub_nack", &exchange, args).await;
 
     let mut running = start(config(&exchange)).await;
     let mut stream = Stream::new(table("outbox", oid::JSONB));
@@ -208,11 +201,10 @@ async fn nacked_messages_are_retried_and_hold_the_watermark() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_goes_to_the_dead_letter_exchange() {
     let _shared = BROKER.read().await;
-    let exchange = testkit::unique_name("pub_dlx_x");
     let dlx = testkit::unique_name("pub_dlx_d");
     let queue = testkit::unique_name("pub_dlx_q");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    let exchange = broker.topic_exchange("pub_dlx").await;
     broker.exchange(&dlx, ExchangeKind::Fanout).await;
     broker.queue(&queue, FieldTable::default()).await;
     broker.bind(&queue, &dlx, "").await;
@@ -247,10 +239,8 @@ async fn unroutable_goes_to_the_dead_letter_exchange() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unroutable_without_dead_letter_is_retried_until_routable() {
     let _shared = BROKER.read().await;
-    let exchange = testkit::unique_name("pub_unr_x");
-    let queue = testkit::unique_name("pub_unr_q");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    let exchange = broker.topic_exchange("pub_unr").await;
 
     let mut running = start(config(&exchange)).await;
     let mut stream = Stream::new(table("outbox", oid::JSONB));
@@ -263,8 +253,9 @@ async fn unroutable_without_dead_letter_is_retried_until_routable() {
     );
     assert_eq!(running.status.in_flight(), 3);
 
-    broker.queue(&queue, FieldTable::default()).await;
-    broker.bind(&queue, &exchange, "#").await;
+    let queue = broker
+        .bound_queue("pub_unr", &exchange, FieldTable::default())
+        .await;
     let mut consumer = broker.consumer(&queue, 100).await;
     let deliveries = receive(&mut consumer, 3).await;
     let last = *stream.ends.last().unwrap();
@@ -280,12 +271,8 @@ async fn unroutable_without_dead_letter_is_retried_until_routable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_closed_mid_stream_loses_nothing() {
     let _shared = BROKER.read().await;
-    let exchange = testkit::unique_name("pub_cut_x");
-    let queue = testkit::unique_name("pub_cut_q");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
-    broker.queue(&queue, FieldTable::default()).await;
-    broker.bind(&queue, &exchange, "#").await;
+    let (exchange, queue) = broker.topic_queue("pub_cut").await;
     let mut consumer = broker.fast_consumer(&queue).await;
 
     let mut config = config(&exchange);
@@ -477,12 +464,8 @@ fn set_memory_watermark(args: &[&str]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blocked_broker_freezes_the_watermark() {
     let _exclusive = BROKER.write().await;
-    let exchange = testkit::unique_name("pub_blk_x");
-    let queue = testkit::unique_name("pub_blk_q");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
-    broker.queue(&queue, FieldTable::default()).await;
-    broker.bind(&queue, &exchange, "#").await;
+    let (exchange, _queue) = broker.topic_queue("pub_blk").await;
 
     let mut running = start(config(&exchange)).await;
     let mut stream = Stream::new(table("outbox", oid::JSONB));
@@ -593,9 +576,8 @@ async fn unreachable_is_transient_and_the_next_url_is_tried() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_timeout_bounds_the_wait_for_confirms() {
     let _shared = BROKER.read().await;
-    let exchange = testkit::unique_name("pub_stop_x");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
+    let exchange = broker.topic_exchange("pub_stop").await;
     // No queue is bound: the messages are returned and retried until the deadline.
     let mut config = config(&exchange);
     config.shutdown_timeout = Duration::from_millis(500);
@@ -669,12 +651,8 @@ async fn invalid_urls_never_leak_the_password() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_larger_than_the_window_goes_through() {
     let _shared = BROKER.read().await;
-    let exchange = testkit::unique_name("pub_big_x");
-    let queue = testkit::unique_name("pub_big_q");
     let mut broker = Broker::new().await;
-    broker.exchange(&exchange, ExchangeKind::Topic).await;
-    broker.queue(&queue, FieldTable::default()).await;
-    broker.bind(&queue, &exchange, "#").await;
+    let (exchange, queue) = broker.topic_queue("pub_big").await;
     let mut consumer = broker.fast_consumer(&queue).await;
 
     let mut config = config(&exchange);

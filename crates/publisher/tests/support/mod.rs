@@ -102,6 +102,36 @@ impl Broker {
             .unwrap();
     }
 
+    /// Declares a durable topic exchange named `{prefix}_x_…`.
+    pub async fn topic_exchange(&mut self, prefix: &str) -> String {
+        let exchange = testkit::unique_name(&format!("{prefix}_x"));
+        self.exchange(&exchange, ExchangeKind::Topic).await;
+        exchange
+    }
+
+    /// Declares a queue named `{prefix}_q_…` (with `arguments`) bound to `exchange`
+    /// with `#` (everything).
+    pub async fn bound_queue(
+        &mut self,
+        prefix: &str,
+        exchange: &str,
+        arguments: FieldTable,
+    ) -> String {
+        let queue = testkit::unique_name(&format!("{prefix}_q"));
+        self.queue(&queue, arguments).await;
+        self.bind(&queue, exchange, "#").await;
+        queue
+    }
+
+    /// A topic exchange and a plain queue bound to it with `#`: `(exchange, queue)`.
+    pub async fn topic_queue(&mut self, prefix: &str) -> (String, String) {
+        let exchange = self.topic_exchange(prefix).await;
+        let queue = self
+            .bound_queue(prefix, &exchange, FieldTable::default())
+            .await;
+        (exchange, queue)
+    }
+
     /// A consumer on its own channel that needs no acks (fast).
     pub async fn fast_consumer(&self, queue: &str) -> Consumer {
         let channel = self.connection.create_channel().await.unwrap();
@@ -154,16 +184,20 @@ impl Broker {
     }
 }
 
+/// The next delivery, failing after [`PATIENCE`] of silence (`got` of `n` so far).
+async fn next_delivery(consumer: &mut Consumer, got: usize, n: usize) -> Delivery {
+    tokio::time::timeout(PATIENCE, consumer.next())
+        .await
+        .unwrap_or_else(|_| panic!("only {got} of {n} messages arrived"))
+        .unwrap()
+        .unwrap()
+}
+
 /// Receives `n` deliveries from a [`Broker::fast_consumer`].
 pub async fn receive_fast(consumer: &mut Consumer, n: usize) -> Vec<Delivery> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let delivery = tokio::time::timeout(PATIENCE, consumer.next())
-            .await
-            .unwrap_or_else(|_| panic!("only {} of {n} messages arrived", out.len()))
-            .unwrap()
-            .unwrap();
-        out.push(delivery);
+        out.push(next_delivery(consumer, out.len(), n).await);
     }
     out
 }
@@ -172,11 +206,7 @@ pub async fn receive_fast(consumer: &mut Consumer, n: usize) -> Vec<Delivery> {
 pub async fn receive(consumer: &mut Consumer, n: usize) -> Vec<Delivery> {
     let mut out = Vec::with_capacity(n);
     while out.len() < n {
-        let delivery = tokio::time::timeout(PATIENCE, consumer.next())
-            .await
-            .unwrap_or_else(|_| panic!("only {} of {n} messages arrived", out.len()))
-            .unwrap()
-            .unwrap();
+        let delivery = next_delivery(consumer, out.len(), n).await;
         delivery
             .acker
             .ack(BasicAckOptions::default())
