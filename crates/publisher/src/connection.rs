@@ -35,27 +35,39 @@ enum Stage {
 }
 
 /// Connects to the URLs in order starting at `start`: the first node that answers
-/// wins. A definite error (login, vhost, exchange) stops at once; when every node is
-/// unreachable the last error is returned.
+/// wins. Every URL is tried, whatever the others answered: a node that refuses the
+/// virtual host (530 while it boots, 403 while the vhost is being re-created) or the
+/// login may be the only bad one of a cluster. When every node failed, the most
+/// meaningful error is returned ([`PublishError::specificity`]): a refusal names what
+/// to fix, an unreachable node does not.
 pub(crate) async fn connect_any(
     config: &PublisherConfig,
     tls: &OwnedTLSConfig,
     start: usize,
 ) -> Result<Session, PublishError> {
     let count = config.urls.len();
-    let mut last = None;
+    let mut best: Option<PublishError> = None;
     for offset in 0..count {
         let index = (start + offset) % count;
         match connect_one(config, tls, index).await {
             Ok(session) => return Ok(session),
-            Err(e) if e.is_transient() => {
-                tracing::debug!(error = %e, "broker node unreachable; trying the next");
-                last = Some(e);
+            Err(e) => {
+                if e.is_transient() {
+                    tracing::debug!(error = %e, "broker node unreachable; trying the next");
+                } else {
+                    tracing::debug!(error = %e, "broker node refused the connection; trying the next");
+                }
+                // The first of the most specific errors wins; among unreachable
+                // nodes the last one (as before).
+                if best.as_ref().is_none_or(|b| {
+                    e.specificity() > b.specificity() || (b.is_transient() && e.is_transient())
+                }) {
+                    best = Some(e);
+                }
             }
-            Err(e) => return Err(e),
         }
     }
-    Err(last.unwrap_or_else(|| PublishError::InvalidConfig {
+    Err(best.unwrap_or_else(|| PublishError::InvalidConfig {
         key: "url",
         reason: "no URL configured; set at least one amqp:// or amqps:// URL".into(),
     }))

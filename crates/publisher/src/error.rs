@@ -33,6 +33,19 @@ impl PublishError {
     pub fn is_transient(&self) -> bool {
         matches!(self, PublishError::Unreachable { .. })
     }
+
+    /// How much the error tells the operator, for choosing one among the errors of
+    /// several broker nodes: a refusal (exchange, login, vhost) names what to fix, an
+    /// unreachable node only that it did not answer. Higher is more specific.
+    pub fn specificity(&self) -> u8 {
+        match self {
+            PublishError::Unreachable { .. } => 0,
+            PublishError::VirtualHost { .. } => 1,
+            PublishError::AuthenticationRefused { .. } => 2,
+            PublishError::Exchange { .. } => 3,
+            PublishError::InvalidConfig { .. } | PublishError::CaFile { .. } => 4,
+        }
+    }
 }
 
 /// Replaces the password of an AMQP URL with `***`: `amqp://guest:***@host/vhost`.
@@ -111,6 +124,16 @@ mod tests {
             reason: reason.clone()
         }
         .is_transient());
-        assert!(!PublishError::AuthenticationRefused { url, reason }.is_transient());
+        assert!(!PublishError::AuthenticationRefused {
+            url: url.clone(),
+            reason: reason.clone()
+        }
+        .is_transient());
+        let unreachable = PublishError::Unreachable {
+            url: url.clone(),
+            reason: reason.clone(),
+        };
+        let vhost = PublishError::VirtualHost { url, reason };
+        assert!(vhost.specificity() > unreachable.specificity());
     }
 }
