@@ -114,8 +114,34 @@ pub struct PipelineConfig {
 enum SessionEnd {
     /// Clean stop requested: done.
     Stopped,
-    /// Reconnect after this error.
-    Retry(String),
+    /// Reconnect after this error, which happened on this side.
+    Retry(Side, String),
+}
+
+/// Which side a session failed on (the `side` label of the reconnect metric).
+#[derive(Debug, Clone, Copy)]
+enum Side {
+    Postgres,
+    Rabbitmq,
+}
+
+impl Side {
+    fn label(self) -> &'static str {
+        match self {
+            Side::Postgres => "postgres",
+            Side::Rabbitmq => "rabbitmq",
+        }
+    }
+}
+
+/// What one session hands on to the next.
+#[derive(Debug, Default)]
+struct Carried {
+    /// A publisher has connected once. From then on every broker failure is retried:
+    /// a node that is booting answers 530 (vhost down) and one whose vhost or
+    /// permissions are being restored 403, both of which are definite only at startup
+    /// (docs/reliability.md).
+    broker_connected: bool,
 }
 
 /// Runs sessions until `shutdown` turns true. Returns an error only for problems
@@ -127,17 +153,26 @@ pub async fn run(
 ) -> Result<(), CliError> {
     let mut backoff = BACKOFF_INITIAL;
     let mut standby_logged = false;
+    let mut carried = Carried::default();
     loop {
         if *shutdown.borrow() {
             return Ok(());
         }
-        match session(&cfg, &mut shutdown, &health, &mut standby_logged).await {
+        match session(
+            &cfg,
+            &mut shutdown,
+            &health,
+            &mut standby_logged,
+            &mut carried,
+        )
+        .await
+        {
             Ok(SessionEnd::Stopped) => return Ok(()),
-            Ok(SessionEnd::Retry(why)) => {
-                metrics::counter!("outbox_relay_reconnects_total", "side" => "postgres")
+            Ok(SessionEnd::Retry(side, why)) => {
+                metrics::counter!("outbox_relay_reconnects_total", "side" => side.label())
                     .increment(1);
                 let wait = backoff.mul_f64(jitter());
-                warn!(error = %why, retry_in = ?wait, "session ended; reconnecting");
+                warn!(error = %why, side = side.label(), retry_in = ?wait, "session ended; reconnecting");
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
@@ -153,11 +188,11 @@ fn reader_error(e: ReaderError) -> Result<SessionEnd, CliError> {
     if e.is_precondition() {
         Err(CliError::Precondition(e.to_string()))
     } else if e.is_transient() {
-        Ok(SessionEnd::Retry(e.to_string()))
+        Ok(SessionEnd::Retry(Side::Postgres, e.to_string()))
     } else {
         // Decoding or protocol errors: a new session starts over from the slot.
         error!(error = %e, "replication stream failed");
-        Ok(SessionEnd::Retry(e.to_string()))
+        Ok(SessionEnd::Retry(Side::Postgres, e.to_string()))
     }
 }
 
@@ -166,6 +201,7 @@ async fn session(
     shutdown: &mut watch::Receiver<bool>,
     health: &Health,
     standby_logged: &mut bool,
+    carried: &mut Carried,
 ) -> Result<SessionEnd, CliError> {
     // The reader first: a standby must not hold a broker connection it cannot use.
     let reader = loop {
@@ -190,11 +226,17 @@ async fn session(
     }
     let start = reader.start_info().clone();
     health.set_reader(Some(reader.progress()));
+    // Only the process's first connection may find a broker refusal definite: after
+    // that, a refused login, vhost or exchange is a broker restarting (or being
+    // restored) and is retried with backoff.
     let publisher = match Publisher::connect(cfg.publisher.clone()).await {
         Ok(p) => p,
-        Err(e) if e.is_transient() => return Ok(SessionEnd::Retry(e.to_string())),
+        Err(e) if e.is_transient() || carried.broker_connected => {
+            return Ok(SessionEnd::Retry(Side::Rabbitmq, e.to_string()))
+        }
         Err(e) => return Err(CliError::Precondition(e.to_string())),
     };
+    carried.broker_connected = true;
     health.set_publisher(Some(publisher.status()));
 
     let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
@@ -253,29 +295,31 @@ async fn session(
                 _ => None,
             };
             match r {
-                Ok(Ok(_)) => Ok(SessionEnd::Retry("replication ended".into())),
+                Ok(Ok(_)) => Ok(SessionEnd::Retry(Side::Postgres, "replication ended".into())),
                 Ok(Err(e)) => {
                     if let Some(w) = watermark {
                         save_position(&cfg.reader, w).await;
                     }
                     reader_error(e)
                 }
-                Err(e) => Ok(SessionEnd::Retry(format!("reader task failed: {e}"))),
+                Err(e) => Ok(SessionEnd::Retry(Side::Postgres, format!("reader task failed: {e}"))),
             }
         }
         p = &mut publisher_task => {
             health.set_streaming(false);
-            // The publisher only returns early on a definite error; the reader sees
-            // the watermark sender dropped, confirms what was acked and closes.
+            // The publisher only returns early on an error it did not retry itself
+            // (a refusal while reconnecting); the reader sees the watermark sender
+            // dropped, confirms what was acked and closes. The broker was connected,
+            // so whatever it refuses now is retried with a new session.
             let _ = stop_tx.send(true);
             let _ = tokio::time::timeout(Duration::from_secs(10), &mut reader_task).await;
             reader_task.abort();
-            match p {
-                Ok(Ok(_)) => Ok(SessionEnd::Retry("publisher ended".into())),
-                Ok(Err(e)) if e.is_transient() => Ok(SessionEnd::Retry(e.to_string())),
-                Ok(Err(e)) => Err(CliError::Precondition(e.to_string())),
-                Err(e) => Ok(SessionEnd::Retry(format!("publisher task failed: {e}"))),
-            }
+            let why = match p {
+                Ok(Ok(_)) => "publisher ended".to_string(),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => format!("publisher task failed: {e}"),
+            };
+            Ok(SessionEnd::Retry(Side::Rabbitmq, why))
         }
     };
     health.set_streaming(false);
