@@ -78,6 +78,7 @@ async fn main() {
                 xid: tx as u32,
                 commit_lsn: Lsn(base + 0x100),
                 commit_time_micros: 1_750_000_000_000_000,
+                index: i as u64,
                 id: Some(Bytes::from(format!("{:032x}", n))),
                 aggregate_type: Some(Bytes::from_static(b"order")),
                 aggregate_id: Some(Bytes::from(n.to_string())),

@@ -55,8 +55,12 @@ pub mod message;
 pub mod status;
 pub mod window;
 
+mod confirms;
 mod connection;
+pub(crate) mod engine;
 mod run;
+#[cfg(test)]
+mod sim;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -66,7 +70,7 @@ use tokio::sync::{mpsc, watch};
 use wal_reader::event::{Lsn, WalBatch};
 
 pub use error::{redact_url, PublishError};
-pub use status::PublisherStatus;
+pub use status::{PoisonMessage, PublisherStatus};
 
 /// Default `max_in_flight` (SPEC §4).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
@@ -269,6 +273,22 @@ impl Publisher {
         input: mpsc::Receiver<WalBatch>,
         watermark: watch::Sender<Lsn>,
     ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark)?.run(input).await
+        run::Runner::new(self, watermark, None)?.run(input).await
+    }
+
+    /// [`Publisher::run`], with `flushed` carrying the positions actually sent to
+    /// Postgres as flushed (the reader's status updates): a message counts against
+    /// `max_in_flight` until a position past it has been sent, which is what bounds
+    /// the duplicates after a crash (docs/design.md §1). Without it (`run`) the
+    /// watermark itself counts as sent.
+    pub async fn run_with_flushed(
+        self,
+        input: mpsc::Receiver<WalBatch>,
+        watermark: watch::Sender<Lsn>,
+        flushed: watch::Receiver<Lsn>,
+    ) -> Result<PublisherReport, PublishError> {
+        run::Runner::new(self, watermark, Some(flushed))?
+            .run(input)
+            .await
     }
 }

@@ -4,14 +4,40 @@
 //! constant header keys and the operator's extra headers are built once
 //! ([`MessageBuilder`]), and per message only the values are filled in.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
-use wal_reader::event::{oid, OutboxEvent};
+use wal_reader::event::{oid, Lsn, OutboxEvent};
 
+use crate::engine::{DeadLetterReason, EventKey, Keyed};
 use crate::error::PublishError;
+
+/// Header keys of the headers column that are never copied to a message
+/// (docs/operations.md, "Reserved headers"): `CC`/`BCC` are routing instructions to
+/// RabbitMQ (which closes the channel when they are not arrays), `x-death` and
+/// `x-first-death-*`/`x-last-death-*` are the broker's dead-lettering record, and
+/// `x-outbox-*`/`x-original-*` are the relay's own dead-letter headers.
+pub fn is_reserved_header(key: &str) -> bool {
+    matches!(key, "CC" | "BCC" | "x-death")
+        || key.starts_with("x-first-death-")
+        || key.starts_with("x-last-death-")
+        || key.starts_with("x-outbox-")
+        || key.starts_with("x-original-")
+}
+
+/// The relay's own headers (docs/design.md §5), kept on a dead-letter notice.
+const RELAY_HEADERS: [&str; 7] = [
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "outbox_table",
+    "commit_lsn",
+    "tx_index",
+    "xid",
+];
 
 /// Longest AMQP short string (routing keys, property values, header names).
 const SHORT_STRING_MAX: usize = 255;
@@ -194,6 +220,83 @@ pub struct OutboundMessage {
     pub properties: BasicProperties,
     /// Commit time of the event's transaction (µs since the Unix epoch).
     pub commit_time_micros: i64,
+    /// `(commit_lsn, tx_index)`: what a returned copy of this message is matched by.
+    pub key: EventKey,
+}
+
+impl Keyed for Arc<OutboundMessage> {
+    fn key(&self) -> EventKey {
+        self.key
+    }
+}
+
+impl OutboundMessage {
+    /// The copy of this message for the dead-letter exchange: the same message with
+    /// `x-outbox-error`, `x-original-exchange` and `x-original-routing-key`; for a
+    /// message the broker refused, a notice without the body (what was refused) that
+    /// keeps only the relay's own headers and says how large the body was.
+    pub(crate) fn dead_letter_copy(&self, exchange: &str, reason: &DeadLetterReason) -> Self {
+        let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+        let mut message = self.clone();
+        let original = self.properties.headers().clone().unwrap_or_default();
+        let mut headers = match reason {
+            DeadLetterReason::Unroutable { .. } => original,
+            DeadLetterReason::Refused { .. } => {
+                let mut kept = FieldTable::default();
+                for (key, value) in original.inner() {
+                    if RELAY_HEADERS.contains(&key.as_str()) || key.as_str() == "replay" {
+                        kept.insert(key.clone(), value.clone());
+                    }
+                }
+                kept
+            }
+        };
+        match reason {
+            DeadLetterReason::Unroutable {
+                exchange,
+                routing_key,
+            } => {
+                headers.insert("x-outbox-error".into(), text("unroutable"));
+                headers.insert("x-original-exchange".into(), text(exchange));
+                headers.insert("x-original-routing-key".into(), text(routing_key));
+            }
+            DeadLetterReason::Refused { reason } => {
+                headers.insert(
+                    "x-outbox-error".into(),
+                    text(&format!("refused by the broker: {reason}")),
+                );
+                headers.insert("x-original-exchange".into(), text(exchange));
+                headers.insert(
+                    "x-original-routing-key".into(),
+                    text(self.routing_key.as_str()),
+                );
+                headers.insert(
+                    "x-outbox-body-bytes".into(),
+                    AMQPValue::LongLongInt(i64::try_from(self.body.len()).unwrap_or(i64::MAX)),
+                );
+                message.body = Bytes::new();
+            }
+        }
+        message.properties = message.properties.with_headers(headers);
+        message
+    }
+}
+
+/// Reads the `(commit_lsn, tx_index)` of a message the broker returned.
+pub(crate) fn returned_key(properties: &BasicProperties) -> Option<EventKey> {
+    let headers = properties.headers().as_ref()?.inner();
+    let commit_lsn = match headers.get("commit_lsn")? {
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes())
+            .ok()?
+            .parse::<Lsn>()
+            .ok()?,
+        _ => return None,
+    };
+    let index = match headers.get("tx_index")? {
+        AMQPValue::LongLongInt(i) => u64::try_from(*i).ok()?,
+        _ => return None,
+    };
+    Some(EventKey { commit_lsn, index })
 }
 
 /// Builds [`OutboundMessage`]s; holds everything that is the same for every message.
@@ -207,6 +310,8 @@ pub struct MessageBuilder {
     /// The last table seen and its `outbox_table` header value, so the value is not
     /// rebuilt per message.
     table_cache: Option<(Arc<wal_reader::event::OutboxTable>, AMQPValue)>,
+    /// Reserved header keys already logged as dropped (once each).
+    dropped_logged: HashSet<String>,
 }
 
 impl MessageBuilder {
@@ -228,6 +333,7 @@ impl MessageBuilder {
             app_id: ShortString::from("outbox-relay"),
             delivery_mode: 2,
             table_cache: None,
+            dropped_logged: HashSet::new(),
         })
     }
 
@@ -236,7 +342,7 @@ impl MessageBuilder {
     pub fn headers(&mut self, event: &OutboxEvent) -> FieldTable {
         let mut table = FieldTable::default();
         if let Some(raw) = &event.headers {
-            add_json_headers(&mut table, raw);
+            add_json_headers(&mut table, raw, &mut self.dropped_logged);
         }
         for (key, value) in &self.extra_headers {
             table.insert(key.clone(), value.clone());
@@ -259,6 +365,10 @@ impl MessageBuilder {
             AMQPValue::LongString(LongString::from(event.commit_lsn.to_string())),
         );
         table.insert("xid".into(), AMQPValue::LongLongInt(i64::from(event.xid)));
+        table.insert(
+            "tx_index".into(),
+            AMQPValue::LongLongInt(i64::try_from(event.index).unwrap_or(i64::MAX)),
+        );
         table
     }
 
@@ -285,16 +395,29 @@ impl MessageBuilder {
             body: body(payload_type, event.payload.as_ref()),
             properties,
             commit_time_micros: event.commit_time_micros,
+            key: EventKey {
+                commit_lsn: event.commit_lsn,
+                index: event.index,
+            },
         }
     }
 }
 
 /// Adds every key of a JSON object: strings as strings, other values as their JSON
 /// text. Anything that is not a JSON object adds nothing (and is logged).
-fn add_json_headers(table: &mut FieldTable, raw: &[u8]) {
+fn add_json_headers(table: &mut FieldTable, raw: &[u8], logged: &mut HashSet<String>) {
     match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw) {
         Ok(map) => {
             for (key, value) in map {
+                if is_reserved_header(&key) {
+                    if logged.len() < 64 && logged.insert(key.clone()) {
+                        tracing::warn!(
+                            header = %key,
+                            "reserved header key in the headers column dropped (RabbitMQ or the relay interprets it); rename it"
+                        );
+                    }
+                    continue;
+                }
                 if key.len() > SHORT_STRING_MAX {
                     tracing::warn!(
                         key_len = key.len(),
@@ -337,6 +460,7 @@ mod tests {
             xid: 4242,
             commit_lsn: Lsn(0x1_0000_00A0),
             commit_time_micros: 1_700_000_000_123_456,
+            index: 3,
             id: Some(Bytes::from_static(b"6f1c2a4e-0000-4000-8000-000000000001")),
             aggregate_type: Some(Bytes::from_static(b"order")),
             aggregate_id: Some(Bytes::from_static(b"42")),
@@ -445,7 +569,15 @@ mod tests {
         assert_eq!(text(h.get("n")), "5");
         assert_eq!(text(h.get("o")), r#"{"a":[1,true]}"#);
         assert_eq!(text(h.get("replay")), "true");
-        assert_eq!(h.len(), 10);
+        assert_eq!(h.get("tx_index"), Some(&AMQPValue::LongLongInt(3)));
+        assert_eq!(h.len(), 11);
+        assert_eq!(
+            returned_key(p),
+            Some(EventKey {
+                commit_lsn: Lsn(0x1_0000_00A0),
+                index: 3
+            })
+        );
 
         // Cached table value is reused and still right for another table.
         let mut other = event(oid::BYTEA, None);
@@ -457,12 +589,113 @@ mod tests {
         let m = b.build(&other);
         let h = m.properties.headers().as_ref().unwrap().inner();
         assert_eq!(text(h.get("outbox_table")), "s.t");
-        assert_eq!(h.len(), 7);
+        assert_eq!(h.len(), 8);
         assert!(m.properties.correlation_id().is_none());
         assert_eq!(
             m.properties.content_type().as_ref().unwrap().as_str(),
             "application/octet-stream"
         );
         assert!(m.body.is_empty());
+    }
+}
+
+#[cfg(test)]
+mod reserved_tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use wal_reader::event::OutboxTable;
+
+    fn event(headers: &'static [u8]) -> OutboxEvent {
+        OutboxEvent {
+            table: Arc::new(OutboxTable {
+                qualified_name: "public.outbox".into(),
+                schema: "public".into(),
+                name: "outbox".into(),
+                payload_type: oid::JSONB,
+                headers_type: Some(oid::JSONB),
+            }),
+            xid: 7,
+            commit_lsn: Lsn(0x10),
+            commit_time_micros: 0,
+            index: 0,
+            id: Some(Bytes::from_static(b"id-1")),
+            aggregate_type: Some(Bytes::from_static(b"order")),
+            aggregate_id: Some(Bytes::from_static(b"1")),
+            event_type: Some(Bytes::from_static(b"created")),
+            payload: Some(Bytes::from_static(b"{}")),
+            headers: Some(Bytes::from_static(headers)),
+            correlation_id: None,
+        }
+    }
+
+    #[test]
+    fn reserved_keys_of_the_headers_column_are_dropped() {
+        let mut b = MessageBuilder::new("k", &[]).unwrap();
+        let m = b.build(&event(
+            br#"{"CC":"x","BCC":["y"],"x-death":1,"x-first-death-queue":"q","x-outbox-error":"spoof","x-original-exchange":"e","cc":"kept","x-delay":5}"#,
+        ));
+        let h = m.properties.headers().as_ref().unwrap().inner();
+        for key in [
+            "CC",
+            "BCC",
+            "x-death",
+            "x-first-death-queue",
+            "x-outbox-error",
+            "x-original-exchange",
+        ] {
+            assert!(h.get(key).is_none(), "{key} was copied");
+        }
+        assert!(h.get("cc").is_some());
+        assert!(h.get("x-delay").is_some());
+    }
+
+    #[test]
+    fn dead_letter_copies() {
+        let mut b = MessageBuilder::new("k", &[("replay".into(), "true".into())]).unwrap();
+        let m = b.build(&event(br#"{"tenant":"a"}"#));
+        let text = |m: &OutboundMessage, k: &str| match m
+            .properties
+            .headers()
+            .as_ref()
+            .unwrap()
+            .inner()
+            .get(k)
+        {
+            Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
+            other => panic!("{k}: {other:?}"),
+        };
+        let copy = m.dead_letter_copy(
+            "main",
+            &DeadLetterReason::Unroutable {
+                exchange: "main".into(),
+                routing_key: "k".into(),
+            },
+        );
+        assert_eq!(copy.body, m.body);
+        assert_eq!(text(&copy, "x-outbox-error"), "unroutable");
+        assert_eq!(text(&copy, "x-original-routing-key"), "k");
+        assert_eq!(text(&copy, "tenant"), "a");
+        assert_eq!(returned_key(&copy.properties), Some(m.key));
+
+        let notice = m.dead_letter_copy(
+            "main",
+            &DeadLetterReason::Refused {
+                reason: "too large".into(),
+            },
+        );
+        assert!(notice.body.is_empty());
+        assert!(text(&notice, "x-outbox-error").contains("too large"));
+        assert_eq!(text(&notice, "replay"), "true");
+        let h = notice.properties.headers().as_ref().unwrap().inner();
+        assert!(h.get("tenant").is_none());
+        assert_eq!(
+            h.get("x-outbox-body-bytes"),
+            Some(&AMQPValue::LongLongInt(2))
+        );
+        assert_eq!(
+            notice.properties.message_id().as_ref().unwrap().as_str(),
+            "id-1"
+        );
+        assert_eq!(returned_key(&notice.properties), Some(m.key));
     }
 }

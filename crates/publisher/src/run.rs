@@ -1,5 +1,8 @@
-//! The publishing loop: one task, one `select!` over broker events, finished
-//! publish writes, confirms (in publish order), the input and the shutdown deadline.
+//! The publishing loop: the I/O shell around [`Engine`]. One task, one `select!` over
+//! broker events, rounds of finished writes and confirms, the input, the flushed
+//! position and the shutdown deadline. Every decision is the engine's (`engine.rs`);
+//! this file turns lapin's futures into the engine's inputs and its sends into
+//! `basic.publish` calls.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -10,93 +13,59 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::{BoxFuture, MaybeDone};
 use futures_util::StreamExt;
+use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
-use lapin::types::{AMQPValue, LongString, ShortString};
-use lapin::{Channel, Confirmation, Event, PublisherConfirm};
+use lapin::types::{AMQPValue, ShortString};
+use lapin::{Channel, Confirmation, ErrorKind, Event, PublisherConfirm};
 use rand::Rng;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use wal_reader::event::{Lsn, WalBatch, WalItem};
 
+use crate::confirms::ConfirmSet;
 use crate::connection::{connect_any, open_channel, Session};
+use crate::engine::{Engine, Failure, Returned, Send, Settled, Tag, Target};
 use crate::error::{redact_url, PublishError};
-use crate::message::{MessageBuilder, OutboundMessage};
-use crate::status::{self, PublisherStatus};
-use crate::window::Window;
+use crate::message::{returned_key, MessageBuilder, OutboundMessage};
+use crate::status::{self, PoisonMessage, PublisherStatus};
 use crate::{Publisher, PublisherConfig, PublisherReport};
 
 /// Publish writes started but not yet handed to the socket, at most.
 const MAX_PENDING_WRITES: usize = 256;
-/// Bound on closing a dropped channel or the final connection close.
+/// Bound on waiting for a dropped channel's close-ok, or the final connection close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often a poison message is logged again while it holds the relay.
+const POISON_LOG_EVERY: Duration = Duration::from_secs(60);
 
 type Message = Arc<OutboundMessage>;
 type PublishFuture = Pin<Box<MaybeDone<BoxFuture<'static, lapin::Result<PublisherConfirm>>>>>;
 
-/// Which publish of a buffered message a confirm belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Target {
-    /// The configured exchange.
-    Exchange,
-    /// The dead-letter exchange, after the original was returned.
-    DeadLetter,
-}
-
 struct PendingPublish {
-    seq: u64,
-    target: Target,
+    tag: Tag,
     future: PublishFuture,
     /// Polled once already (its frames are queued).
     started: bool,
 }
 
-struct PendingConfirm {
-    seq: u64,
-    target: Target,
-    confirm: PublisherConfirm,
-}
-
-/// Why publishing must restart from the oldest unacked message.
-#[derive(Debug)]
-enum Failure {
-    Nack,
-    Unroutable {
-        exchange: String,
-        routing_key: String,
-    },
-    Channel(lapin::Error),
-    ConnectionEvent(lapin::Error),
-}
-
-impl std::fmt::Display for Failure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Failure::Nack => f.write_str("the broker nacked a message"),
-            Failure::Unroutable {
-                exchange,
-                routing_key,
-            } => write!(
-                f,
-                "a message was unroutable (exchange {exchange:?}, routing key {routing_key:?}): bind a queue or set dead_letter_exchange"
-            ),
-            Failure::Channel(e) => write!(f, "channel error: {e}"),
-            Failure::ConnectionEvent(e) => write!(f, "connection error: {e}"),
-        }
-    }
+/// What one round of polling found.
+#[derive(Default)]
+struct Round {
+    write_errors: Vec<lapin::Error>,
+    confirms: Vec<(Tag, lapin::Result<Confirmation>)>,
 }
 
 /// One step of the loop, chosen by `select!`.
 enum Step {
     Event(Option<Event>),
-    Written(Vec<(u64, Target, lapin::Result<PublisherConfirm>)>),
-    Confirmed(Vec<(u64, Target, lapin::Result<Confirmation>)>),
+    Round(Round),
     Input(Option<WalBatch>),
+    Flushed(Option<Lsn>),
     Deadline,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Episode {
-    /// The episode ends when the window's front passes this sequence number.
+    /// The episode ends once the window's front passes this sequence number.
     until_seq: u64,
     retries: u64,
 }
@@ -113,17 +82,24 @@ pub(crate) struct Runner {
     session: Session,
     status: PublisherStatus,
     watermark: watch::Sender<Lsn>,
+    /// Positions sent to Postgres as flushed; `None`: the watermark counts as sent.
+    flushed: Option<watch::Receiver<Lsn>>,
     builder: MessageBuilder,
     exchange: ShortString,
-    window: Window<Message>,
+    dead_letter: Option<ShortString>,
+    engine: Engine<Message>,
     publishing: VecDeque<PendingPublish>,
-    confirms: VecDeque<PendingConfirm>,
+    confirms: ConfirmSet,
+    /// The engine asked for another round at once (a witness waits for it).
+    round_due: bool,
     blocked: bool,
     /// Consecutive failures without an ack in between (drives the backoff).
     failures: u32,
     /// The failure episode under way: it ends once everything that was buffered
     /// when it began is done (one warning per episode, not per retry).
     episode: Option<Episode>,
+    /// The poison message reported, and when it was last logged.
+    poison_logged: Option<(u64, Instant)>,
     report: PublisherReport,
     deadline: Option<Instant>,
 }
@@ -132,6 +108,7 @@ impl Runner {
     pub(crate) fn new(
         publisher: Publisher,
         watermark: watch::Sender<Lsn>,
+        flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<Self, PublishError> {
         let Publisher {
             config,
@@ -142,21 +119,33 @@ impl Runner {
         let builder = MessageBuilder::new(&config.routing_key, &config.extra_headers)?;
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
+        status.set_poison(None);
         let blocked = session.connection.status().blocked();
         status.set_blocked(blocked);
         Ok(Self {
             exchange: ShortString::from(config.exchange.as_str()),
-            window: Window::new(config.max_in_flight, start),
+            dead_letter: config
+                .dead_letter_exchange
+                .as_deref()
+                .map(ShortString::from),
+            engine: Engine::new(
+                config.max_in_flight,
+                start,
+                config.dead_letter_exchange.is_some(),
+            ),
             builder,
             tls,
             session,
             status,
             watermark,
+            flushed,
             publishing: VecDeque::new(),
-            confirms: VecDeque::new(),
+            confirms: ConfirmSet::default(),
+            round_due: false,
             blocked,
             failures: 0,
             episode: None,
+            poison_logged: None,
             report: PublisherReport {
                 watermark: start,
                 ..PublisherReport::default()
@@ -172,44 +161,48 @@ impl Runner {
     ) -> Result<PublisherReport, PublishError> {
         let mut input_open = true;
         loop {
-            if !input_open && self.window.is_empty() {
+            if !input_open && self.engine.window().is_empty() {
                 break;
             }
             self.start_publishes();
-            let want_input = input_open && !self.window.has_unpublished();
+            // Take input only once everything buffered is published (backpressure),
+            // but always notice that it closed (the shutdown deadline starts then).
+            let want_input =
+                input_open && (!self.engine.window().has_unpublished() || input.is_closed());
             let step = {
                 let publishing = &mut self.publishing;
                 let confirms = &mut self.confirms;
                 let events = &mut self.session.events;
-                let has_writes = !publishing.is_empty();
-                let has_confirms = !confirms.is_empty();
+                let force = self.round_due;
+                let has_io = force || !publishing.is_empty() || !confirms.is_empty();
+                let flushed = self.flushed.as_mut();
+                let has_flushed = flushed.is_some();
                 let deadline = self.deadline;
                 tokio::select! {
                     biased;
                     event = events.next() => Step::Event(event),
-                    done = poll_fn(|cx| poll_writes(publishing, cx)), if has_writes => Step::Written(done),
-                    done = poll_fn(|cx| poll_confirms(confirms, cx)), if has_confirms => Step::Confirmed(done),
+                    round = poll_fn(|cx| poll_round(publishing, confirms, force, cx)), if has_io => Step::Round(round),
+                    changed = changed_lsn(flushed), if has_flushed => Step::Flushed(changed),
                     batch = input.recv(), if want_input => Step::Input(batch),
                     () = sleep_until_opt(deadline), if deadline.is_some() => Step::Deadline,
                 }
             };
-            let failure = match step {
+            match step {
                 Step::Event(event) => self.on_event(event),
-                Step::Written(done) => self.on_written(done),
-                Step::Confirmed(done) => self.on_confirmed(done),
-                Step::Input(Some(batch)) => {
-                    self.on_input(batch);
-                    None
-                }
+                Step::Round(round) => self.on_round(round),
+                Step::Flushed(Some(lsn)) => self.engine.flushed(lsn),
+                // The reader is gone: the watermark is what counts from now on.
+                Step::Flushed(None) => self.flushed = None,
+                Step::Input(Some(batch)) => self.on_input(batch),
                 Step::Input(None) => {
                     input_open = false;
                     self.deadline = Some(Instant::now() + self.config.shutdown_timeout);
-                    None
                 }
                 Step::Deadline => break,
-            };
-            if let Some(failure) = failure {
-                match self.recover(failure).await? {
+            }
+            self.after_progress();
+            if let Some(failure) = self.engine.take_failure() {
+                match self.recover(failure).await {
                     Recovered::Yes => {}
                     Recovered::DeadlinePassed => break,
                 }
@@ -218,28 +211,39 @@ impl Runner {
         Ok(self.finish().await)
     }
 
-    /// Starts publishes while the window has room and the broker does not block us.
+    /// Starts the publishes the engine allows while the broker does not block us.
     fn start_publishes(&mut self) {
         if self.blocked {
             return;
         }
         while self.publishing.len() < MAX_PENDING_WRITES {
-            let Some((seq, message)) = self.window.next_to_publish() else {
+            let Some(send) = self.engine.next_send() else {
                 break;
             };
-            let future = publish(
-                &self.session.channel,
-                self.exchange.clone(),
-                message.clone(),
-            );
+            let (tag, exchange, message) = match send {
+                Send::Main { tag, seq } => {
+                    let Some(message) = self.engine.message(seq).cloned() else {
+                        continue;
+                    };
+                    self.report.published += 1;
+                    metrics::counter!(status::EVENTS_PUBLISHED).increment(1);
+                    (tag, self.exchange.clone(), message)
+                }
+                Send::DeadLetter { tag, seq, reason } => {
+                    let Some(original) = self.engine.message(seq) else {
+                        continue;
+                    };
+                    let copy = original.dead_letter_copy(&self.config.exchange, &reason);
+                    let dlx = self.dead_letter.clone().unwrap_or_default();
+                    (tag, dlx, Arc::new(copy))
+                }
+            };
+            let future = publish(&self.session.channel, exchange, message);
             self.publishing.push_back(PendingPublish {
-                seq,
-                target: Target::Exchange,
+                tag,
                 future,
                 started: false,
             });
-            self.report.published += 1;
-            metrics::counter!(status::EVENTS_PUBLISHED).increment(1);
         }
     }
 
@@ -248,16 +252,15 @@ impl Runner {
             match item {
                 WalItem::Event(event) => {
                     let message = self.builder.build(&event);
-                    self.window.push_message(Arc::new(message));
+                    self.engine.push_message(Arc::new(message));
                 }
-                WalItem::Commit(commit) => self.window.push_mark(commit.end_lsn),
-                WalItem::Keepalive(lsn) => self.window.push_mark(lsn),
+                WalItem::Commit(commit) => self.engine.push_mark(commit.end_lsn),
+                WalItem::Keepalive(lsn) => self.engine.push_mark(lsn),
             }
         }
-        self.after_progress();
     }
 
-    fn on_event(&mut self, event: Option<Event>) -> Option<Failure> {
+    fn on_event(&mut self, event: Option<Event>) {
         match event {
             Some(Event::ConnectionBlocked(reason)) => {
                 if !self.blocked {
@@ -265,7 +268,6 @@ impl Runner {
                 }
                 self.blocked = true;
                 self.status.set_blocked(true);
-                None
             }
             Some(Event::ConnectionUnblocked) => {
                 if self.blocked {
@@ -273,7 +275,6 @@ impl Runner {
                 }
                 self.blocked = false;
                 self.status.set_blocked(false);
-                None
             }
             Some(Event::Error(error)) => {
                 // Also sent for a channel the broker closed; ignore it when the
@@ -282,169 +283,187 @@ impl Runner {
                     && self.session.connection.status().connected()
                 {
                     tracing::debug!(%error, "rabbitmq error event for an old channel");
-                    None
+                } else if self.session.connection.status().connected() {
+                    self.channel_failed(failure_of(&error));
                 } else {
-                    Some(Failure::ConnectionEvent(error))
+                    self.channel_failed(Failure::Connection(error.to_string()));
                 }
             }
-            Some(other) => {
-                tracing::debug!(event = ?other, "rabbitmq connection event");
-                None
-            }
+            Some(other) => tracing::debug!(event = ?other, "rabbitmq connection event"),
             // The listener only ends with the connection itself.
-            None => Some(Failure::ConnectionEvent(lapin::Error::from(
-                lapin::ErrorKind::InvalidConnectionState(lapin::ConnectionState::Closed),
-            ))),
+            None => self.channel_failed(Failure::Connection("the connection closed".into())),
         }
     }
 
-    fn on_written(
-        &mut self,
-        done: Vec<(u64, Target, lapin::Result<PublisherConfirm>)>,
-    ) -> Option<Failure> {
-        for (seq, target, result) in done {
-            match result {
-                Ok(confirm) => self.confirms.push_back(PendingConfirm {
-                    seq,
-                    target,
-                    confirm,
-                }),
-                Err(error) => return Some(Failure::Channel(error)),
-            }
+    fn on_round(&mut self, round: Round) {
+        for error in round.write_errors {
+            self.channel_failed(failure_of(&error));
         }
-        None
-    }
-
-    fn on_confirmed(
-        &mut self,
-        done: Vec<(u64, Target, lapin::Result<Confirmation>)>,
-    ) -> Option<Failure> {
-        let mut failure = None;
-        let now = now_micros();
-        for (seq, target, result) in done {
+        for (tag, result) in round.confirms {
             match result {
-                Ok(Confirmation::Ack(None)) => self.on_ack(seq, target, now),
-                Ok(Confirmation::Ack(Some(returned))) => {
-                    self.report.returned += 1;
-                    metrics::counter!(status::EVENTS_RETURNED).increment(1);
-                    let exchange = returned.delivery.exchange.to_string();
-                    let routing_key = returned.delivery.routing_key.to_string();
-                    match (&self.config.dead_letter_exchange, target) {
-                        (Some(dlx), Target::Exchange) => {
-                            let dlx = ShortString::from(dlx.as_str());
-                            self.dead_letter(seq, dlx, &exchange, &routing_key);
-                        }
-                        _ => {
-                            failure = Some(Failure::Unroutable {
-                                exchange,
-                                routing_key,
-                            });
-                            break;
-                        }
-                    }
+                Ok(Confirmation::Ack(returned)) => {
+                    let returned = returned.map(|r| self.returned(r));
+                    self.engine.confirmed(tag, true, returned);
                 }
-                Ok(Confirmation::Nack(_)) => {
+                Ok(Confirmation::Nack(returned)) => {
                     self.report.nacked += 1;
                     metrics::counter!(status::EVENTS_NACKED).increment(1);
-                    failure = Some(Failure::Nack);
-                    break;
+                    let returned = returned.map(|r| self.returned(r));
+                    self.engine.confirmed(tag, false, returned);
                 }
-                Ok(Confirmation::NotRequested) => {
-                    failure = Some(Failure::Channel(lapin::Error::from(
-                        lapin::ErrorKind::InvalidChannelState(
-                            lapin::ChannelState::Connected,
-                            "confirm mode is not enabled on the channel",
-                        ),
-                    )));
-                    break;
-                }
-                Err(error) => {
-                    failure = Some(Failure::Channel(error));
-                    break;
-                }
+                Ok(Confirmation::NotRequested) => self.channel_failed(Failure::Channel {
+                    code: None,
+                    text: "confirm mode is not enabled on the channel".into(),
+                }),
+                Err(error) => self.channel_failed(failure_of(&error)),
             }
         }
-        self.after_progress();
-        failure
+        self.round_due = self.engine.end_round();
+        self.count_settled();
     }
 
-    fn on_ack(&mut self, seq: u64, target: Target, now_micros: i64) {
-        if let Some(message) = self.window.get(seq) {
-            let latency = now_micros.saturating_sub(message.commit_time_micros);
-            metrics::histogram!(status::PUBLISH_LATENCY).record(latency.max(0) as f64 / 1e6);
-            // Trace correlation (SPEC §4, §5): at debug level only; the check keeps
-            // the header lookups off the hot path at info.
-            if tracing::enabled!(tracing::Level::DEBUG) {
-                trace_published(message);
-            }
+    /// A returned message, identified by its own headers (never by the confirm it
+    /// arrived on: see `engine.rs`).
+    fn returned(&mut self, r: BasicReturnMessage) -> Returned {
+        let exchange = r.delivery.exchange.to_string();
+        let target = match &self.dead_letter {
+            Some(dlx) if dlx.as_str() == exchange => Target::DeadLetter,
+            _ => Target::Exchange,
+        };
+        let routing_key = r.delivery.routing_key.to_string();
+        let key = returned_key(&r.delivery.properties);
+        let message_id = r
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        if self.dead_letter.is_none() || target == Target::DeadLetter {
+            tracing::debug!(%exchange, %routing_key, %message_id, reply = %r.reply_text, "message returned unroutable");
         }
-        self.report.acked += 1;
-        metrics::counter!(status::EVENTS_ACKED).increment(1);
-        if target == Target::DeadLetter {
-            self.report.dead_lettered += 1;
-            metrics::counter!(status::EVENTS_DEAD_LETTERED).increment(1);
-        }
-        self.failures = 0;
-        self.window.ack(seq);
-        if let Some(episode) = self.episode {
-            if self.window.front_seq() >= episode.until_seq {
-                tracing::info!(retries = episode.retries, "publishing recovered");
-                self.episode = None;
-            }
+        Returned {
+            key,
+            target,
+            exchange,
+            routing_key,
         }
     }
 
-    /// Republishes a returned message to the dead-letter exchange; its entry stays
-    /// unacked until that publish is acked.
-    fn dead_letter(&mut self, seq: u64, dlx: ShortString, exchange: &str, routing_key: &str) {
-        let Some(original) = self.window.get(seq) else {
+    fn count_settled(&mut self) {
+        let now = now_micros();
+        for settled in self.engine.take_settled() {
+            match settled {
+                Settled::Acked { seq, target } => {
+                    if let Some(message) = self.engine.message(seq) {
+                        let latency = now.saturating_sub(message.commit_time_micros);
+                        metrics::histogram!(status::PUBLISH_LATENCY)
+                            .record(latency.max(0) as f64 / 1e6);
+                        if tracing::enabled!(tracing::Level::DEBUG) {
+                            trace_published(message);
+                        }
+                    }
+                    self.report.acked += 1;
+                    metrics::counter!(status::EVENTS_ACKED).increment(1);
+                    if target == Target::DeadLetter {
+                        self.report.dead_lettered += 1;
+                        metrics::counter!(status::EVENTS_DEAD_LETTERED).increment(1);
+                    }
+                    self.failures = 0;
+                }
+                Settled::Returned { .. } => {
+                    self.report.returned += 1;
+                    metrics::counter!(status::EVENTS_RETURNED).increment(1);
+                }
+            }
+        }
+    }
+
+    fn channel_failed(&mut self, failure: Failure) {
+        self.engine.channel_failed(failure);
+        self.report_poison();
+    }
+
+    /// Says loudly, once a minute, which message the broker refuses.
+    fn report_poison(&mut self) {
+        let Some(poison) = self.engine.poison().cloned() else {
             return;
         };
-        let mut message = OutboundMessage::clone(original);
-        let mut headers = message.properties.headers().clone().unwrap_or_default();
-        let text = |s: &str| AMQPValue::LongString(LongString::from(s));
-        headers.insert("x-outbox-error".into(), text("unroutable"));
-        headers.insert("x-original-exchange".into(), text(exchange));
-        headers.insert("x-original-routing-key".into(), text(routing_key));
-        message.properties = message.properties.with_headers(headers);
-        let future = publish(&self.session.channel, dlx, Arc::new(message));
-        self.publishing.push_back(PendingPublish {
-            seq,
-            target: Target::DeadLetter,
-            future,
-            started: false,
-        });
+        let Some(message) = self.engine.message(poison.seq) else {
+            return;
+        };
+        let message_id = message
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|m| m.to_string())
+            .unwrap_or_default();
+        let due = match self.poison_logged {
+            Some((seq, at)) => seq != poison.seq || at.elapsed() >= POISON_LOG_EVERY,
+            None => true,
+        };
+        if due {
+            tracing::error!(
+                %message_id,
+                commit_lsn = %message.key.commit_lsn,
+                tx_index = message.key.index,
+                routing_key = message.routing_key.as_str(),
+                reason = %poison.reason,
+                "rabbitmq refuses this message; the relay holds the slot before it and retries (set dead_letter_exchange to move on, or see docs/recovery.md)"
+            );
+            self.poison_logged = Some((poison.seq, Instant::now()));
+        }
+        self.status.set_poison(Some(PoisonMessage {
+            message_id,
+            commit_lsn: message.key.commit_lsn,
+            tx_index: message.key.index,
+            routing_key: message.routing_key.to_string(),
+            reason: poison.reason,
+        }));
     }
 
     /// Publishes the watermark if it moved and refreshes the status.
     fn after_progress(&mut self) {
-        if let Some(lsn) = self.window.advance() {
-            self.report.watermark = lsn;
-            self.watermark.send_replace(lsn);
-            self.status.set_acked_lsn(lsn);
-        }
-        let lsn = self.window.watermark();
+        let lsn = self.engine.watermark();
         if lsn > self.report.watermark {
             self.report.watermark = lsn;
             self.watermark.send_replace(lsn);
             self.status.set_acked_lsn(lsn);
+            if self.flushed.is_none() {
+                self.engine.flushed(lsn);
+            }
+        }
+        if self.engine.poison().is_none() && self.poison_logged.take().is_some() {
+            tracing::info!("the refused message went through; resuming");
+            self.status.set_poison(None);
+        }
+        if let Some(episode) = self.episode {
+            if self.engine.window().front_seq() >= episode.until_seq {
+                tracing::info!(retries = episode.retries, "publishing recovered");
+                self.episode = None;
+            }
         }
         self.status.set_in_flight(
-            self.window.in_flight(),
-            self.window.oldest_message().map(|m| m.commit_time_micros),
+            self.engine.window().in_flight(),
+            self.engine
+                .window()
+                .oldest_message()
+                .map(|m| m.commit_time_micros),
         );
     }
 
-    /// Drops the channel, backs off, gets a fresh channel (reconnecting through the
-    /// URL list when the connection is gone) and rewinds the window.
-    async fn recover(&mut self, failure: Failure) -> Result<Recovered, PublishError> {
+    /// Closes the channel and waits for its close-ok (so nothing of it can still be
+    /// routed), backs off, gets a fresh channel (reconnecting through the URL list
+    /// when the connection is gone) and rewinds the engine. Every broker-side failure
+    /// is retried: only the shutdown deadline ends this.
+    async fn recover(&mut self, failure: Failure) -> Recovered {
         let node = redact_url(&self.config.urls[self.session.url_index]);
         match &mut self.episode {
             None => {
-                tracing::warn!(cause = %failure, %node, in_flight = self.window.in_flight(),
-                    "publish failed; republishing from the oldest unacked message (retrying with backoff)");
+                tracing::warn!(cause = %failure, %node, in_flight = self.engine.window().in_flight(),
+                    "publish failed; republishing from the oldest unacked message, alone first (retrying with backoff)");
                 self.episode = Some(Episode {
-                    until_seq: self.window.end_seq(),
+                    until_seq: self.engine.window().end_seq(),
                     retries: 1,
                 });
             }
@@ -457,15 +476,26 @@ impl Runner {
         self.report.retries += 1;
         metrics::counter!(status::PUBLISH_RETRIES).increment(1);
         self.publishing.clear();
-        self.confirms.clear();
-        let resent = self.window.restart();
+        self.confirms = ConfirmSet::default();
+        self.round_due = false;
+        let channel = self.session.channel.clone();
+        if channel.status().connected() {
+            let closed = until_deadline(
+                self.deadline,
+                tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "retrying".into())),
+            )
+            .await;
+            if closed.is_none() {
+                return Recovered::DeadlinePassed;
+            }
+        }
+        let resent = self.engine.restart();
         tracing::debug!(resent, "window rewound");
-        close_channel(self.session.channel.clone());
 
         let mut attempt = self.failures;
         loop {
             if !self.sleep_backoff(attempt).await {
-                return Ok(Recovered::DeadlinePassed);
+                return Recovered::DeadlinePassed;
             }
             attempt = attempt.saturating_add(1);
             if self.session.connection.status().connected() {
@@ -475,17 +505,19 @@ impl Runner {
                 )
                 .await;
                 let Some(opened) = opened else {
-                    return Ok(Recovered::DeadlinePassed);
+                    return Recovered::DeadlinePassed;
                 };
                 match opened {
                     Ok(channel) => {
                         self.session.channel = channel;
                         self.blocked = self.session.connection.status().blocked();
                         self.status.set_blocked(self.blocked);
-                        return Ok(Recovered::Yes);
+                        return Recovered::Yes;
                     }
-                    Err(e) if !e.is_transient() => return Err(e),
-                    Err(e) => tracing::debug!(error = %e, "cannot open a channel; reconnecting"),
+                    Err(e) if e.is_transient() => {
+                        tracing::debug!(error = %e, "cannot open a channel; reconnecting");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot open a channel; retrying"),
                 }
             }
             self.status.set_connected(false);
@@ -493,7 +525,7 @@ impl Runner {
             let connected =
                 until_deadline(self.deadline, connect_any(&self.config, &self.tls, next)).await;
             let Some(connected) = connected else {
-                return Ok(Recovered::DeadlinePassed);
+                return Recovered::DeadlinePassed;
             };
             match connected {
                 Ok(session) => {
@@ -506,41 +538,32 @@ impl Runner {
                     self.status.set_connected(true);
                     self.blocked = self.session.connection.status().blocked();
                     self.status.set_blocked(self.blocked);
-                    return Ok(Recovered::Yes);
+                    return Recovered::Yes;
                 }
-                Err(e) if !e.is_transient() => return Err(e),
-                Err(e) => tracing::debug!(error = %e, "rabbitmq still unreachable"),
+                Err(e) if e.is_transient() => {
+                    tracing::debug!(error = %e, "rabbitmq still unreachable");
+                }
+                // Mid-run a refused login or vhost is a broker still booting or an
+                // operator change in progress: retry, loudly.
+                Err(e) => tracing::warn!(error = %e, "rabbitmq refused the reconnect; retrying"),
             }
         }
     }
 
     /// Sleeps the backoff for `attempt` (1-based); false when the shutdown
     /// deadline passes first.
-    fn sleep_backoff(&self, attempt: u32) -> impl Future<Output = bool> + Send + 'static {
+    fn sleep_backoff(&self, attempt: u32) -> impl Future<Output = bool> + 'static {
         let delay = backoff(
             self.config.backoff_initial,
             self.config.backoff_max,
             attempt,
             rand::thread_rng().gen_range(0.5..=1.0),
         );
-        Self::sleep_unless_deadline(Instant::now() + delay, self.deadline)
-    }
-
-    async fn sleep_unless_deadline(wake: Instant, deadline: Option<Instant>) -> bool {
-        match deadline {
-            Some(deadline) if deadline <= wake => {
-                tokio::time::sleep_until(deadline).await;
-                false
-            }
-            _ => {
-                tokio::time::sleep_until(wake).await;
-                true
-            }
-        }
+        sleep_unless_deadline(Instant::now() + delay, self.deadline)
     }
 
     async fn finish(mut self) -> PublisherReport {
-        self.report.abandoned = self.window.in_flight();
+        self.report.abandoned = self.engine.window().buffered();
         if self.report.abandoned > 0 {
             tracing::warn!(
                 unacked = self.report.abandoned,
@@ -549,7 +572,6 @@ impl Runner {
             );
         }
         self.publishing.clear();
-        self.confirms.clear();
         let connection = self.session.connection;
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into())).await;
         self.status.set_connected(false);
@@ -557,28 +579,39 @@ impl Runner {
     }
 }
 
-/// Starts one publish; the future resolves once lapin wrote the frames.
+/// The engine's view of a lapin error: a channel the broker closed carries its
+/// reply code (406 = it refused a message's content).
+fn failure_of(error: &lapin::Error) -> Failure {
+    match error.kind() {
+        ErrorKind::ProtocolError(amqp) => Failure::Channel {
+            code: Some(amqp.get_id()),
+            text: error.to_string(),
+        },
+        _ => Failure::Channel {
+            code: None,
+            text: error.to_string(),
+        },
+    }
+}
+
 /// One debug event per acked message, with the fields a trace is correlated by.
 fn trace_published(message: &OutboundMessage) {
     let headers = message.properties.headers().as_ref();
-    let header = |key: &str| headers.and_then(|h| h.inner().get(key));
-    let commit_lsn = match header("commit_lsn") {
-        Some(AMQPValue::LongString(s)) => s.to_string(),
-        _ => String::new(),
-    };
-    let xid = match header("xid") {
+    let xid = match headers.and_then(|h| h.inner().get("xid")) {
         Some(AMQPValue::LongLongInt(x)) => *x,
         _ => -1,
     };
     tracing::debug!(
         message_id = message.properties.message_id().as_ref().map_or("", |id| id.as_str()),
-        commit_lsn = %commit_lsn,
+        commit_lsn = %message.key.commit_lsn,
+        tx_index = message.key.index,
         xid,
         routing_key = message.routing_key.as_str(),
         "message published"
     );
 }
 
+/// Starts one publish; the future resolves once lapin wrote the frames.
 fn publish(channel: &Channel, exchange: ShortString, message: Message) -> PublishFuture {
     let channel = channel.clone();
     let future: BoxFuture<'static, _> = Box::pin(async move {
@@ -598,62 +631,50 @@ fn publish(channel: &Channel, exchange: ShortString, message: Message) -> Publis
     Box::pin(MaybeDone::Future(future))
 }
 
-/// Gives every new write its first poll, in publish order (that poll enqueues the
-/// frames, so the order on the wire is the publish order), then takes the finished
-/// writes from the front. Only the front is polled again: lapin writes frames in
-/// order, so later writes never finish first.
-fn poll_writes(
+/// One round: gives every new write its first poll, in publish order (that poll
+/// enqueues the frames, so the order on the wire is the publish order), takes the
+/// finished writes from the front (lapin writes frames in order, so later writes
+/// never finish first) and adds their confirms, then polls the new and the woken
+/// confirms. Ready when anything was found, or at once when `force`.
+fn poll_round(
     pending: &mut VecDeque<PendingPublish>,
+    confirms: &mut ConfirmSet,
+    force: bool,
     cx: &mut Context<'_>,
-) -> Poll<Vec<(u64, Target, lapin::Result<PublisherConfirm>)>> {
+) -> Poll<Round> {
+    let mut round = Round::default();
     let new = pending.iter().rev().take_while(|p| !p.started).count();
     let first_new = pending.len() - new;
     for p in pending.range_mut(first_new..) {
         let _ = p.future.as_mut().poll(cx);
         p.started = true;
     }
-    let mut done = Vec::new();
     while let Some(front) = pending.front_mut() {
         if front.future.as_mut().poll(cx).is_pending() {
             break;
         }
-        match front.future.as_mut().take_output() {
-            Some(result) => {
-                let seq = front.seq;
-                let target = front.target;
-                pending.pop_front();
-                done.push((seq, target, result));
-            }
-            None => break,
+        let Some(result) = front.future.as_mut().take_output() else {
+            break;
+        };
+        let tag = front.tag;
+        pending.pop_front();
+        match result {
+            Ok(confirm) => confirms.insert(tag, confirm),
+            Err(error) => round.write_errors.push(error),
         }
     }
-    if done.is_empty() {
-        Poll::Pending
+    round.confirms = confirms.poll_resolved(cx);
+    if force || !round.confirms.is_empty() || !round.write_errors.is_empty() {
+        Poll::Ready(round)
     } else {
-        Poll::Ready(done)
+        Poll::Pending
     }
 }
 
-/// Polls confirms in publish order and returns every one that is ready at the front.
-fn poll_confirms(
-    pending: &mut VecDeque<PendingConfirm>,
-    cx: &mut Context<'_>,
-) -> Poll<Vec<(u64, Target, lapin::Result<Confirmation>)>> {
-    let mut done = Vec::new();
-    while let Some(front) = pending.front_mut() {
-        match Pin::new(&mut front.confirm).poll(cx) {
-            Poll::Ready(result) => {
-                done.push((front.seq, front.target, result));
-                pending.pop_front();
-            }
-            Poll::Pending => break,
-        }
-    }
-    if done.is_empty() {
-        Poll::Pending
-    } else {
-        Poll::Ready(done)
-    }
+async fn changed_lsn(rx: Option<&mut watch::Receiver<Lsn>>) -> Option<Lsn> {
+    let rx = rx?;
+    rx.changed().await.ok()?;
+    Some(*rx.borrow_and_update())
 }
 
 /// Runs `future` unless the deadline passes first (`None` then).
@@ -661,6 +682,19 @@ async fn until_deadline<F: Future>(deadline: Option<Instant>, future: F) -> Opti
     match deadline {
         Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
         None => Some(future.await),
+    }
+}
+
+async fn sleep_unless_deadline(wake: Instant, deadline: Option<Instant>) -> bool {
+    match deadline {
+        Some(deadline) if deadline <= wake => {
+            tokio::time::sleep_until(deadline).await;
+            false
+        }
+        _ => {
+            tokio::time::sleep_until(wake).await;
+            true
+        }
     }
 }
 
@@ -684,13 +718,6 @@ fn now_micros() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
         .unwrap_or(0)
-}
-
-/// Closes a channel we stopped using without waiting for it.
-fn close_channel(channel: Channel) {
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "retrying".into())).await;
-    });
 }
 
 fn close_connection(session: Session) {

@@ -1,7 +1,7 @@
 //! What the relay reads for `/readyz` and metrics, and the metric names.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use wal_reader::event::Lsn;
 
@@ -16,6 +16,18 @@ pub const RECONNECTS: &str = "outbox_relay_reconnects_total";
 pub const IN_FLIGHT: &str = "outbox_relay_in_flight";
 pub const ACKED_LSN: &str = "outbox_relay_acked_lsn";
 pub const PUBLISH_LATENCY: &str = "outbox_relay_publish_latency_seconds";
+/// 1 while a message the broker refuses holds the relay (no dead-letter exchange).
+pub const POISON_MESSAGES: &str = "outbox_relay_poison_messages";
+
+/// A message the broker refuses for its content, holding the watermark.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoisonMessage {
+    pub message_id: String,
+    pub commit_lsn: Lsn,
+    pub tx_index: u64,
+    pub routing_key: String,
+    pub reason: String,
+}
 
 #[derive(Debug, Default)]
 struct Inner {
@@ -27,6 +39,7 @@ struct Inner {
     oldest_unacked_micros: AtomicI64,
     acked_lsn: AtomicU64,
     reconnects: AtomicU64,
+    poison: Mutex<Option<PoisonMessage>>,
 }
 
 /// A cheap, cloneable view of the publisher's state, updated as it runs.
@@ -53,9 +66,21 @@ impl PublisherStatus {
         self.0.blocked.load(Ordering::Relaxed)
     }
 
-    /// Ready to publish: connected and not blocked.
+    /// Ready to publish: connected, not blocked, not held by a poison message.
     pub fn ready(&self) -> bool {
-        self.connected() && !self.blocked()
+        self.connected() && !self.blocked() && self.poison().is_none()
+    }
+
+    /// The message the broker refuses, while one holds the relay.
+    pub fn poison(&self) -> Option<PoisonMessage> {
+        self.0.poison.lock().ok().and_then(|p| p.clone())
+    }
+
+    pub(crate) fn set_poison(&self, poison: Option<PoisonMessage>) {
+        metrics::gauge!(POISON_MESSAGES).set(if poison.is_some() { 1.0 } else { 0.0 });
+        if let Ok(mut p) = self.0.poison.lock() {
+            *p = poison;
+        }
     }
 
     /// Messages received and not yet below the acked watermark.

@@ -20,10 +20,15 @@
 //! restarting the replication stream keeps retries cheap and local: the reader and
 //! Postgres never see a publisher failure, and no message is skipped or reordered.
 //!
-//! The window limit: a message may be published while fewer than `max_in_flight`
-//! messages are published-but-buffered, or, for one transaction larger than the
-//! window, while everything buffered belongs to that open transaction (no mark among
-//! the published entries) and fewer than `max_in_flight` of them are unacked.
+//! The window limit (the duplicate bound of docs/design.md §1): a message is *in
+//! flight* from its publish until a position past it has been sent to Postgres as
+//! flushed ([`Window::flushed`]), because until then a crash makes Postgres send it
+//! again. Acked messages of an open transaction, and whole transactions the watermark
+//! passed but no status update has carried yet, still count. A message may be
+//! published while fewer than `max_in_flight` messages are in flight, or, for one
+//! transaction larger than the window, while everything in flight belongs to that
+//! open transaction (no mark among the published entries, nothing passed and
+//! unflushed) and fewer than `max_in_flight` of them are unacked.
 
 use std::collections::VecDeque;
 
@@ -53,6 +58,16 @@ pub struct Window<T> {
     messages: usize,
     watermark: Lsn,
     max_in_flight: usize,
+    /// Acked messages that left the front while their transaction's mark is still
+    /// buffered (the open transaction).
+    left_open: usize,
+    /// Marks the watermark passed that were not yet flushed to Postgres, with how
+    /// many messages left the buffer before each (since the previous mark).
+    unflushed: VecDeque<(Lsn, usize)>,
+    /// Sum of the counts in `unflushed`.
+    unflushed_messages: usize,
+    /// The highest position known to be sent to Postgres as flushed.
+    flushed: Lsn,
 }
 
 impl<T> Window<T> {
@@ -67,7 +82,30 @@ impl<T> Window<T> {
             messages: 0,
             watermark,
             max_in_flight: max_in_flight.max(1),
+            left_open: 0,
+            unflushed: VecDeque::new(),
+            unflushed_messages: 0,
+            flushed: watermark,
         }
+    }
+
+    /// Records that Postgres was sent `lsn` as the flush position: messages before
+    /// it stop counting against the window.
+    pub fn flushed(&mut self, lsn: Lsn) {
+        self.flushed = self.flushed.max(lsn);
+        while let Some(&(mark, count)) = self.unflushed.front() {
+            if mark > self.flushed {
+                break;
+            }
+            self.unflushed.pop_front();
+            self.unflushed_messages -= count;
+        }
+    }
+
+    /// Messages in flight in the sense of the duplicate bound: published or buffered,
+    /// and not yet behind a position flushed to Postgres.
+    pub fn counted(&self) -> usize {
+        self.published + self.left_open + self.unflushed_messages
     }
 
     /// Appends a message (not yet published).
@@ -89,9 +127,19 @@ impl<T> Window<T> {
         self.watermark
     }
 
-    /// Messages received and not yet below the watermark.
+    /// Messages received and not yet behind a position flushed to Postgres.
     pub fn in_flight(&self) -> usize {
+        self.messages + self.left_open + self.unflushed_messages
+    }
+
+    /// Messages received and not yet acked (still buffered).
+    pub fn buffered(&self) -> usize {
         self.messages
+    }
+
+    /// Messages published on the current channel and not acked.
+    pub fn unacked(&self) -> usize {
+        self.unacked
     }
 
     /// True when nothing is buffered: everything received is below the watermark.
@@ -106,8 +154,10 @@ impl<T> Window<T> {
 
     /// Whether one more message may be published now (see the module docs).
     pub fn has_room(&self) -> bool {
-        self.published < self.max_in_flight
-            || (self.published_marks == 0 && self.unacked < self.max_in_flight)
+        self.counted() < self.max_in_flight
+            || (self.published_marks == 0
+                && self.unflushed_messages == 0
+                && self.unacked < self.max_in_flight)
     }
 
     /// The oldest buffered message, if any.
@@ -187,6 +237,11 @@ impl<T> Window<T> {
                     if *lsn > self.watermark {
                         self.watermark = *lsn;
                     }
+                    let left = std::mem::take(&mut self.left_open);
+                    if left > 0 && *lsn > self.flushed {
+                        self.unflushed.push_back((*lsn, left));
+                        self.unflushed_messages += left;
+                    }
                     if self.next > 0 {
                         self.next -= 1;
                         self.published_marks -= 1;
@@ -196,6 +251,7 @@ impl<T> Window<T> {
                     self.next -= 1;
                     self.published -= 1;
                     self.messages -= 1;
+                    self.left_open += 1;
                 }
                 _ => break,
             }
@@ -250,6 +306,11 @@ mod tests {
         assert_eq!(w.ack(3), None);
         assert_eq!(w.ack(0), Some(Lsn(20)));
         assert!(w.is_empty());
+        // In flight until Postgres was sent a position past them.
+        assert_eq!(w.in_flight(), 3);
+        w.flushed(Lsn(10));
+        assert_eq!(w.in_flight(), 1);
+        w.flushed(Lsn(20));
         assert_eq!(w.in_flight(), 0);
         // Repeated and unknown acks are ignored.
         assert_eq!(w.ack(0), None);
@@ -279,9 +340,14 @@ mod tests {
         assert_eq!(publish_all(&mut w), vec![(0, 1), (1, 2)]);
         assert!(!w.has_room());
         assert_eq!(w.ack(0), None);
-        // Message 1 left the buffer, so there is room again.
-        assert_eq!(publish_all(&mut w), vec![(3, 3)]);
+        // Message 1 left the buffer, but Postgres would send it again after a crash:
+        // it still counts.
+        assert_eq!(publish_all(&mut w), vec![]);
         assert_eq!(w.ack(1), Some(Lsn(10)));
+        // Passed by the watermark, not yet flushed: still no room.
+        assert_eq!(publish_all(&mut w), vec![]);
+        w.flushed(Lsn(10));
+        assert_eq!(publish_all(&mut w), vec![(3, 3)]);
         assert_eq!(w.ack(3), Some(Lsn(20)));
     }
 
@@ -319,6 +385,10 @@ mod tests {
         // A mark is among the published entries: the limit is strict.
         assert_eq!(publish_all(&mut w), vec![]);
         assert_eq!(w.ack(0), Some(Lsn(10)));
+        // The first transaction is not flushed yet: the limit stays strict.
+        assert_eq!(publish_all(&mut w), vec![]);
+        w.flushed(Lsn(10));
+        // Now everything in flight is one open transaction: it may exceed the window.
         assert_eq!(publish_all(&mut w), vec![(3, 3), (4, 4)]);
     }
 

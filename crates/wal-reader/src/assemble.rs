@@ -115,8 +115,8 @@ impl Assembler {
                     .open
                     .as_mut()
                     .ok_or_else(|| ReaderError::Protocol("Insert outside a transaction".into()))?;
-                tx.events += 1;
                 pending.push(WalItem::Event(build_event(rel, tx, &ins.tuple)));
+                tx.events += 1;
             }
             // Updates, deletes, truncates, types, origins and messages do not publish.
             LogicalMessage::Update(_)
@@ -189,6 +189,7 @@ fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxE
         xid: tx.xid,
         commit_lsn: tx.commit_lsn,
         commit_time_micros: tx.commit_time_micros,
+        index: tx.events,
         id: column(tuple, rel.id),
         aggregate_type: column(tuple, rel.aggregate_type),
         aggregate_id: column(tuple, rel.aggregate_id),

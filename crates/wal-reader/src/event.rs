@@ -50,6 +50,9 @@ pub struct OutboxEvent {
     pub commit_lsn: Lsn,
     /// Commit time, microseconds since the Unix epoch.
     pub commit_time_micros: i64,
+    /// 0-based position of this event among its transaction's relayed events (the
+    /// `tx_index` header): with `commit_lsn` it orders and identifies every event.
+    pub index: u64,
     pub id: Option<Bytes>,
     pub aggregate_type: Option<Bytes>,
     pub aggregate_id: Option<Bytes>,

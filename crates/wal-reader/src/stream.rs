@@ -105,6 +105,9 @@ pub struct WalReader {
     received: Lsn,
     /// Highest flush position reported (never below the slot's position at start).
     flushed: Lsn,
+    /// `flushed`, for the publisher: what Postgres was actually sent (the duplicate
+    /// bound counts a message until a position past it is here).
+    flushed_tx: watch::Sender<Lsn>,
     status_buf: BytesMut,
     /// Commit LSN and time of each transaction with events sent but not yet acked,
     /// oldest first: the source of the outbox lag (SPEC §8).
@@ -263,6 +266,7 @@ impl WalReader {
             assembler: Assembler::new(cfg.tables.clone(), cfg.mapping.clone()),
             received: start_lsn,
             flushed: slot_confirmed.max(start_lsn),
+            flushed_tx: watch::Sender::new(slot_confirmed.max(start_lsn)),
             status_buf: BytesMut::with_capacity(64),
             unacked: VecDeque::new(),
             progress: ReaderProgress::default(),
@@ -273,6 +277,12 @@ impl WalReader {
     /// Where this session started.
     pub fn progress(&self) -> ReaderProgress {
         self.progress.clone()
+    }
+
+    /// The flush positions sent to Postgres in standby status updates, as they are
+    /// sent.
+    pub fn flushed(&self) -> watch::Receiver<Lsn> {
+        self.flushed_tx.subscribe()
     }
 
     /// Where this session started.
@@ -506,6 +516,7 @@ impl WalReader {
         self.conn.flush().await?;
         if flush > self.flushed {
             metrics::gauge!("outbox_relay_confirmed_lsn").set(flush.0 as f64);
+            self.flushed_tx.send_replace(flush);
         }
         self.flushed = flush;
         Ok(())

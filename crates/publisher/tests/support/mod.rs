@@ -276,6 +276,8 @@ impl Stream {
             xid: self.xid,
             commit_lsn: Lsn(self.lsn + 0x100),
             commit_time_micros: COMMIT_TIME_MICROS + n as i64,
+            // Set by `commit`, which knows the event's place in its transaction.
+            index: 0,
             id: Some(Bytes::from(format!("id-{n:08}"))),
             aggregate_type: Some(Bytes::from_static(b"order")),
             aggregate_id: Some(Bytes::from(format!("{}", n % 7))),
@@ -305,8 +307,11 @@ impl Stream {
             .filter(|i| matches!(i, WalItem::Event(_)))
             .count();
         let end = Lsn(self.lsn + 0x200);
-        for item in &items {
+        let mut index = 0;
+        for item in &mut items {
             if let WalItem::Event(e) = item {
+                e.index = index;
+                index += 1;
                 let id = String::from_utf8(e.id.clone().unwrap().to_vec()).unwrap();
                 self.end_of.insert(id, end);
             }

@@ -250,6 +250,7 @@ mod tests {
             xid: 700 + i,
             commit_lsn: Lsn(0x100 * u64::from(i)),
             commit_time_micros: 1_700_000_000_000_000,
+            index: 0,
             id: Some(Bytes::from(format!("id-{i}"))),
             aggregate_type: Some(Bytes::from_static(b"order")),
             aggregate_id: Some(Bytes::from(format!("o-{i}"))),

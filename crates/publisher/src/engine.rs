@@ -1,0 +1,526 @@
+//! The publishing state machine, without I/O: what to publish next, what a confirm
+//! or a return means, when a message is done, and what a failure leaves to resend.
+//!
+//! [`crate::run`] is the thin shell around it that talks to lapin; the seeded
+//! simulation in `sim.rs` drives the same engine against a scripted broker.
+//!
+//! # Returns are matched by content, never by lapin's pairing
+//!
+//! `basic.return` carries no delivery tag. lapin keeps returned messages in a FIFO
+//! and attaches the oldest to whichever confirm it completes next, and a `multiple`
+//! ack completes its tags in hash-map order, so the confirm a return arrives on says
+//! nothing about which publish was returned. The engine identifies the returned
+//! publish by the message's own `commit_lsn` and `tx_index` headers (unique per
+//! event) and the exchange it was returned from (main or dead-letter).
+//!
+//! That alone is not enough: a return can arrive on a confirm that completes *after*
+//! the returned message's own ack was seen. So an ack only *settles* a publish once
+//! the publish is *certified*: every return of it, if there was one, has been seen.
+//! Two facts make that decidable (docs/design.md, "Returns"):
+//!
+//! 1. The broker sends every message's `basic.return` before any confirm it sends
+//!    after routing that message, and it routes a channel's publishes in order. So
+//!    when lapin completes the confirm of publish *Z*, the returns of all publishes
+//!    up to *Z* are already in its FIFO.
+//! 2. lapin pops the FIFO at every completion. A completion that carries no returned
+//!    message (a *witness*) proves the FIFO was empty at that moment: every return of
+//!    a publish up to *Z* was attached to a completion that happened before it.
+//!
+//! Completions that happened before the witness may still be in flight towards this
+//! task (lapin resolves confirms on its own thread), so a witness seen in one
+//! *round* of polling certifies publishes up to it at the end of the next round
+//! ([`Engine::end_round`]); the shell guarantees that a round sees every completion
+//! that happened before anything seen in the previous one. When every publish of
+//! the channel has its confirm seen, all of them are certified at once.
+//!
+//! # Settling, in publish order
+//!
+//! Certified publishes settle strictly in publish order: an acked, unreturned
+//! publish acks its window entry; a returned one is republished to the dead-letter
+//! exchange (and its entry waits for that copy's ack) or, without one, fails the
+//! channel; a nack fails the channel at once. Settling in order keeps dead-lettered
+//! copies in commit order and costs nothing: the watermark only moves at the front.
+//!
+//! # After a failure
+//!
+//! The shell closes the channel and waits for the broker's close-ok before
+//! [`Engine::restart`], so nothing of the old channel can still be routed. The
+//! window rewinds to the oldest unacked message, which is sent *alone* (solo); only
+//! once it is acked does pipelining resume. A channel the broker closes for the
+//! content of that solo message (406 PRECONDITION_FAILED: too large, bad header)
+//! marks it *poison*: with a dead-letter exchange a notice of it goes there instead
+//! (without the body, which is what was refused) and the relay moves on; without
+//! one it is retried with backoff and reported (log, metric, `/readyz`).
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+
+use wal_reader::event::Lsn;
+
+use crate::window::Window;
+
+/// A window entry's sequence number.
+pub(crate) type Seq = u64;
+/// A publish's number on its channel (0-based, in `basic.publish` order).
+pub(crate) type Tag = u64;
+
+/// What identifies an event among everything the relay publishes: its transaction's
+/// commit LSN and its index in that transaction (the `commit_lsn` / `tx_index`
+/// headers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventKey {
+    pub commit_lsn: Lsn,
+    pub index: u64,
+}
+
+/// A message the engine can identify in a return.
+pub(crate) trait Keyed {
+    fn key(&self) -> EventKey;
+}
+
+/// Where a publish went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Target {
+    /// The configured exchange.
+    Exchange,
+    /// The dead-letter exchange.
+    DeadLetter,
+}
+
+/// Why a message goes to the dead-letter exchange (its `x-outbox-error` header).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum DeadLetterReason {
+    /// Returned unroutable from the main exchange.
+    Unroutable {
+        exchange: String,
+        routing_key: String,
+    },
+    /// The broker refused the message itself (closed the channel for its content).
+    Refused { reason: String },
+}
+
+/// A returned message as the shell read it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Returned {
+    /// From the message's headers; `None` if they were unreadable.
+    pub key: Option<EventKey>,
+    /// Which exchange returned it.
+    pub target: Target,
+    pub exchange: String,
+    pub routing_key: String,
+}
+
+/// Why the channel must be dropped and publishing restarted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Failure {
+    Nack,
+    Unroutable {
+        exchange: String,
+        routing_key: String,
+    },
+    /// A copy sent to the dead-letter exchange came back unroutable.
+    DeadLetterUnroutable {
+        exchange: String,
+    },
+    /// A return no publish of this channel matches (never expected).
+    UnknownReturn,
+    /// The channel failed: closed by the broker (`code`), a write or confirm error.
+    Channel {
+        code: Option<u16>,
+        text: String,
+    },
+    /// The connection failed.
+    Connection(String),
+}
+
+impl Failure {
+    /// A channel the broker closed because of a message's content.
+    fn is_refusal(&self) -> bool {
+        matches!(
+            self,
+            Failure::Channel {
+                code: Some(406),
+                ..
+            }
+        )
+    }
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Failure::Nack => f.write_str("the broker nacked a message"),
+            Failure::Unroutable {
+                exchange,
+                routing_key,
+            } => write!(
+                f,
+                "a message was unroutable (exchange {exchange:?}, routing key {routing_key:?}): bind a queue or set dead_letter_exchange"
+            ),
+            Failure::DeadLetterUnroutable { exchange } => write!(
+                f,
+                "the dead-letter exchange {exchange:?} routed a copy nowhere: bind a queue to it"
+            ),
+            Failure::UnknownReturn => {
+                f.write_str("the broker returned a message no publish of this channel matches")
+            }
+            Failure::Channel {
+                code: Some(code),
+                text,
+            } => write!(f, "channel closed by the broker ({code}): {text}"),
+            Failure::Channel { code: None, text } => write!(f, "channel error: {text}"),
+            Failure::Connection(text) => write!(f, "connection error: {text}"),
+        }
+    }
+}
+
+/// A message the broker refuses, with no dead-letter exchange to take a notice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Poison {
+    pub seq: Seq,
+    pub reason: String,
+}
+
+/// The next publish the shell must make, in this order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Send {
+    /// The window entry `seq` to the configured exchange.
+    Main { tag: Tag, seq: Seq },
+    /// A copy (or, for a refused message, a notice) of `seq` to the dead-letter
+    /// exchange.
+    DeadLetter {
+        tag: Tag,
+        seq: Seq,
+        reason: DeadLetterReason,
+    },
+}
+
+/// One publish on the current channel.
+#[derive(Debug)]
+struct Publish {
+    seq: Seq,
+    target: Target,
+    /// The confirm, once seen: ack (true) or nack.
+    confirm: Option<bool>,
+    returned: Option<Returned>,
+}
+
+/// What happened when a publish settled (for counters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    Acked { seq: Seq, target: Target },
+    Returned { seq: Seq },
+}
+
+/// The state machine; see the module docs.
+#[derive(Debug)]
+pub(crate) struct Engine<M> {
+    window: Window<M>,
+    dead_letter: bool,
+    // ---- the current channel
+    /// Unsettled publishes, from `first_tag` on.
+    publishes: VecDeque<Publish>,
+    first_tag: Tag,
+    next_tag: Tag,
+    by_key: HashMap<(EventKey, Target), Tag>,
+    /// Publishes whose confirm was not seen yet.
+    unconfirmed: usize,
+    /// Publishes with a tag below this are certified.
+    certified: Tag,
+    /// The highest witness seen in this round and in the previous one.
+    witness_now: Option<Tag>,
+    witness_prev: Option<Tag>,
+    /// Copies to send to the dead-letter exchange, in order.
+    dead_letters: VecDeque<(Seq, DeadLetterReason)>,
+    /// Send only one publish until it is acked (after a failure).
+    solo: bool,
+    failure: Option<Failure>,
+    // ---- across channels
+    /// Refused messages whose notice goes to the dead-letter exchange instead.
+    diverted: BTreeMap<Seq, String>,
+    poison: Option<Poison>,
+    /// Settled publishes not yet taken by the shell (for counters).
+    settled: Vec<Settled>,
+}
+
+impl<M: Keyed> Engine<M> {
+    pub fn new(max_in_flight: usize, watermark: Lsn, dead_letter: bool) -> Self {
+        Self {
+            window: Window::new(max_in_flight, watermark),
+            dead_letter,
+            publishes: VecDeque::new(),
+            first_tag: 0,
+            next_tag: 0,
+            by_key: HashMap::new(),
+            unconfirmed: 0,
+            certified: 0,
+            witness_now: None,
+            witness_prev: None,
+            dead_letters: VecDeque::new(),
+            solo: false,
+            failure: None,
+            diverted: BTreeMap::new(),
+            poison: None,
+            settled: Vec::new(),
+        }
+    }
+
+    pub fn window(&self) -> &Window<M> {
+        &self.window
+    }
+
+    pub fn push_message(&mut self, message: M) {
+        self.window.push_message(message);
+    }
+
+    pub fn push_mark(&mut self, lsn: Lsn) {
+        self.window.push_mark(lsn);
+        self.window.advance();
+    }
+
+    /// Postgres was sent `lsn` as the flush position.
+    pub fn flushed(&mut self, lsn: Lsn) {
+        self.window.flushed(lsn);
+    }
+
+    pub fn watermark(&self) -> Lsn {
+        self.window.watermark()
+    }
+
+    /// The message of window entry `seq`.
+    pub fn message(&self, seq: Seq) -> Option<&M> {
+        self.window.get(seq)
+    }
+
+    pub fn poison(&self) -> Option<&Poison> {
+        self.poison.as_ref()
+    }
+
+    /// Publishes of the current channel not settled yet.
+    #[cfg(test)]
+    pub fn outstanding(&self) -> usize {
+        self.publishes.len()
+    }
+
+    #[cfg(test)]
+    pub fn is_solo(&self) -> bool {
+        self.solo
+    }
+
+    /// Takes the failure that ends the current channel, if any.
+    pub fn take_failure(&mut self) -> Option<Failure> {
+        self.failure.take()
+    }
+
+    #[cfg(test)]
+    pub fn has_failed(&self) -> bool {
+        self.failure.is_some()
+    }
+
+    /// Takes what settled since the last call (for counters).
+    pub fn take_settled(&mut self) -> Vec<Settled> {
+        std::mem::take(&mut self.settled)
+    }
+
+    /// The next publish to make, if the window and the channel allow one.
+    pub fn next_send(&mut self) -> Option<Send> {
+        if self.failure.is_some() || (self.solo && !self.publishes.is_empty()) {
+            return None;
+        }
+        if let Some((seq, reason)) = self.dead_letters.pop_front() {
+            let tag = self.record(seq, Target::DeadLetter);
+            return Some(Send::DeadLetter { tag, seq, reason });
+        }
+        let (seq, _) = self.window.next_to_publish()?;
+        if let Some(reason) = self.diverted.get(&seq) {
+            let reason = DeadLetterReason::Refused {
+                reason: reason.clone(),
+            };
+            let tag = self.record(seq, Target::DeadLetter);
+            return Some(Send::DeadLetter { tag, seq, reason });
+        }
+        let tag = self.record(seq, Target::Exchange);
+        Some(Send::Main { tag, seq })
+    }
+
+    fn record(&mut self, seq: Seq, target: Target) -> Tag {
+        let tag = self.next_tag;
+        self.next_tag += 1;
+        if let Some(message) = self.window.get(seq) {
+            self.by_key.insert((message.key(), target), tag);
+        }
+        self.publishes.push_back(Publish {
+            seq,
+            target,
+            confirm: None,
+            returned: None,
+        });
+        self.unconfirmed += 1;
+        tag
+    }
+
+    fn publish_mut(&mut self, tag: Tag) -> Option<&mut Publish> {
+        let index = usize::try_from(tag.checked_sub(self.first_tag)?).ok()?;
+        self.publishes.get_mut(index)
+    }
+
+    /// The broker confirmed publish `tag` (`ack` false: a nack); `returned` is the
+    /// returned message lapin attached to this confirm, which may be any publish's.
+    pub fn confirmed(&mut self, tag: Tag, ack: bool, returned: Option<Returned>) {
+        match returned {
+            Some(r) => self.returned(r),
+            None => self.witness_now = Some(self.witness_now.map_or(tag, |w| w.max(tag))),
+        }
+        let Some(publish) = self.publish_mut(tag) else {
+            return;
+        };
+        if publish.confirm.is_some() {
+            return;
+        }
+        publish.confirm = Some(ack);
+        self.unconfirmed -= 1;
+        if !ack && self.failure.is_none() {
+            self.failure = Some(Failure::Nack);
+        }
+        if self.unconfirmed == 0 {
+            // Every completion of this channel is seen: so is every return.
+            self.certified = self.next_tag;
+        }
+        self.settle();
+    }
+
+    fn returned(&mut self, r: Returned) {
+        let tag = r.key.and_then(|k| self.by_key.get(&(k, r.target)).copied());
+        let Some(tag) = tag else {
+            if self.failure.is_none() {
+                self.failure = Some(Failure::UnknownReturn);
+            }
+            return;
+        };
+        match self.publish_mut(tag) {
+            Some(publish) => publish.returned = Some(r),
+            // Settled already: it was credited as acked. Certification makes this
+            // impossible; fail the channel rather than go on silently.
+            None => {
+                tracing::error!(tag, "a return arrived for a publish already settled");
+                if self.failure.is_none() {
+                    self.failure = Some(Failure::UnknownReturn);
+                }
+            }
+        }
+    }
+
+    /// The end of one round of polling (see the module docs): the previous round's
+    /// witness certifies. Returns true when another round is needed promptly (a
+    /// witness waits for the next round).
+    pub fn end_round(&mut self) -> bool {
+        if let Some(w) = self.witness_prev.take() {
+            self.certified = self.certified.max(w + 1);
+        }
+        self.witness_prev = self.witness_now.take();
+        self.settle();
+        self.witness_prev.is_some_and(|w| w + 1 > self.certified)
+    }
+
+    /// Settles certified publishes at the front, in publish order.
+    fn settle(&mut self) {
+        while self.first_tag < self.certified {
+            let Some(front) = self.publishes.front() else {
+                break;
+            };
+            let Some(ack) = front.confirm else {
+                break;
+            };
+            let Some(publish) = self.publishes.pop_front() else {
+                break;
+            };
+            let tag = self.first_tag;
+            self.first_tag += 1;
+            if let Some(message) = self.window.get(publish.seq) {
+                self.by_key.remove(&(message.key(), publish.target));
+            }
+            if !ack {
+                continue;
+            }
+            match (publish.returned, publish.target) {
+                (None, target) => {
+                    self.window.ack(publish.seq);
+                    self.settled.push(Settled::Acked {
+                        seq: publish.seq,
+                        target,
+                    });
+                    self.solo = false;
+                    if self.poison.as_ref().is_some_and(|p| p.seq == publish.seq) {
+                        self.poison = None;
+                    }
+                }
+                (Some(r), Target::Exchange) => {
+                    self.settled.push(Settled::Returned { seq: publish.seq });
+                    if self.dead_letter {
+                        self.dead_letters.push_back((
+                            publish.seq,
+                            DeadLetterReason::Unroutable {
+                                exchange: r.exchange,
+                                routing_key: r.routing_key,
+                            },
+                        ));
+                    } else if self.failure.is_none() {
+                        self.failure = Some(Failure::Unroutable {
+                            exchange: r.exchange,
+                            routing_key: r.routing_key,
+                        });
+                    }
+                }
+                (Some(r), Target::DeadLetter) => {
+                    self.settled.push(Settled::Returned { seq: publish.seq });
+                    if self.failure.is_none() {
+                        self.failure = Some(Failure::DeadLetterUnroutable {
+                            exchange: r.exchange,
+                        });
+                    }
+                }
+            }
+            let _ = tag;
+        }
+    }
+
+    /// The channel or connection failed. If the one publish in flight was sent alone
+    /// and the broker refused it for its content, it is poison (see the module docs).
+    pub fn channel_failed(&mut self, failure: Failure) {
+        if failure.is_refusal() && self.solo && self.publishes.len() == 1 {
+            if let Some(p) = self.publishes.front() {
+                let reason = failure.to_string();
+                match (p.target, self.dead_letter) {
+                    (Target::Exchange, true) => {
+                        self.diverted.insert(p.seq, reason);
+                    }
+                    _ => {
+                        self.poison = Some(Poison { seq: p.seq, reason });
+                    }
+                }
+            }
+        }
+        if self.failure.is_none() {
+            self.failure = Some(failure);
+        }
+    }
+
+    /// A fresh channel: forget the old one, rewind the window, send the oldest
+    /// unacked message alone. Returns how many messages will be sent again.
+    pub fn restart(&mut self) -> usize {
+        self.publishes.clear();
+        self.by_key.clear();
+        self.first_tag = 0;
+        self.next_tag = 0;
+        self.unconfirmed = 0;
+        self.certified = 0;
+        self.witness_now = None;
+        self.witness_prev = None;
+        self.dead_letters.clear();
+        self.failure = None;
+        self.solo = true;
+        let front = self.window.front_seq();
+        self.diverted = self.diverted.split_off(&front);
+        self.window.restart()
+    }
+}
