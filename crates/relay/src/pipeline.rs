@@ -242,6 +242,9 @@ async fn session(
     let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
     let (acked_tx, acked_rx) = watch::channel(start.slot_confirmed.max(start.start_lsn));
     let (stop_tx, stop_rx) = watch::channel(false);
+    // What the reader actually sent Postgres: the publisher counts a message against
+    // max_in_flight until a position past it is there (the duplicate bound).
+    let flushed = reader.flushed();
     let reader_task = tokio::spawn(
         reader
             .run(tx, acked_rx, stop_rx)
@@ -249,7 +252,7 @@ async fn session(
     );
     let publisher_task = tokio::spawn(
         publisher
-            .run(rx, acked_tx)
+            .run_with_flushed(rx, acked_tx, flushed)
             .instrument(tracing::info_span!("publisher", exchange = %cfg.publisher.exchange)),
     );
     health.set_streaming(true);

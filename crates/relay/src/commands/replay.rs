@@ -427,6 +427,9 @@ async fn from_table(
                     xid: 0,
                     commit_lsn: Lsn::ZERO,
                     commit_time_micros: last_micros,
+                    // Rows have no transaction here: a running number keeps
+                    // (commit_lsn, tx_index) unique, which returns are matched by.
+                    index: sent + batch.len() as u64,
                     id: text(0),
                     aggregate_type: text(1),
                     aggregate_id: text(2),
