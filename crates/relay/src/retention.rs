@@ -47,9 +47,22 @@
 //!   tick ──► take marker (sx, L) ──► queue of markers (oldest first, ≤ MAX_MARKERS)
 //!        ──► read the slot's confirmed_flush_lsn = C
 //!        ──► newest marker with L ≤ C (older ones dropped)
-//!        ──► per table: DELETE … WHERE ctid = ANY(ARRAY(SELECT ctid … LIMIT BATCH))
+//!        ──► per table: DELETE … WHERE (tableoid, ctid) IN (SELECT tableoid, ctid … LIMIT BATCH)
 //!            until a batch deletes fewer than BATCH rows
 //! ```
+//!
+//! # Which rows a batch deletes
+//!
+//! A row is named by `(tableoid, ctid)`, not by `ctid` alone: a ctid is a position
+//! (page, item) inside one heap, so in a partitioned outbox (or one with
+//! inheritance children) every partition has its own `(0,1)`, `(0,2)`, … A DELETE on
+//! the root with `ctid = ANY(…)` removes the rows at those positions in *every*
+//! partition: young and unpublished rows with them. `tableoid` names the partition
+//! the row was read from, so the pair is unique across the whole table at any
+//! instant, needs no key or index, and still plans as a TID scan per partition
+//! (nested loop over the batch). Not the primary key: the relay requires none, the
+//! id column may carry no unique index, and the primary key of a partitioned table
+//! must include the partition key, so the id alone need not be unique there.
 //!
 //! The tick is `keep / 10`, between 1 s and 60 s. Markers live in memory only: after
 //! a restart the first marker is usable as soon as the slot passes it (seconds).
@@ -388,7 +401,8 @@ fn pop_usable(markers: &mut VecDeque<Marker>, confirmed: Lsn) -> Option<Marker> 
 }
 
 /// Deletes up to [`BATCH`] rows older than `keep` whose `xmin` precedes `xmin8`
-/// (modulo 2³², see the module docs). Returns the number deleted.
+/// (modulo 2³², see the module docs), naming each by `(tableoid, ctid)` (unique
+/// across partitions). Returns the number deleted.
 async fn delete_batch(
     client: &Client,
     table: &TableName,
@@ -397,12 +411,12 @@ async fn delete_batch(
 ) -> Result<u64, tokio_postgres::Error> {
     let t = quote_table(table);
     let sql = format!(
-        "DELETE FROM {t} WHERE ctid = ANY(ARRAY(\
-            SELECT ctid FROM {t} \
+        "DELETE FROM {t} WHERE (tableoid, ctid) IN (\
+            SELECT tableoid, ctid FROM {t} \
              WHERE {CREATED_AT} < now() - $1::float8 * interval '1 second' \
                AND (($2::bigint - xmin::text::bigint) % 4294967296 + 4294967296) % 4294967296 \
                    BETWEEN 1 AND 2147483647 \
-             LIMIT $3))"
+             LIMIT $3)"
     );
     let sx32 = (xmin8 % (1 << 32)) as i64;
     client
@@ -500,6 +514,39 @@ mod tests {
         let later = take_marker(&c).await.unwrap();
         assert_eq!(delete_batch(&c, &table, keep, later.xmin).await.unwrap(), 3);
         assert_eq!(tags(), "young,no-created-at");
+    }
+
+    /// In a partitioned table every partition numbers its rows from `(0,1)`: a young
+    /// row of one partition shares its ctid with an old row of another, and only the
+    /// old one may go.
+    #[tokio::test]
+    async fn a_batch_deletes_by_partition_and_ctid_not_by_ctid_alone() {
+        let db = testkit::TestDb::new("retention_part");
+        db.psql(
+            "CREATE TABLE outbox (id int, tag text, created_at timestamptz) \
+               PARTITION BY RANGE (created_at); \
+             CREATE TABLE outbox_old PARTITION OF outbox FOR VALUES FROM (MINVALUE) TO ('2021-01-01'); \
+             CREATE TABLE outbox_new PARTITION OF outbox FOR VALUES FROM ('2021-01-01') TO (MAXVALUE); \
+             INSERT INTO outbox SELECT n, 'young', now() + interval '1 day' FROM generate_series(1, 5) n; \
+             INSERT INTO outbox SELECT n, 'old', '2020-06-01' FROM generate_series(1, 3) n;",
+        );
+        assert_eq!(
+            db.psql("SELECT count(*) FROM outbox_old o JOIN outbox_new y ON y.ctid = o.ctid"),
+            "3",
+            "the old rows' ctids are taken by young rows too"
+        );
+        let c = db.client().await;
+        let marker = take_marker(&c).await.unwrap();
+        let table = TableName::parse("outbox").unwrap();
+        let keep = Duration::from_secs(3600);
+        assert_eq!(
+            delete_batch(&c, &table, keep, marker.xmin).await.unwrap(),
+            3
+        );
+        assert_eq!(
+            db.psql("SELECT string_agg(tag || id, ',' ORDER BY id) FROM outbox"),
+            "young1,young2,young3,young4,young5"
+        );
     }
 
     #[test]
