@@ -439,6 +439,136 @@ async fn replay_from_table_with_since_and_until() {
     env.cleanup().await;
 }
 
+/// Rows whose created_at is NULL cannot be placed in (created_at, id) order: they are
+/// skipped and counted, never a panic, and every other row is replayed in order.
+#[tokio::test]
+async fn replay_from_table_skips_rows_with_a_null_created_at_and_counts_them() {
+    let mut env = Env::with_ddl(
+        &OUTBOX_DDL.replace(
+            "created_at timestamptz NOT NULL DEFAULT now()",
+            "created_at timestamptz",
+        ),
+        &["public.outbox"],
+    )
+    .await;
+    let row = |n: u32, at: &str| {
+        format!("('00000000-0000-0000-0000-{n:012}', 'o', 'r{n}', 'e', '{{\"n\": {n}}}', {at})")
+    };
+    // NULL rows first by id and in between, so that no order carries them along.
+    env.db.psql(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, created_at) VALUES {}",
+        [
+            row(1, "NULL"),
+            row(2, "'2024-01-02T00:00:00Z'"),
+            row(3, "'2024-01-01T00:00:00Z'"),
+            row(4, "NULL"),
+            row(5, "'2024-01-03T00:00:00Z'"),
+            row(6, "NULL"),
+        ]
+        .join(", ")
+    ));
+    let skipped = |n: u32| {
+        format!(
+            "skipped {n} rows with NULL created_at (they cannot be ordered; re-publish them by id)"
+        )
+    };
+    let ids_of = |msgs: &[Msg]| -> Vec<String> { msgs.iter().map(|m| m.message_id()).collect() };
+    let small = [
+        "00000000-0000-0000-0000-000000000003",
+        "00000000-0000-0000-0000-000000000002",
+        "00000000-0000-0000-0000-000000000005",
+    ];
+    let got = env.consumer().await;
+
+    // One page holding rows with and without a time.
+    let out = env.cli(&["replay", "--from-table"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("replayed 3 rows"), "{text}");
+    assert!(text.contains(&skipped(3)), "{text}");
+    let msgs = got.wait_for(3, WAIT).await;
+    assert_eq!(ids_of(&msgs), small);
+    assert!(msgs.iter().all(is_replay));
+
+    // More than a page of rows with a time after those (keyset pagination past the
+    // NULLs), and more than a page of NULL rows.
+    env.db.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, created_at)
+         SELECT 'bulk', n::text, 'e', jsonb_build_object('n', n),
+                CASE WHEN n % 3 = 0 THEN NULL ELSE '2024-02-01T00:00:00Z'::timestamptz END
+           FROM generate_series(1, 2400) n",
+    );
+    let mut seen = 3;
+    let out = env.cli(&["replay", "--from-table"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("replayed 1603 rows"), "{text}");
+    assert!(text.contains(&skipped(803)), "{text}");
+    let msgs = got.wait_for(seen + 1603, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(got.len(), seen + 1603);
+    let ids = ids_of(&msgs[seen..]);
+    assert_eq!(ids[..3], small);
+    let bulk = &msgs[seen + 3..];
+    assert!(
+        bulk.iter().all(|m| m.routing_key == "bulk.e"
+            && m.header("aggregate_id").unwrap().parse::<u32>().unwrap() % 3 != 0),
+        "a NULL row was published"
+    );
+    let mut sorted = ids[3..].to_vec();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(
+        ids[3..],
+        sorted,
+        "same created_at: in id order, no duplicates"
+    );
+    seen += 1603;
+
+    // --since/--until select by time; the NULL rows may belong to any window, so
+    // they are reported as skipped there too.
+    for (args, want) in [
+        (
+            &[
+                "--since",
+                "2024-01-02T00:00:00Z",
+                "--until",
+                "2024-02-01T00:00:00Z",
+            ][..],
+            2,
+        ),
+        (&["--since", "2024-02-01T00:00:00Z"][..], 1600),
+        (&["--until", "2024-01-02T00:00:00Z"][..], 1),
+    ] {
+        let out = env.cli(&[&["replay", "--from-table"][..], args].concat());
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        let text = stdout(&out);
+        assert!(
+            text.contains(&format!("replayed {want} rows")),
+            "{args:?}: {text}"
+        );
+        assert!(text.contains(&skipped(803)), "{args:?}: {text}");
+        let msgs = got.wait_for(seen + want, WAIT).await;
+        let ids = ids_of(&msgs[seen..]);
+        match want {
+            2 => assert_eq!(ids, small[1..]),
+            1 => assert_eq!(ids, small[..1]),
+            _ => assert!(msgs[seen..].iter().all(|m| m.routing_key == "bulk.e")),
+        }
+        seen += want;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(got.len(), seen);
+
+    // Without NULL rows, no such line.
+    env.db.psql("DELETE FROM outbox WHERE created_at IS NULL");
+    let out = env.cli(&["replay", "--from-table", "--until", "2024-01-02T00:00:00Z"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(stdout(&out).contains("replayed 1 rows"), "{}", stdout(&out));
+    assert!(!stdout(&out).contains("skipped"), "{}", stdout(&out));
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn a_killed_replay_leaves_no_slot_after_the_next_command() {
     let mut env = Env::new().await;

@@ -29,6 +29,11 @@
 //! publisher's watermark then counts confirmed rows. Rows have no commit LSN: their
 //! `commit_lsn` header is `0/0`, `xid` 0 and the timestamp is `created_at`.
 //!
+//! Rows whose `created_at` is NULL have no place in that order (a keyset
+//! comparison `(NULL, id) > (t, i)` is never true) and no time for
+//! `--since`/`--until`: every query leaves them out, and the replay says how many
+//! it skipped, whatever the window (a NULL row may belong to any).
+//!
 //! # Restart safety
 //!
 //! A replay stopped by SIGINT/SIGTERM drops its slot before exiting. Every replay
@@ -382,6 +387,7 @@ async fn from_table(
     let since = since.map(|t| humantime::format_rfc3339_micros(t).to_string());
     let until = until.map(|t| humantime::format_rfc3339_micros(t).to_string());
     let mut total = 0u64;
+    let mut skipped = Vec::new();
     for p in &plans {
         let n: i64 = client
             .query_one(&p.count_sql, &[&since, &until])
@@ -389,6 +395,16 @@ async fn from_table(
             .map_err(super::sql_error)?
             .get(0);
         total += n as u64;
+        let nulls: i64 = client
+            .query_one(&p.null_count_sql, &[])
+            .await
+            .map_err(super::sql_error)?
+            .get(0);
+        if nulls > 0 {
+            warn!(table = %p.table.qualified_name, rows = nulls,
+                "rows with NULL {CREATED_AT} cannot be ordered and are not replayed");
+            skipped.push((p.table.qualified_name.clone(), nulls as u64));
+        }
     }
     let publisher = connect_publisher(cfg).await?;
     let (pub_tx, pub_rx) = mpsc::channel::<WalBatch>(4);
@@ -421,7 +437,8 @@ async fn from_table(
             let mut last_micros = 0;
             for r in &rows {
                 let text = |i: usize| r.get::<_, Option<String>>(i).map(Bytes::from);
-                last_micros = r.get::<_, i64>(9);
+                // Never NULL: the page query leaves NULL created_at out.
+                last_micros = r.get::<_, Option<i64>>(9).unwrap_or(0);
                 batch.push(WalItem::Event(OutboxEvent {
                     table: p.table.clone(),
                     xid: 0,
@@ -470,6 +487,16 @@ async fn from_table(
             report.watermark.0
         )));
     }
+    for (table, n) in &skipped {
+        let one = if plans.len() > 1 {
+            format!(" in {table}")
+        } else {
+            String::new()
+        };
+        println!(
+            "skipped {n} rows with NULL {CREATED_AT}{one} (they cannot be ordered; re-publish them by id)"
+        );
+    }
     println!(
         "replayed {sent} rows from {} with header replay = true",
         plans
@@ -485,6 +512,8 @@ async fn from_table(
 struct TablePlan {
     table: Arc<OutboxTable>,
     count_sql: String,
+    /// Rows with a NULL created_at, which no page returns (no params).
+    null_count_sql: String,
     /// Params: since, until (text timestamps or NULL), last created_at and id (text
     /// or NULL for the first page), limit.
     page_sql: String,
@@ -520,7 +549,7 @@ impl TablePlan {
         let ca = q(CREATED_AT);
         let table = ident::quote_table(&cols.table);
         let filter = format!(
-            "($1::text IS NULL OR {ca} >= $1::text::timestamptz) AND ($2::text IS NULL OR {ca} < $2::text::timestamptz)"
+            "{ca} IS NOT NULL AND ($1::text IS NULL OR {ca} >= $1::text::timestamptz) AND ($2::text IS NULL OR {ca} < $2::text::timestamptz)"
         );
         let page_sql = format!(
             "SELECT {id}::text, {}, {}, {}, {}, {}, {}, {ca}::text, {id}::text, \
@@ -537,6 +566,7 @@ impl TablePlan {
             text_col(cols.correlation_id.as_ref()),
         );
         let count_sql = format!("SELECT count(*) FROM {table} WHERE {filter}");
+        let null_count_sql = format!("SELECT count(*) FROM {table} WHERE {ca} IS NULL");
         let t = &cols.table;
         Ok(TablePlan {
             table: Arc::new(OutboxTable {
@@ -547,6 +577,7 @@ impl TablePlan {
                 headers_type: cols.headers.as_ref().map(|h| h.type_oid),
             }),
             count_sql,
+            null_count_sql,
             page_sql,
         })
     }
