@@ -205,11 +205,17 @@ struct Publish {
     returned: Option<Returned>,
 }
 
-/// What happened when a publish settled (for counters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Settled {
-    Acked { seq: Seq, target: Target },
-    Returned { seq: Seq },
+/// What happened when a publish settled (for counters, latency and traces).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Settled<M> {
+    /// Done: the message (or its dead-letter copy, `target`) was acked.
+    Acked {
+        message: M,
+        target: Target,
+    },
+    Returned {
+        seq: Seq,
+    },
 }
 
 /// The state machine; see the module docs.
@@ -240,10 +246,10 @@ pub(crate) struct Engine<M> {
     diverted: BTreeMap<Seq, String>,
     poison: Option<Poison>,
     /// Settled publishes not yet taken by the shell (for counters).
-    settled: Vec<Settled>,
+    settled: Vec<Settled<M>>,
 }
 
-impl<M: Keyed> Engine<M> {
+impl<M: Keyed + Clone> Engine<M> {
     pub fn new(max_in_flight: usize, watermark: Lsn, dead_letter: bool) -> Self {
         Self {
             window: Window::new(max_in_flight, watermark),
@@ -318,7 +324,7 @@ impl<M: Keyed> Engine<M> {
     }
 
     /// Takes what settled since the last call (for counters).
-    pub fn take_settled(&mut self) -> Vec<Settled> {
+    pub fn take_settled(&mut self) -> Vec<Settled<M>> {
         std::mem::take(&mut self.settled)
     }
 
@@ -444,11 +450,10 @@ impl<M: Keyed> Engine<M> {
             }
             match (publish.returned, publish.target) {
                 (None, target) => {
+                    if let Some(message) = self.window.get(publish.seq).cloned() {
+                        self.settled.push(Settled::Acked { message, target });
+                    }
                     self.window.ack(publish.seq);
-                    self.settled.push(Settled::Acked {
-                        seq: publish.seq,
-                        target,
-                    });
                     self.solo = false;
                     if self.poison.as_ref().is_some_and(|p| p.seq == publish.seq) {
                         self.poison = None;

@@ -354,14 +354,12 @@ impl Runner {
         let now = now_micros();
         for settled in self.engine.take_settled() {
             match settled {
-                Settled::Acked { seq, target } => {
-                    if let Some(message) = self.engine.message(seq) {
-                        let latency = now.saturating_sub(message.commit_time_micros);
-                        metrics::histogram!(status::PUBLISH_LATENCY)
-                            .record(latency.max(0) as f64 / 1e6);
-                        if tracing::enabled!(tracing::Level::DEBUG) {
-                            trace_published(message);
-                        }
+                Settled::Acked { message, target } => {
+                    let latency = now.saturating_sub(message.commit_time_micros);
+                    metrics::histogram!(status::PUBLISH_LATENCY)
+                        .record(latency.max(0) as f64 / 1e6);
+                    if tracing::enabled!(tracing::Level::DEBUG) {
+                        trace_published(&message);
                     }
                     self.report.acked += 1;
                     metrics::counter!(status::EVENTS_ACKED).increment(1);

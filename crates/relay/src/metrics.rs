@@ -48,6 +48,7 @@ pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), CliError> {
 
 fn router(handle: PrometheusHandle, health: Health) -> Router {
     let gauges = health.clone();
+    let poison = health.clone();
     Router::new()
         .route(
             "/metrics",
@@ -61,13 +62,39 @@ fn router(handle: PrometheusHandle, health: Health) -> Router {
             "/readyz",
             get(move || {
                 let ready = health.ready();
-                std::future::ready(if ready {
-                    (StatusCode::OK, "ready\n")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                let poison = health.publisher().and_then(|p| p.poison());
+                std::future::ready(match (ready, poison) {
+                    (true, _) => (StatusCode::OK, "ready\n".to_string()),
+                    (false, Some(p)) => (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "not ready: rabbitmq refuses message {} ({})\n",
+                            p.message_id, p.reason
+                        ),
+                    ),
+                    (false, None) => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string()),
                 })
             }),
         )
+        .route(
+            "/poison",
+            get(move || std::future::ready(poison_json(&poison))),
+        )
+}
+
+/// The message the broker refuses, as JSON (`null` when none): what `status` shows.
+fn poison_json(health: &Health) -> String {
+    let value = match health.publisher().and_then(|p| p.poison()) {
+        Some(p) => serde_json::json!({
+            "message_id": p.message_id,
+            "commit_lsn": p.commit_lsn.to_string(),
+            "tx_index": p.tx_index,
+            "routing_key": p.routing_key,
+            "reason": p.reason,
+        }),
+        None => serde_json::Value::Null,
+    };
+    format!("{value}\n")
 }
 
 /// HELP text for every metric, and the counters registered at 0 so that a scrape
@@ -108,10 +135,16 @@ fn describe() {
     describe_gauge!(
         p::IN_FLIGHT,
         Unit::Count,
-        "messages published and not yet below the acked watermark"
+        "messages read and not yet behind a position confirmed to Postgres"
     );
     metrics::gauge!(p::IN_FLIGHT).set(0.0);
     describe_gauge!(p::ACKED_LSN, "the acked watermark (LSN as a number)");
+    describe_gauge!(
+        p::POISON_MESSAGES,
+        Unit::Count,
+        "1 while a message RabbitMQ refuses holds the relay (no dead_letter_exchange)"
+    );
+    metrics::gauge!(p::POISON_MESSAGES).set(0.0);
     describe_gauge!(
         "outbox_relay_confirmed_lsn",
         "the last flush position sent to Postgres (LSN as a number)"

@@ -89,6 +89,16 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
         )),
         _ => {}
     }
+    let poison = match (s.active, cfg.metrics_listen()) {
+        (true, Some(addr)) => fetch_poison(addr).await,
+        _ => None,
+    };
+    if let Some(p) = &poison {
+        warns.push(format!(
+            "RabbitMQ refuses message {} and the relay holds the slot before it: fix the cause (see docs/recovery.md, \"A message RabbitMQ refuses\") or set [rabbitmq] dead_letter_exchange",
+            p["message_id"].as_str().unwrap_or("?")
+        ));
+    }
     if args.json {
         let anchor_json = anchor.as_ref().map(|a| {
             json!({
@@ -123,6 +133,7 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             "two_phase": s.two_phase,
             "failover": s.failover,
             "replay_window": replay_window,
+            "stuck_message": poison,
             "warnings": warns,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -189,10 +200,48 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             }
         ),
     }
+    if let Some(p) = &poison {
+        let field = |k: &str| {
+            p[k].as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| p[k].to_string())
+        };
+        println!(
+            "stuck_message:       {} (commit_lsn {}, tx_index {}, routing key {}): {}",
+            field("message_id"),
+            field("commit_lsn"),
+            field("tx_index"),
+            field("routing_key"),
+            field("reason")
+        );
+    }
     for w in warns {
         println!("warning: {w}");
     }
     Ok(())
+}
+
+/// Asks the running relay (its `/poison` endpoint on `[relay] metrics_listen`) which
+/// message RabbitMQ refuses, if any. `None` when it cannot be asked.
+async fn fetch_poison(addr: std::net::SocketAddr) -> Option<serde_json::Value> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+        stream
+            .write_all(b"GET /poison HTTP/1.0\r\nHost: relay\r\n\r\n")
+            .await
+            .ok()?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await.ok()?;
+        let text = String::from_utf8_lossy(&response);
+        let body = text.split_once("\r\n\r\n")?.1;
+        let value: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
+        (!value.is_null()).then_some(value)
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(2), ask)
+        .await
+        .ok()
+        .flatten()
 }
 
 #[cfg(test)]
