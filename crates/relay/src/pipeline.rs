@@ -15,11 +15,16 @@
 //! Failures:
 //! - broker side (nack, return, channel or connection loss): the publisher retries
 //!   from its buffer of unacked messages by itself, in order; the session goes on.
-//! - Postgres side (connection lost, server restart): the reader ends; the publisher
-//!   drains what it has (bounded by the shutdown timeout), the acked position is
-//!   saved to the slot with `pg_replication_slot_advance` when the server is back,
-//!   and a new session resumes from the slot's confirmed position — never from a
-//!   position the relay tracked itself.
+//! - Postgres side (connection lost, server restart, crash, failover): the reader
+//!   ends; the publisher drains what it has (bounded by the shutdown timeout). The
+//!   acked watermark is carried to the next session, which first advances the slot
+//!   to it with `pg_replication_slot_advance` on whichever server the URL reaches
+//!   then (a crashed Postgres 15 brings the slot back to its last checkpoint), unless
+//!   that server's WAL does not reach it; then it resumes from the slot's confirmed
+//!   position. `run --start-lsn` applies to the first session only.
+//! - broker refusals after the first connection (530 while a node boots, 403 while a
+//!   vhost or its permissions are restored): retried with backoff like an
+//!   unreachable broker (docs/reliability.md).
 //! - an unmet precondition (bad password, missing slot, renamed column): the relay
 //!   stops with exit code 2 and a sentence that names the fix.
 //! - slot held by another relay: this one is a standby; it waits and takes over
@@ -31,7 +36,7 @@ use std::time::Duration;
 
 use publisher::{Publisher, PublisherConfig, PublisherStatus};
 use tokio::sync::{mpsc, watch};
-use tracing::{error, info, warn, Instrument};
+use tracing::{debug, error, info, warn, Instrument};
 use wal_reader::{Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalReader};
 
 use crate::error::CliError;
@@ -42,6 +47,9 @@ const BACKOFF_INITIAL: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// How often a standby checks whether the slot was released.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
+/// Bound on saving the acked position to the slot (the advance decodes the WAL
+/// between the slot's position and the acked one).
+const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Live state for `/readyz` and metrics.
 #[derive(Clone, Default)]
@@ -142,6 +150,11 @@ struct Carried {
     /// permissions are being restored 403, both of which are definite only at startup
     /// (docs/reliability.md).
     broker_connected: bool,
+    /// The acked watermark of the last session whose reader started; `None` before
+    /// the first one (only then does `run --start-lsn` apply).
+    acked: Option<Lsn>,
+    /// `acked` is still to be saved to the slot before the next session streams.
+    unsaved: bool,
 }
 
 /// Runs sessions until `shutdown` turns true. Returns an error only for problems
@@ -203,9 +216,25 @@ async fn session(
     standby_logged: &mut bool,
     carried: &mut Carried,
 ) -> Result<SessionEnd, CliError> {
+    // `run --start-lsn` names where the first session starts; later ones resume from
+    // the slot, which has moved past it (asking for it again would be refused).
+    let mut reader_cfg = cfg.reader.clone();
+    if carried.acked.is_some() {
+        reader_cfg.start_lsn = None;
+    }
     // The reader first: a standby must not hold a broker connection it cannot use.
     let reader = loop {
-        match WalReader::start(cfg.reader.clone()).await {
+        if carried.unsaved {
+            if let Some(acked) = carried.acked {
+                match save_position(&cfg.reader, acked).await {
+                    Ok(done) => carried.unsaved = !done,
+                    // Not answering (yet): streaming now would start from the slot's
+                    // older position, so this session waits like the reader would.
+                    Err(why) => return Ok(SessionEnd::Retry(Side::Postgres, why)),
+                }
+            }
+        }
+        match WalReader::start(reader_cfg.clone()).await {
             Ok(r) => break r,
             Err(ReaderError::SlotInUse { slot, pid }) => {
                 if !*standby_logged {
@@ -226,6 +255,9 @@ async fn session(
     }
     let start = reader.start_info().clone();
     health.set_reader(Some(reader.progress()));
+    let initial = start.slot_confirmed.max(start.start_lsn);
+    carried.acked = Some(initial);
+    carried.unsaved = true;
     // Only the process's first connection may find a broker refusal definite: after
     // that, a refused login, vhost or exchange is a broker restarting (or being
     // restored) and is retried with backoff.
@@ -240,7 +272,8 @@ async fn session(
     health.set_publisher(Some(publisher.status()));
 
     let (tx, rx) = mpsc::channel(CHANNEL_BATCHES);
-    let (acked_tx, acked_rx) = watch::channel(start.slot_confirmed.max(start.start_lsn));
+    let (acked_tx, acked_rx) = watch::channel(initial);
+    let acked_seen = acked_tx.subscribe();
     let (stop_tx, stop_rx) = watch::channel(false);
     // What the reader actually sent Postgres: the publisher counts a message against
     // max_in_flight until a position past it is there (the duplicate bound).
@@ -291,20 +324,12 @@ async fn session(
         }
         r = &mut reader_task => {
             health.set_streaming(false);
-            // The reader dropped its sender: the publisher drains what it has.
-            let report = publisher_task.await;
-            let watermark = match &report {
-                Ok(Ok(rep)) => Some(rep.watermark),
-                _ => None,
-            };
+            // The reader dropped its sender: the publisher drains what it has (the
+            // watermark it reaches is saved by the next session).
+            let _ = publisher_task.await;
             match r {
                 Ok(Ok(_)) => Ok(SessionEnd::Retry(Side::Postgres, "replication ended".into())),
-                Ok(Err(e)) => {
-                    if let Some(w) = watermark {
-                        save_position(&cfg.reader, w).await;
-                    }
-                    reader_error(e)
-                }
+                Ok(Err(e)) => reader_error(e),
                 Err(e) => Ok(SessionEnd::Retry(Side::Postgres, format!("reader task failed: {e}"))),
             }
         }
@@ -328,6 +353,8 @@ async fn session(
     health.set_streaming(false);
     health.set_publisher(None);
     health.set_reader(None);
+    // Only broker acks moved it: the position the next session saves to the slot.
+    carried.acked = Some(*acked_seen.borrow());
     outcome
 }
 
@@ -352,42 +379,119 @@ async fn wait_true(rx: &mut watch::Receiver<bool>) {
     }
 }
 
-/// After the replication connection died, saves the acked position to the slot so
-/// the next session does not publish those messages again. Best effort: the old
-/// walsender may still hold the slot, or the server may be down; then the next
-/// session simply resumes from the slot's older position (bounded duplicates).
-async fn save_position(cfg: &ReaderConfig, acked: Lsn) {
+/// What [`save_position`] found.
+enum Saved {
+    /// The slot was advanced from this position.
+    Advanced(Option<Lsn>),
+    /// The slot is already there, or missing (the reader reports that).
+    NotNeeded,
+    /// A walsender still holds the slot (ours, not yet gone, or another relay's).
+    Busy,
+    /// The server's WAL (current, or replayed on a standby) is behind the position.
+    PastWal(Option<Lsn>),
+}
+
+/// Before a session streams, saves the previous session's acked watermark to the slot
+/// on whichever server the URL reaches now, so that nothing the broker acked is
+/// published again. The previous server may have died before it saved the slot
+/// (Postgres 15 writes a slot's confirmed position only at checkpoints, so a crash
+/// brings it back); only the relay still knows the position. It is not applied
+/// when the server's WAL does not reach it (a failover to a server that lacks it:
+/// it means nothing there). Returns whether it is done (false: the slot is still
+/// held, try again before the next attempt), or why the server cannot be reached.
+async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool, String> {
     if acked == Lsn::ZERO {
-        return;
+        return Ok(true);
     }
+    let parse = |v: Option<String>| v.and_then(|s| s.parse::<Lsn>().ok());
+    let client = match tokio::time::timeout(SAVE_TIMEOUT, connect_sql(&cfg.conn)).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => return Err(format!("cannot connect to Postgres: {e}")),
+        Err(_) => {
+            return Err(format!(
+                "connecting to Postgres timed out after {SAVE_TIMEOUT:?}"
+            ))
+        }
+    };
     let res = async {
-        let client = connect_sql(&cfg.conn).await?;
-        client
+        let Some(row) = client
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text, active, \
+                        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                              ELSE pg_current_wal_lsn() END)::text \
+                   FROM pg_replication_slots WHERE slot_name = $1",
+                &[&cfg.slot],
+            )
+            .await?
+        else {
+            return Ok(Saved::NotNeeded);
+        };
+        let confirmed = parse(row.get(0));
+        let active: bool = row.get(1);
+        let server_wal = parse(row.get(2));
+        if confirmed.is_some_and(|c| c >= acked) {
+            return Ok(Saved::NotNeeded);
+        }
+        if active {
+            return Ok(Saved::Busy);
+        }
+        if server_wal.is_none_or(|w| w < acked) {
+            return Ok(Saved::PastWal(server_wal));
+        }
+        let n = client
             .execute(
                 "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) \
                    FROM pg_replication_slots \
                   WHERE slot_name = $1 AND NOT active AND confirmed_flush_lsn < $2::text::pg_lsn",
                 &[&cfg.slot, &acked.to_string()],
             )
-            .await
-            .map_err(|e| e.to_string())
+            .await?;
+        Ok::<_, tokio_postgres::Error>(if n > 0 {
+            Saved::Advanced(confirmed)
+        } else {
+            Saved::Busy
+        })
     };
-    match tokio::time::timeout(Duration::from_secs(5), res).await {
-        Ok(Ok(n)) if n > 0 => info!(lsn = %acked, "saved the acked position to the slot"),
-        Ok(Ok(_)) => {}
-        Ok(Err(e)) => tracing::debug!(error = %e, "could not save the acked position"),
-        Err(_) => tracing::debug!("saving the acked position timed out"),
+    match tokio::time::timeout(SAVE_TIMEOUT, res).await {
+        Ok(Ok(Saved::Advanced(from))) => {
+            let from = from.map(|l| l.to_string()).unwrap_or_default();
+            info!(lsn = %acked, %from, "saved the acked position to the slot");
+            Ok(true)
+        }
+        Ok(Ok(Saved::NotNeeded)) => Ok(true),
+        Ok(Ok(Saved::Busy)) => Ok(false),
+        Ok(Ok(Saved::PastWal(server_wal))) => {
+            let server_wal = server_wal.map(|l| l.to_string()).unwrap_or_default();
+            warn!(acked = %acked, %server_wal,
+                "the acked position is past this server's WAL (a failover?); resuming from the slot's position");
+            Ok(true)
+        }
+        Ok(Err(e)) if e.is_closed() => Err(format!("connection to Postgres lost: {e}")),
+        Ok(Err(e)) => {
+            warn!(error = %e, lsn = %acked,
+                "could not save the acked position to the slot; resuming from the slot's position");
+            Ok(true)
+        }
+        Err(_) => {
+            debug!(timeout = ?SAVE_TIMEOUT, "saving the acked position timed out");
+            Ok(false)
+        }
     }
 }
 
 /// An ordinary SQL connection with the same TLS rules as the replication one.
 pub async fn connect_sql(opts: &PgConnectOptions) -> Result<tokio_postgres::Client, String> {
     let tls = wal_reader::tls::make_tls_connect(opts).map_err(|e| e.to_string())?;
+    // "error connecting to server" alone does not say why: add the cause.
+    let describe = |e: tokio_postgres::Error| match std::error::Error::source(&e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    };
     let (client, conn) = opts
         .to_tokio_postgres()
         .connect(tls)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(describe)?;
     tokio::spawn(async move {
         let _ = conn.await;
     });

@@ -1,9 +1,13 @@
 //! Postgres faults: restart, crash, a stalled replication connection, and a schema
 //! change while streaming.
 
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use testkit::unique_name;
 
 use crate::harness::*;
+use crate::support::{Relay, BIN};
 
 /// Restarts (`fast`) or crashes (`immediate`) the fault cluster mid-stream.
 ///
@@ -130,6 +134,129 @@ async fn column_added_mid_stream() {
     .await;
     let report = w.verify(0).await;
     assert_eq!(report.distinct, 5100);
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    w.cleanup().await;
+}
+
+/// Starts `outbox-relay run <args>` with the world's config.
+fn start_with_args(w: &World, args: &[&str]) -> Relay {
+    let log = w.env.dir.join(format!("{}.log", unique_name("relay")));
+    let child = Command::new(BIN)
+        .arg("--config")
+        .arg(w.config())
+        .arg("run")
+        .args(args)
+        .current_dir(&w.env.dir)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Relay { child, log }
+}
+
+/// Waits until every row of the outbox arrived, failing at once if the relay exits.
+async fn wait_all_running(w: &World, relay: &mut Relay) {
+    let expected: usize = w.sql("SELECT count(*) FROM outbox").await.parse().unwrap();
+    let deadline = Instant::now() + WAIT;
+    while w.consumer.distinct() < expected {
+        if let Some(status) = relay.child.try_wait().unwrap() {
+            panic!(
+                "the relay exited ({status}) with {} of {expected} rows delivered:\n{}",
+                w.consumer.distinct(),
+                relay.log_text()
+            );
+        }
+        assert!(Instant::now() < deadline, "timed out: {}", relay.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the slot's confirmed position reaches `lsn` (all acked and confirmed).
+async fn wait_confirmed(w: &World, lsn: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.confirmed().await < lsn {
+        assert!(Instant::now() < deadline, "the slot did not reach {lsn:X}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `run --start-lsn L` applies to the first session only. Once the slot has moved past
+/// L, a reconnect (here the walsender is terminated) must resume from the slot, not
+/// ask for L again — Postgres cannot stream from before the slot's position, which the
+/// relay reports as an unmet precondition (exit 2). Only this test's slot is touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn start_lsn_applies_to_the_first_session_only() {
+    let _broker = BROKER.read().await;
+    const MAX_IN_FLIGHT: usize = 500;
+    let w = World::new(Cluster::Test, Proxies::default(), MAX_IN_FLIGHT).await;
+    let slot_query = format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{}'",
+        w.env.slot
+    );
+    let start = w.sql(&slot_query).await;
+    let mut relay = start_with_args(&w, &["--start-lsn", start.trim()]);
+    w.insert(1, 200, 20).await;
+    let end = parse_lsn(&w.sql("SELECT pg_current_wal_lsn()").await).unwrap();
+    w.wait_distinct(200, WAIT).await;
+    wait_confirmed(&w, end).await;
+    assert!(w.confirmed().await > parse_lsn(&start).unwrap());
+
+    let killed = w
+        .sql(&format!(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots \
+              WHERE slot_name = '{}' AND active_pid IS NOT NULL",
+            w.env.slot
+        ))
+        .await;
+    assert_eq!(killed, "t", "the walsender was running");
+    w.insert(201, 200, 20).await;
+    wait_all_running(&w, &mut relay).await;
+    w.verify(MAX_IN_FLIGHT).await;
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.matches("replication started").count() >= 2,
+        "the relay reconnected: {log}"
+    );
+    w.cleanup().await;
+}
+
+/// The acked position survives a Postgres crash. Postgres 15 writes a slot's
+/// confirmed position to disk only at checkpoints, so a crash without one brings the
+/// slot back to an older position; the relay carries its acked watermark across
+/// sessions and advances the slot to it before streaming again, so nothing the broker
+/// acked before the crash is published twice (docs/reliability.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_crash_without_checkpoint_resends_nothing_acked() {
+    let _broker = BROKER.read().await;
+    let _pg = FAULT_PG.lock().await;
+    const MAX_IN_FLIGHT: usize = 500;
+    const N: u64 = 2000;
+    let w = World::new(Cluster::Fault, Proxies::default(), MAX_IN_FLIGHT).await;
+    let mut relay = w.start();
+    w.insert(1, N, 50).await;
+    let end = parse_lsn(&w.sql("SELECT pg_current_wal_lsn()").await).unwrap();
+    w.wait_distinct(N as usize, WAIT).await;
+    wait_confirmed(&w, end).await;
+
+    // A crash with no CHECKPOINT before it: the slot's saved position is older.
+    restart_fault_cluster("immediate").await;
+    w.insert_retrying(N + 1, 500, 50).await;
+    wait_all_running(&w, &mut relay).await;
+    let report = w.verify(MAX_IN_FLIGHT).await;
+    let recs = w.consumer.snapshot();
+    let first_n = recs
+        .iter()
+        .filter(|r| r.marker.is_none() && r.seq >= 1 && r.seq as u64 <= N)
+        .count();
+    assert_eq!(
+        first_n - N as usize,
+        0,
+        "rows acked before the crash were published again"
+    );
+    assert_eq!(report.duplicates, 0, "{report:?}");
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
     w.cleanup().await;
