@@ -1,6 +1,6 @@
 //! A minimal Postgres frontend for replication connections: startup with
-//! `replication=database`, authentication (trust, cleartext, md5, SCRAM-SHA-256),
-//! TLS per `sslmode`, simple queries, and the CopyBoth sub-protocol used by
+//! `replication=database`, authentication (trust, cleartext, md5, SCRAM-SHA-256 and
+//! SCRAM-SHA-256-PLUS channel binding), TLS per `sslmode` (docs/security.md), simple queries, and the CopyBoth sub-protocol used by
 //! `START_REPLICATION`. Message encoding comes from `postgres-protocol`; framing and
 //! the CopyBoth (`W`) response, which that crate does not parse, are handled here.
 //!
@@ -15,16 +15,25 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Buf, Bytes, BytesMut};
-use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::authentication::sasl::{
+    ChannelBinding, ScramSha256, SCRAM_SHA_256, SCRAM_SHA_256_PLUS,
+};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::conninfo::{PgConnectOptions, SslMode};
+use crate::conninfo::{ChannelBindingMode, PgConnectOptions, SslMode};
 use crate::error::{ReaderError, ServerError};
 
 /// Largest backend message accepted (Postgres caps a field at 1 GB).
 const MAX_MESSAGE_LEN: usize = (1 << 30) + (1 << 20);
+/// Largest backend message accepted before the session is ready (authentication,
+/// parameter status, errors): libpq's limit for such messages, so a hostile server
+/// or a man in the middle cannot make the relay reserve a gigabyte before it even
+/// logged in (docs/security.md).
+const MAX_STARTUP_MESSAGE_LEN: usize = 30_000;
+/// How the "TLS refused" precondition starts (the `allow` retry recognises it).
+const TLS_REFUSED: &str = "Postgres does not accept TLS";
 /// Initial read buffer; grows for larger frames.
 const READ_BUFFER: usize = 256 * 1024;
 
@@ -96,6 +105,8 @@ pub struct ReplicationConnection {
     server_version: String,
     backend_pid: i32,
     tls: bool,
+    /// The largest message [`Self::try_message`] accepts now.
+    max_message: usize,
 }
 
 /// A row of a simple query's result, in text form.
@@ -115,6 +126,27 @@ impl ReplicationConnection {
     }
 
     async fn connect_inner(opts: &PgConnectOptions) -> Result<ReplicationConnection, ReaderError> {
+        if opts.sslmode == SslMode::Allow && !opts.is_unix_socket() {
+            // libpq's `allow`: plain first, TLS when the server refuses that login
+            // (including our own refusal to send a password over it).
+            return match Self::attempt(opts, false).await {
+                Ok(c) => Ok(c),
+                Err(plain) if plain.is_precondition() => match Self::attempt(opts, true).await {
+                    Ok(c) => Ok(c),
+                    Err(ReaderError::Precondition(m)) if m.starts_with(TLS_REFUSED) => Err(plain),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+        }
+        Self::attempt(opts, opts.sslmode != SslMode::Disable).await
+    }
+
+    /// One connection attempt; `try_tls`: send SSLRequest first.
+    async fn attempt(
+        opts: &PgConnectOptions,
+        try_tls: bool,
+    ) -> Result<ReplicationConnection, ReaderError> {
         let connect_err = |source| ReaderError::Connect {
             target: opts.display_target(),
             source,
@@ -123,11 +155,15 @@ impl ReplicationConnection {
             let path = format!("{}/.s.PGSQL.{}", opts.host, opts.port);
             Transport::Unix(UnixStream::connect(path).await.map_err(connect_err)?)
         } else {
-            let tcp = TcpStream::connect((opts.host.as_str(), opts.port))
+            let tcp = TcpStream::connect((opts.connect_host(), opts.port))
                 .await
                 .map_err(connect_err)?;
             tcp.set_nodelay(true).map_err(ReaderError::Io)?;
-            Self::negotiate_tls(tcp, opts).await?
+            if try_tls {
+                Self::negotiate_tls(tcp, opts).await?
+            } else {
+                Transport::Tcp(tcp)
+            }
         };
         let tls = matches!(stream, Transport::Tls(_));
         let mut conn = ReplicationConnection {
@@ -138,8 +174,10 @@ impl ReplicationConnection {
             server_version: String::new(),
             backend_pid: 0,
             tls,
+            max_message: MAX_STARTUP_MESSAGE_LEN,
         };
         conn.startup(opts).await?;
+        conn.max_message = MAX_MESSAGE_LEN;
         Ok(conn)
     }
 
@@ -153,6 +191,8 @@ impl ReplicationConnection {
         let mut buf = BytesMut::new();
         frontend::ssl_request(&mut buf);
         tcp.write_all(&buf).await?;
+        // Exactly one byte: nothing the server sends after it may be read as
+        // plaintext (CVE-2021-23222); rustls reads the rest.
         let mut answer = [0u8; 1];
         tcp.read_exact(&mut answer).await?;
         match answer[0] {
@@ -166,15 +206,48 @@ impl ReplicationConnection {
                 Ok(Transport::Tls(Box::new(tls)))
             }
             b'N' => match opts.sslmode {
-                SslMode::Prefer | SslMode::Disable => Ok(Transport::Tcp(tcp)),
-                SslMode::Require => Err(ReaderError::TlsRefused("require")),
-                SslMode::VerifyCa => Err(ReaderError::TlsRefused("verify-ca")),
-                SslMode::VerifyFull => Err(ReaderError::TlsRefused("verify-full")),
+                SslMode::Disable | SslMode::Allow | SslMode::Prefer => Ok(Transport::Tcp(tcp)),
+                mode => Err(ReaderError::Precondition(format!(
+                    "{TLS_REFUSED} at {} but sslmode={} requires it: turn TLS on in the server (ssl = on with a certificate in postgresql.conf)",
+                    opts.display_target(),
+                    mode.as_str()
+                ))),
             },
-            other => Err(ReaderError::Protocol(format!(
-                "answer {other:#x} to SSLRequest"
-            ))),
+            _ => Err(ReaderError::Protocol(
+                "the server answered SSLRequest with neither S nor N".into(),
+            )),
         }
+    }
+
+    /// The `tls-server-end-point` binding of this connection's server certificate.
+    fn server_end_point(&self) -> Option<Vec<u8>> {
+        match &self.stream {
+            Transport::Tls(t) => {
+                let cert = t.get_ref().1.peer_certificates()?.first()?;
+                crate::tls::tls_server_end_point(cert.as_ref())
+            }
+            _ => None,
+        }
+    }
+
+    /// Refuses to send `method` (cleartext or md5) when the link is not encrypted,
+    /// unless `sslmode=disable` was given explicitly (docs/security.md); also when
+    /// `channel_binding=require`.
+    fn may_send_password(&self, opts: &PgConnectOptions, method: &str) -> Result<(), ReaderError> {
+        if opts.channel_binding == ChannelBindingMode::Require {
+            return Err(ReaderError::Precondition(format!(
+                "channel_binding=require, but Postgres asks user {:?} for a {method} password instead of SCRAM-SHA-256-PLUS: use scram-sha-256 in the server's pg_hba.conf over hostssl",
+                opts.user
+            )));
+        }
+        let explicit_plain = opts.sslmode == SslMode::Disable && opts.sslmode_explicit;
+        if self.tls || matches!(self.stream, Transport::Unix(_)) || explicit_plain {
+            return Ok(());
+        }
+        Err(ReaderError::Precondition(format!(
+            "Postgres asks user {:?} for a {method} password over an unencrypted connection, and outbox-relay does not send a password that way: turn TLS on in the server and use sslmode=verify-full, or use scram-sha-256 in pg_hba.conf",
+            opts.user
+        )))
     }
 
     async fn startup(&mut self, opts: &PgConnectOptions) -> Result<(), ReaderError> {
@@ -189,6 +262,9 @@ impl ReplicationConnection {
         self.flush().await?;
 
         let mut scram: Option<ScramSha256> = None;
+        // True once SCRAM-SHA-256-PLUS completed (channel_binding=require needs it).
+        let mut bound = false;
+        let mut plus = false;
         loop {
             let msg = self.read_message().await?;
             match msg.tag {
@@ -199,13 +275,22 @@ impl ReplicationConnection {
                     }
                     let kind = body.get_i32();
                     match kind {
-                        0 => {}
+                        0 => {
+                            if opts.channel_binding == ChannelBindingMode::Require && !bound {
+                                return Err(ReaderError::Precondition(format!(
+                                    "channel_binding=require, but Postgres logged user {:?} in without SCRAM-SHA-256-PLUS channel binding (trust or another method in pg_hba.conf): use scram-sha-256 over hostssl",
+                                    opts.user
+                                )));
+                            }
+                        }
                         3 => {
+                            self.may_send_password(opts, "cleartext")?;
                             let pw = self.password(opts)?;
                             frontend::password_message(pw.as_bytes(), &mut self.wbuf)?;
                             self.flush().await?;
                         }
                         5 => {
+                            self.may_send_password(opts, "md5")?;
                             if body.len() < 4 {
                                 return Err(ReaderError::Protocol("short md5 salt".into()));
                             }
@@ -223,20 +308,54 @@ impl ReplicationConnection {
                         10 => {
                             let mechanisms: Vec<&[u8]> =
                                 body.split(|b| *b == 0).filter(|m| !m.is_empty()).collect();
-                            if !mechanisms.contains(&SCRAM_SHA_256.as_bytes()) {
-                                let names = mechanisms
-                                    .iter()
-                                    .map(|m| String::from_utf8_lossy(m).into_owned())
-                                    .collect::<Vec<_>>()
-                                    .join(", ");
-                                return Err(ReaderError::UnsupportedAuth(format!(
-                                    "SASL ({names})"
-                                )));
-                            }
+                            let offers_plus = mechanisms.contains(&SCRAM_SHA_256_PLUS.as_bytes());
+                            let end_point = if self.tls
+                                && opts.channel_binding != ChannelBindingMode::Disable
+                            {
+                                self.server_end_point()
+                            } else {
+                                None
+                            };
+                            let (mechanism, binding) = match end_point {
+                                Some(ep) if offers_plus => {
+                                    (SCRAM_SHA_256_PLUS, ChannelBinding::tls_server_end_point(ep))
+                                }
+                                _ if opts.channel_binding == ChannelBindingMode::Require => {
+                                    let why = if !offers_plus {
+                                        "the server does not offer SCRAM-SHA-256-PLUS (is the connection TLS, and the role's password stored as SCRAM?)"
+                                    } else {
+                                        "the server certificate's signature algorithm has no tls-server-end-point hash"
+                                    };
+                                    return Err(ReaderError::Precondition(format!(
+                                        "channel_binding=require cannot be met for user {:?}: {why}; use scram-sha-256 over hostssl",
+                                        opts.user
+                                    )));
+                                }
+                                _ if !mechanisms.contains(&SCRAM_SHA_256.as_bytes()) => {
+                                    let names = mechanisms
+                                        .iter()
+                                        .map(|m| String::from_utf8_lossy(m).into_owned())
+                                        .collect::<Vec<_>>()
+                                        .join(", ");
+                                    return Err(ReaderError::UnsupportedAuth(format!(
+                                        "SASL ({names})"
+                                    )));
+                                }
+                                // Over TLS with binding allowed but not offered: 'y'
+                                // (lets the server detect a stripped PLUS offer).
+                                _ if self.tls
+                                    && !offers_plus
+                                    && opts.channel_binding != ChannelBindingMode::Disable =>
+                                {
+                                    (SCRAM_SHA_256, ChannelBinding::unrequested())
+                                }
+                                _ => (SCRAM_SHA_256, ChannelBinding::unsupported()),
+                            };
+                            plus = mechanism == SCRAM_SHA_256_PLUS;
                             let pw = self.password(opts)?;
-                            let s = ScramSha256::new(pw.as_bytes(), ChannelBinding::unsupported());
+                            let s = ScramSha256::new(pw.as_bytes(), binding);
                             frontend::sasl_initial_response(
-                                SCRAM_SHA_256,
+                                mechanism,
                                 s.message(),
                                 &mut self.wbuf,
                             )?;
@@ -262,6 +381,7 @@ impl ReplicationConnection {
                                 user: opts.user.clone(),
                                 message: format!("the server's SCRAM proof is invalid: {e}"),
                             })?;
+                            bound = plus;
                         }
                         2 => return Err(ReaderError::UnsupportedAuth("Kerberos V5".into())),
                         7 | 8 => return Err(ReaderError::UnsupportedAuth("GSSAPI".into())),
@@ -344,7 +464,7 @@ impl ReplicationConnection {
         }
         let tag = self.rbuf[0];
         let len = i32::from_be_bytes([self.rbuf[1], self.rbuf[2], self.rbuf[3], self.rbuf[4]]);
-        if len < 4 || len as usize > MAX_MESSAGE_LEN {
+        if len < 4 || len as usize > self.max_message {
             return Err(ReaderError::Protocol(format!(
                 "message {:?} with invalid length {len}",
                 tag as char

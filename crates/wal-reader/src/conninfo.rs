@@ -2,8 +2,13 @@
 //! and key=value conninfo strings (`host=… port=… user=… password=… dbname=…`).
 //!
 //! We parse these ourselves rather than with `tokio_postgres::Config` because the
-//! replication connection is our own transport, and because libpq's `verify-ca` and
-//! `verify-full` sslmodes must be honoured. The password is kept out of `Debug`.
+//! replication connection is our own transport, and because libpq's TLS rules
+//! (`sslmode`, `sslrootcert`, `channel_binding`) must be honoured exactly; where the
+//! relay is stricter than libpq, docs/security.md says so.
+//!
+//! Secrets: the password is kept out of `Debug`, and no parse error ever echoes a
+//! value from the string (only parameter names, and not even those once a password
+//! was seen), so a malformed URL cannot print a fragment of the password.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -14,12 +19,17 @@ use std::time::Duration;
 pub enum SslMode {
     /// Plain TCP only.
     Disable,
-    /// TLS if the server offers it, unverified; plain TCP otherwise (libpq's default).
+    /// Plain TCP first; TLS when the server refuses the plain login.
+    Allow,
+    /// TLS if the server offers it, plain TCP otherwise (libpq's default). With a root
+    /// certificate the chain is verified (as libpq does).
     #[default]
     Prefer,
-    /// TLS required, certificate not verified.
+    /// TLS required. With a root certificate (`sslrootcert`, `PGSSLROOTCERT` or
+    /// `~/.postgresql/root.crt`) the chain is verified as for `VerifyCa`; without one
+    /// the connection is encrypted but not authenticated (libpq's rule).
     Require,
-    /// TLS required, certificate chain verified against `sslrootcert`.
+    /// TLS required, certificate chain verified against the root certificate.
     VerifyCa,
     /// As `VerifyCa`, and the certificate must name the host.
     VerifyFull,
@@ -29,21 +39,70 @@ impl SslMode {
     fn parse(v: &str) -> Result<SslMode, ConnInfoError> {
         Ok(match v {
             "disable" => SslMode::Disable,
-            "allow" | "prefer" => SslMode::Prefer,
+            "allow" => SslMode::Allow,
+            "prefer" => SslMode::Prefer,
             "require" => SslMode::Require,
             "verify-ca" => SslMode::VerifyCa,
             "verify-full" => SslMode::VerifyFull,
-            other => {
-                return Err(ConnInfoError(format!(
-                "sslmode {other:?} is not one of disable, prefer, require, verify-ca, verify-full"
-            )))
+            _ => return Err(ConnInfoError(
+                "sslmode must be one of disable, allow, prefer, require, verify-ca, verify-full"
+                    .into(),
+            )),
+        })
+    }
+
+    /// The libpq name of the mode.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SslMode::Disable => "disable",
+            SslMode::Allow => "allow",
+            SslMode::Prefer => "prefer",
+            SslMode::Require => "require",
+            SslMode::VerifyCa => "verify-ca",
+            SslMode::VerifyFull => "verify-full",
+        }
+    }
+
+    /// True for the modes that never fall back to a plain connection.
+    pub fn requires_tls(self) -> bool {
+        matches!(
+            self,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull
+        )
+    }
+}
+
+/// libpq's `channel_binding` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ChannelBindingMode {
+    /// Never use channel binding.
+    Disable,
+    /// Use SCRAM-SHA-256-PLUS when the connection is TLS and the server offers it.
+    #[default]
+    Prefer,
+    /// Authenticate only with SCRAM-SHA-256-PLUS (tls-server-end-point): a server
+    /// that logs us in any other way (trust, password, md5, SCRAM without binding) is
+    /// refused.
+    Require,
+}
+
+impl ChannelBindingMode {
+    fn parse(v: &str) -> Result<ChannelBindingMode, ConnInfoError> {
+        Ok(match v {
+            "disable" => ChannelBindingMode::Disable,
+            "prefer" => ChannelBindingMode::Prefer,
+            "require" => ChannelBindingMode::Require,
+            _ => {
+                return Err(ConnInfoError(
+                    "channel_binding must be one of disable, prefer, require".into(),
+                ))
             }
         })
     }
 }
 
 /// The Postgres connection string could not be parsed. The message never contains
-/// the password.
+/// the password, nor any other value of the string.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid [postgres] url: {0}")]
 pub struct ConnInfoError(pub String);
@@ -51,14 +110,28 @@ pub struct ConnInfoError(pub String);
 /// Parsed connection options.
 #[derive(Clone, PartialEq, Eq)]
 pub struct PgConnectOptions {
-    /// Host name, IP address, or a Unix socket directory (starts with `/`).
+    /// Host name, IP address, or a Unix socket directory (starts with `/`). With TLS
+    /// this is the name the certificate is checked against (verify-full).
     pub host: String,
+    /// libpq's `hostaddr`: the IP address to connect to instead of resolving `host`.
+    pub hostaddr: Option<String>,
     pub port: u16,
     pub user: String,
     pub password: Option<String>,
     pub dbname: String,
     pub sslmode: SslMode,
+    /// True when `sslmode` was given (in the string or `PGSSLMODE`), not defaulted.
+    /// Only an explicit `sslmode=disable` lets a password go over a plain TCP link in
+    /// cleartext or md5 (docs/security.md).
+    pub sslmode_explicit: bool,
+    /// The root certificate file in effect: `sslrootcert`, `PGSSLROOTCERT`, or
+    /// `~/.postgresql/root.crt` when that file exists; `system` for the system roots.
     pub sslrootcert: Option<PathBuf>,
+    /// True when `sslrootcert` was given (string or `PGSSLROOTCERT`): an unreadable
+    /// file is then an error in every TLS mode (libpq silently ignores it with
+    /// `require`; see docs/security.md).
+    pub sslrootcert_explicit: bool,
+    pub channel_binding: ChannelBindingMode,
     pub application_name: String,
     pub connect_timeout: Option<Duration>,
 }
@@ -67,22 +140,47 @@ impl fmt::Debug for PgConnectOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgConnectOptions")
             .field("host", &self.host)
+            .field("hostaddr", &self.hostaddr)
             .field("port", &self.port)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("dbname", &self.dbname)
             .field("sslmode", &self.sslmode)
             .field("sslrootcert", &self.sslrootcert)
+            .field("channel_binding", &self.channel_binding)
             .field("application_name", &self.application_name)
             .finish()
     }
 }
 
+/// Parameters accepted and ignored: they do not change how this client connects.
+const IGNORED: &[&str] = &[
+    "client_encoding",
+    "options",
+    "replication",
+    "target_session_attrs",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "fallback_application_name",
+];
+
 impl PgConnectOptions {
     /// Parses a `postgresql://` / `postgres://` URL or a key=value conninfo string.
-    /// Missing values fall back to `PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
-    /// `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, then libpq's defaults.
+    /// Missing values fall back to `PGHOST`, `PGHOSTADDR`, `PGPORT`, `PGUSER`,
+    /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGCHANNELBINDING`,
+    /// `PGGSSENCMODE`, then libpq's defaults.
     pub fn parse(s: &str) -> Result<PgConnectOptions, ConnInfoError> {
+        Self::parse_with_env(s, &|k| std::env::var(k).ok())
+    }
+
+    /// [`PgConnectOptions::parse`] with the environment given by `env` (tests use it
+    /// to set `HOME` and `PGSSLROOTCERT` without touching the process environment).
+    pub fn parse_with_env(
+        s: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<PgConnectOptions, ConnInfoError> {
         let s = s.trim();
         let pairs = if s.starts_with("postgresql://") || s.starts_with("postgres://") {
             parse_url(s)?
@@ -91,59 +189,82 @@ impl PgConnectOptions {
         };
         let mut o = PgConnectOptions {
             host: String::new(),
+            hostaddr: None,
             port: 0,
             user: String::new(),
             password: None,
             dbname: String::new(),
             sslmode: SslMode::Prefer,
+            sslmode_explicit: false,
             sslrootcert: None,
+            sslrootcert_explicit: false,
+            channel_binding: ChannelBindingMode::Prefer,
             application_name: "outbox-relay".into(),
             connect_timeout: None,
         };
         let mut sslmode = None;
+        let mut channel_binding = None;
+        let mut gssencmode = None;
+        let mut port = None;
         for (k, v) in pairs {
             match k.as_str() {
-                "host" | "hostaddr" => o.host = v,
-                "port" => {
-                    o.port = v
-                        .parse()
-                        .map_err(|_| ConnInfoError(format!("port {v:?} is not a number")))?
-                }
+                "host" => o.host = v,
+                "hostaddr" => o.hostaddr = Some(v).filter(|v| !v.is_empty()),
+                "port" => port = Some(v),
                 "user" => o.user = v,
                 "password" => o.password = Some(v),
                 "dbname" => o.dbname = v,
                 "sslmode" => sslmode = Some(SslMode::parse(&v)?),
-                "sslrootcert" => o.sslrootcert = Some(PathBuf::from(v)),
+                "sslrootcert" => {
+                    o.sslrootcert = Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty())
+                }
+                "channel_binding" => channel_binding = Some(ChannelBindingMode::parse(&v)?),
+                "gssencmode" => gssencmode = Some(v),
                 "application_name" => o.application_name = v,
                 "connect_timeout" => {
                     let secs: u64 = v.parse().map_err(|_| {
-                        ConnInfoError(format!("connect_timeout {v:?} is not a number of seconds"))
+                        ConnInfoError("connect_timeout is not a number of seconds".into())
                     })?;
                     o.connect_timeout = (secs > 0).then(|| Duration::from_secs(secs));
                 }
-                // Accepted and ignored: they do not apply to this client.
-                "client_encoding"
-                | "options"
-                | "replication"
-                | "target_session_attrs"
-                | "keepalives"
-                | "keepalives_idle"
-                | "gssencmode"
-                | "channel_binding" => {}
+                k if IGNORED.contains(&k) => {}
                 other => {
-                    return Err(ConnInfoError(format!(
-                        "unknown connection parameter {other:?}"
-                    )))
+                    // `other` never comes from inside a value (parse_keyvalue and
+                    // parse_url refuse what would make it so), but a name that is not
+                    // a plain identifier is not echoed anyway.
+                    let name = if other.len() <= 40
+                        && other.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                    {
+                        format!(" {other:?}")
+                    } else {
+                        String::new()
+                    };
+                    return Err(ConnInfoError(format!("unknown connection parameter{name}")));
                 }
             }
         }
-        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let env = |k: &str| env(k).filter(|v| !v.is_empty());
         if o.host.is_empty() {
             o.host = env("PGHOST").unwrap_or_else(|| "localhost".into());
         }
-        if o.port == 0 {
-            o.port = env("PGPORT").and_then(|p| p.parse().ok()).unwrap_or(5432);
+        if o.hostaddr.is_none() {
+            o.hostaddr = env("PGHOSTADDR");
         }
+        if let Some(a) = &o.hostaddr {
+            if a.parse::<std::net::IpAddr>().is_err() {
+                return Err(ConnInfoError(
+                    "hostaddr must be a numeric IP address (host= is the name)".into(),
+                ));
+            }
+        }
+        let port = port.or_else(|| env("PGPORT"));
+        o.port =
+            match port {
+                None => 5432,
+                Some(p) => p.parse().ok().filter(|p| *p != 0).ok_or_else(|| {
+                    ConnInfoError("the port is not a number from 1 to 65535".into())
+                })?,
+            };
         if o.user.is_empty() {
             o.user = env("PGUSER")
                 .or_else(|| env("USER"))
@@ -158,13 +279,60 @@ impl PgConnectOptions {
         if o.sslrootcert.is_none() {
             o.sslrootcert = env("PGSSLROOTCERT").map(PathBuf::from);
         }
+        o.sslrootcert_explicit = o.sslrootcert.is_some();
+        if o.sslrootcert.is_none() {
+            // libpq reads ~/.postgresql/root.crt when it exists.
+            if let Some(home) = env("HOME") {
+                let default = PathBuf::from(home).join(".postgresql/root.crt");
+                if default.is_file() {
+                    o.sslrootcert = Some(default);
+                }
+            }
+        }
+        let sslmode = match sslmode {
+            Some(m) => Some(m),
+            None => env("PGSSLMODE").map(|m| SslMode::parse(&m)).transpose()?,
+        };
+        o.sslmode_explicit = sslmode.is_some();
+        let system = o.sslrootcert.as_deref() == Some(std::path::Path::new("system"));
         o.sslmode = match sslmode {
             Some(m) => m,
-            None => match env("PGSSLMODE") {
-                Some(m) => SslMode::parse(&m)?,
-                None => SslMode::Prefer,
-            },
+            // libpq: sslrootcert=system makes verify-full the default.
+            None if system => SslMode::VerifyFull,
+            None => SslMode::Prefer,
         };
+        if system && o.sslmode != SslMode::VerifyFull {
+            return Err(ConnInfoError(format!(
+                "sslrootcert=system may only be used with sslmode=verify-full (libpq's rule), not sslmode={}",
+                o.sslmode.as_str()
+            )));
+        }
+        o.channel_binding = match channel_binding {
+            Some(c) => c,
+            None => env("PGCHANNELBINDING")
+                .map(|c| ChannelBindingMode::parse(&c))
+                .transpose()?
+                .unwrap_or_default(),
+        };
+        if o.channel_binding == ChannelBindingMode::Require && o.sslmode == SslMode::Disable {
+            return Err(ConnInfoError(
+                "channel_binding=require needs TLS, but sslmode=disable: use sslmode=verify-full"
+                    .into(),
+            ));
+        }
+        match gssencmode.or_else(|| env("PGGSSENCMODE")).as_deref() {
+            None | Some("disable") | Some("prefer") => {}
+            Some("require") => {
+                return Err(ConnInfoError(
+                    "gssencmode=require is not supported (outbox-relay has no GSSAPI encryption): remove it and use sslmode=verify-full".into(),
+                ))
+            }
+            Some(_) => {
+                return Err(ConnInfoError(
+                    "gssencmode must be one of disable, prefer, require".into(),
+                ))
+            }
+        }
         if o.host.contains(',') {
             return Err(ConnInfoError(
                 "several hosts are not supported: give one host (for HA, point it at a virtual IP or DNS name that follows the primary)".into(),
@@ -173,33 +341,51 @@ impl PgConnectOptions {
         Ok(o)
     }
 
-    /// True when `host` is a Unix socket directory.
+    /// True when `host` is a Unix socket directory (and no `hostaddr` is given).
     pub fn is_unix_socket(&self) -> bool {
-        self.host.starts_with('/')
+        self.host.starts_with('/') && self.hostaddr.is_none()
+    }
+
+    /// The address to connect to: `hostaddr` when given, else `host`.
+    pub fn connect_host(&self) -> &str {
+        self.hostaddr.as_deref().unwrap_or(&self.host)
     }
 
     /// `host:port/dbname` for messages (no user, no password).
     pub fn display_target(&self) -> String {
-        format!("{}:{}/{}", self.host, self.port, self.dbname)
+        match &self.hostaddr {
+            Some(a) => format!("{} ({a}):{}/{}", self.host, self.port, self.dbname),
+            None => format!("{}:{}/{}", self.host, self.port, self.dbname),
+        }
     }
 
     /// Options for an ordinary SQL connection with tokio-postgres. TLS is negotiated
-    /// by the connector from [`crate::tls`], which applies `sslmode`'s verification.
+    /// by the connector from [`crate::tls`], which applies `sslmode`'s verification;
+    /// `channel_binding` is passed on (the connector supports tls-server-end-point).
     pub fn to_tokio_postgres(&self) -> tokio_postgres::Config {
+        use tokio_postgres::config::{ChannelBinding as Cb, SslMode as Tm};
         let mut c = tokio_postgres::Config::new();
         if self.is_unix_socket() {
             c.host_path(&self.host);
         } else {
             c.host(&self.host);
         }
+        if let Some(a) = self.hostaddr.as_ref().and_then(|a| a.parse().ok()) {
+            c.hostaddr(a);
+        }
         c.port(self.port)
             .user(&self.user)
             .dbname(&self.dbname)
             .application_name(&self.application_name)
             .ssl_mode(match self.sslmode {
-                SslMode::Disable => tokio_postgres::config::SslMode::Disable,
-                SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
-                _ => tokio_postgres::config::SslMode::Require,
+                SslMode::Disable => Tm::Disable,
+                SslMode::Allow | SslMode::Prefer => Tm::Prefer,
+                _ => Tm::Require,
+            })
+            .channel_binding(match self.channel_binding {
+                ChannelBindingMode::Disable => Cb::Disable,
+                ChannelBindingMode::Prefer => Cb::Prefer,
+                ChannelBindingMode::Require => Cb::Require,
             });
         if let Some(p) = &self.password {
             c.password(p);
@@ -233,9 +419,10 @@ fn parse_keyvalue(s: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
             chars.next();
         }
         if chars.next() != Some('=') {
-            return Err(ConnInfoError(format!(
-                "expected key=value pairs or a postgresql:// URL, but {key:?} has no '='"
-            )));
+            // The "key" may be the tail of an unquoted password: never echo it.
+            return Err(ConnInfoError(
+                "expected key=value pairs or a postgresql:// URL; quote a value that contains spaces (password='…')".into(),
+            ));
         }
         while chars.peek().is_some_and(|c| c.is_whitespace()) {
             chars.next();
@@ -259,9 +446,7 @@ fn parse_keyvalue(s: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
                 }
             }
             if !closed {
-                return Err(ConnInfoError(format!(
-                    "the quoted value of {key:?} has no closing quote"
-                )));
+                return Err(ConnInfoError("a quoted value has no closing quote".into()));
             }
         } else {
             while let Some(&c) = chars.peek() {
@@ -279,9 +464,35 @@ fn parse_keyvalue(s: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
                 chars.next();
             }
         }
+        // After an unquoted password, what follows a space might be its tail: make
+        // such a "key" unknown without a printable name.
+        let after_password = out.iter().any(|(k, _): &(String, String)| k == "password");
+        if after_password && !is_known(&key) {
+            return Err(ConnInfoError(
+                "unknown connection parameter after password=; quote a password that contains spaces (password='…')".into(),
+            ));
+        }
         out.push((key, value));
     }
     Ok(out)
+}
+
+fn is_known(key: &str) -> bool {
+    const KNOWN: &[&str] = &[
+        "host",
+        "hostaddr",
+        "port",
+        "user",
+        "password",
+        "dbname",
+        "sslmode",
+        "sslrootcert",
+        "channel_binding",
+        "gssencmode",
+        "application_name",
+        "connect_timeout",
+    ];
+    KNOWN.contains(&key) || IGNORED.contains(&key)
 }
 
 fn percent_decode(s: &str, what: &str) -> Result<String, ConnInfoError> {
@@ -294,7 +505,11 @@ fn percent_decode(s: &str, what: &str) -> Result<String, ConnInfoError> {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| ConnInfoError(format!("bad percent-encoding in the {what}")))?;
+                .ok_or_else(|| {
+                    ConnInfoError(format!(
+                        "bad percent-encoding in the {what} (a literal % is written %25)"
+                    ))
+                })?;
             out.push(hex);
             i += 3;
         } else {
@@ -305,19 +520,21 @@ fn percent_decode(s: &str, what: &str) -> Result<String, ConnInfoError> {
     String::from_utf8(out).map_err(|_| ConnInfoError(format!("the {what} is not UTF-8")))
 }
 
+/// The message for a userinfo that cannot be split unambiguously. It names no part
+/// of the URL.
+pub const PERCENT_ENCODE_PASSWORD: &str = "the user name or password contains an unencoded '/', '?' or '#' (or an '@' follows the host): percent-encode the password (/ is %2F, ? is %3F, # is %23, @ is %40, % is %25)";
+
 fn parse_url(s: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
     let rest = s.split_once("://").map(|(_, r)| r).unwrap_or(s);
-    let (rest, query) = match rest.split_once('?') {
-        Some((r, q)) => (r, Some(q)),
-        None => (rest, None),
-    };
-    let (authority, path) = match rest.split_once('/') {
-        Some((a, p)) => (a, Some(p)),
-        None => (rest, None),
-    };
     let mut out = Vec::new();
-    let hostport = match authority.rsplit_once('@') {
-        Some((userinfo, hostport)) => {
+    // The userinfo ends at the last '@' (a password may contain '@'); it may not
+    // contain '/', '?' or '#', which would make the split ambiguous.
+    let rest = match rest.rfind('@') {
+        Some(at) => {
+            let userinfo = &rest[..at];
+            if userinfo.contains(['/', '?', '#']) {
+                return Err(ConnInfoError(PERCENT_ENCODE_PASSWORD.into()));
+            }
             match userinfo.split_once(':') {
                 Some((u, p)) => {
                     out.push(("user".into(), percent_decode(u, "user name")?));
@@ -325,15 +542,33 @@ fn parse_url(s: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
                 }
                 None => out.push(("user".into(), percent_decode(userinfo, "user name")?)),
             }
-            hostport
+            &rest[at + 1..]
         }
-        None => authority,
+        None => rest,
+    };
+    if rest.contains('#') {
+        return Err(ConnInfoError(
+            "a '#' in the URL must be percent-encoded (%23)".into(),
+        ));
+    }
+    let (rest, query) = match rest.split_once('?') {
+        Some((r, q)) => (r, Some(q)),
+        None => (rest, None),
+    };
+    let (hostport, path) = match rest.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (rest, None),
     };
     if !hostport.is_empty() {
         let (host, port) = if let Some(v6) = hostport.strip_prefix('[') {
             let (h, after) = v6
                 .split_once(']')
                 .ok_or_else(|| ConnInfoError("an IPv6 host has no closing ']'".into()))?;
+            if !after.is_empty() && !after.starts_with(':') {
+                return Err(ConnInfoError(
+                    "unexpected characters after an IPv6 host's ']'".into(),
+                ));
+            }
             (h.to_string(), after.strip_prefix(':').map(str::to_string))
         } else {
             match hostport.rsplit_once(':') {
@@ -364,9 +599,17 @@ fn parse_url(s: &str) -> Result<Vec<(String, String)>, ConnInfoError> {
 mod tests {
     use super::*;
 
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    fn parse(s: &str) -> Result<PgConnectOptions, ConnInfoError> {
+        PgConnectOptions::parse_with_env(s, &no_env)
+    }
+
     #[test]
     fn parses_url() {
-        let o = PgConnectOptions::parse(
+        let o = parse(
             "postgresql://relay:s%40cret@db.example:6543/app?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x",
         )
         .unwrap();
@@ -376,41 +619,110 @@ mod tests {
         assert_eq!(o.password.as_deref(), Some("s@cret"));
         assert_eq!(o.dbname, "app");
         assert_eq!(o.sslmode, SslMode::VerifyFull);
+        assert!(o.sslmode_explicit);
         assert_eq!(o.sslrootcert, Some(PathBuf::from("/ca.pem")));
+        assert!(o.sslrootcert_explicit);
         assert_eq!(o.application_name, "x");
     }
 
     #[test]
     fn parses_keyvalue_with_quotes() {
-        let o = PgConnectOptions::parse(
-            "host=127.0.0.1 port = 5433 user=u password='a b\\'c' dbname=d sslmode=disable",
-        )
-        .unwrap();
+        let o =
+            parse("host=127.0.0.1 port = 5433 user=u password='a b\\'c' dbname=d sslmode=disable")
+                .unwrap();
         assert_eq!(o.port, 5433);
         assert_eq!(o.password.as_deref(), Some("a b'c"));
         assert_eq!(o.sslmode, SslMode::Disable);
     }
 
     #[test]
-    fn ipv6_and_defaults() {
-        let o = PgConnectOptions::parse("postgres://u@[::1]:5434").unwrap();
+    fn ipv6_hostaddr_and_defaults() {
+        let o = parse("postgres://u@[::1]:5434").unwrap();
         assert_eq!(o.host, "::1");
         assert_eq!(o.port, 5434);
         assert_eq!(o.dbname, "u");
+        assert!(!o.sslmode_explicit);
+        assert_eq!(o.sslmode, SslMode::Prefer);
+        let o = parse("host=db.example hostaddr=127.0.0.1").unwrap();
+        assert_eq!(o.connect_host(), "127.0.0.1");
+        assert_eq!(o.host, "db.example");
+        assert!(parse("host=db hostaddr=db.example").is_err());
     }
 
     #[test]
-    fn errors_never_contain_password() {
-        for s in [
-            "host=x password=hunter2 sslmode=bogus",
-            "host=x password=hunter2 bogus=1",
-            "postgresql://u:hunter2@h:notaport/db",
-            "host=x password='hunter2",
-        ] {
-            let e = PgConnectOptions::parse(s).unwrap_err().to_string();
-            assert!(!e.contains("hunter2"), "{e}");
+    fn the_last_at_ends_the_userinfo() {
+        let o = parse("postgresql://u:p@ss:w@rd@h:5/db").unwrap();
+        assert_eq!(o.password.as_deref(), Some("p@ss:w@rd"));
+        assert_eq!(o.host, "h");
+        assert_eq!(o.port, 5);
+    }
+
+    #[test]
+    fn tls_rules_of_libpq() {
+        // sslrootcert=system: verify-full by default, weaker modes refused.
+        let o = parse("host=h sslrootcert=system").unwrap();
+        assert_eq!(o.sslmode, SslMode::VerifyFull);
+        for m in ["disable", "allow", "prefer", "require", "verify-ca"] {
+            let e = parse(&format!("host=h sslrootcert=system sslmode={m}")).unwrap_err();
+            assert!(e.to_string().contains("verify-full"), "{e}");
         }
-        let o = PgConnectOptions::parse("postgresql://u:hunter2@h/db").unwrap();
-        assert!(!format!("{o:?}").contains("hunter2"));
+        // ~/.postgresql/root.crt is used when it exists.
+        let home = std::env::temp_dir().join(format!("conninfo-home-{}", std::process::id()));
+        std::fs::create_dir_all(home.join(".postgresql")).unwrap();
+        std::fs::write(home.join(".postgresql/root.crt"), "x").unwrap();
+        let h = home.display().to_string();
+        let env = move |k: &str| (k == "HOME").then(|| h.clone());
+        let o = PgConnectOptions::parse_with_env("host=h sslmode=require", &env).unwrap();
+        assert_eq!(o.sslrootcert, Some(home.join(".postgresql/root.crt")));
+        assert!(!o.sslrootcert_explicit);
+        std::fs::remove_dir_all(&home).unwrap();
+        // PGSSLROOTCERT counts as given.
+        let env = |k: &str| (k == "PGSSLROOTCERT").then(|| "/ca.pem".to_string());
+        let o = PgConnectOptions::parse_with_env("host=h", &env).unwrap();
+        assert!(o.sslrootcert_explicit);
+        // channel_binding and gssencmode are never ignored.
+        assert_eq!(
+            parse("host=h channel_binding=require")
+                .unwrap()
+                .channel_binding,
+            ChannelBindingMode::Require
+        );
+        assert!(parse("host=h channel_binding=require sslmode=disable").is_err());
+        assert!(parse("host=h channel_binding=maybe").is_err());
+        let e = parse("host=h gssencmode=require").unwrap_err().to_string();
+        assert!(e.contains("not supported"), "{e}");
+        assert!(parse("host=h gssencmode=prefer").is_ok());
+        let env = |k: &str| (k == "PGGSSENCMODE").then(|| "require".to_string());
+        assert!(PgConnectOptions::parse_with_env("host=h", &env).is_err());
+    }
+
+    #[test]
+    fn errors_never_contain_the_password() {
+        for s in [
+            "host=x password=zq9Vw7kX sslmode=bogus",
+            "host=x password=zq9Vw7kX bogus=1",
+            "host=x password=zq9V w7kX dbname=d",
+            "host=x password=zq9V w7kX=x",
+            "host=x password=zq9V w7kX",
+            "postgresql://u:zq9Vw7kX@h:notaport/db",
+            "postgresql://u:zq9V/w7kX@h:5432/db",
+            "postgresql://u:zq9V?w7kX@h/db",
+            "postgresql://u:zq9V#w7kX@h/db",
+            "postgresql://u:zq9Vw7kX/x@h/db",
+            "postgresql://u:zq9Vw7kX%zz@h/db",
+            "postgresql://u:zq9Vw7kX",
+            "host=x password='zq9Vw7kX",
+        ] {
+            let e = parse(s).unwrap_err().to_string();
+            let pw: Vec<char> = "zq9Vw7kX".chars().collect();
+            for frag in pw.windows(3) {
+                let frag: String = frag.iter().collect();
+                assert!(!e.contains(&frag), "{s}: {e}");
+            }
+        }
+        let e = parse("postgresql://u:a/b@h/db").unwrap_err().to_string();
+        assert!(e.contains("percent-encode the password"), "{e}");
+        let o = parse("postgresql://u:zq9Vw7kX@h/db").unwrap();
+        assert!(!format!("{o:?}").contains("zq9"));
     }
 }

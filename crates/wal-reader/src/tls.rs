@@ -1,6 +1,13 @@
 //! TLS for both Postgres connections (replication and SQL), following libpq's
-//! `sslmode`: `require` encrypts without verifying, `verify-ca` verifies the chain
-//! against `sslrootcert`, `verify-full` also checks the host name.
+//! `sslmode` rules (docs/security.md has the table):
+//!
+//! - `prefer`, `allow`, `require`: encrypt; when a root certificate is in effect
+//!   (`sslrootcert`, `PGSSLROOTCERT`, or `~/.postgresql/root.crt` when it exists) the
+//!   chain is verified as for `verify-ca`, otherwise the certificate is not checked;
+//! - `verify-ca`: the chain must lead to the root certificate (a name mismatch is
+//!   accepted);
+//! - `verify-full`: the chain, and the certificate must name `host`;
+//!   `sslrootcert=system` uses the system roots (only with verify-full).
 
 use std::sync::Arc;
 
@@ -21,7 +28,7 @@ pub enum TlsSetupError {
     },
     #[error("sslrootcert {0} holds no PEM certificate; give the CA certificate in PEM form")]
     EmptyRoot(String),
-    #[error("sslmode={0} needs a CA to verify against: add sslrootcert=/path/to/ca.pem to [postgres] url")]
+    #[error("sslmode={0} needs a root certificate to verify the server against: add sslrootcert=/path/to/ca.pem to [postgres] url (or set PGSSLROOTCERT, or install ~/.postgresql/root.crt)")]
     NoRoot(&'static str),
     #[error("TLS configuration failed: {0}")]
     Rustls(#[from] rustls::Error),
@@ -31,40 +38,50 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn load_roots(opts: &PgConnectOptions, mode: &'static str) -> Result<RootCertStore, TlsSetupError> {
+fn load_pem(path: &std::path::Path) -> Result<RootCertStore, TlsSetupError> {
     let mut roots = RootCertStore::empty();
+    let pem = std::fs::read(path).map_err(|source| TlsSetupError::ReadRoot {
+        path: path.display().to_string(),
+        source,
+    })?;
+    for cert in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
+        roots.add(cert)?;
+    }
+    if roots.is_empty() {
+        return Err(TlsSetupError::EmptyRoot(path.display().to_string()));
+    }
+    Ok(roots)
+}
+
+/// The root certificates in effect, if any (see the module docs).
+fn load_roots(opts: &PgConnectOptions) -> Result<Option<RootCertStore>, TlsSetupError> {
     match &opts.sslrootcert {
+        None => Ok(None),
         Some(path) if path.as_os_str() == "system" => {
+            let mut roots = RootCertStore::empty();
             for cert in rustls_native_certs::load_native_certs().certs {
                 let _ = roots.add(cert);
             }
-        }
-        Some(path) => {
-            let pem = std::fs::read(path).map_err(|source| TlsSetupError::ReadRoot {
-                path: path.display().to_string(),
-                source,
-            })?;
-            for cert in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
-                roots.add(cert)?;
-            }
             if roots.is_empty() {
-                return Err(TlsSetupError::EmptyRoot(path.display().to_string()));
+                return Err(TlsSetupError::EmptyRoot(
+                    "system (no system root certificates found)".into(),
+                ));
             }
+            Ok(Some(roots))
         }
-        None => {
-            // libpq reads ~/.postgresql/root.crt by default.
-            let home = std::env::var("HOME").unwrap_or_default();
-            let default = std::path::Path::new(&home).join(".postgresql/root.crt");
-            let pem = std::fs::read(&default).map_err(|_| TlsSetupError::NoRoot(mode))?;
-            for cert in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
-                roots.add(cert)?;
-            }
-            if roots.is_empty() {
-                return Err(TlsSetupError::NoRoot(mode));
-            }
-        }
+        Some(path) => load_pem(path).map(Some),
     }
-    Ok(roots)
+}
+
+fn chain_only(roots: RootCertStore) -> Result<ClientConfig, TlsSetupError> {
+    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| rustls::Error::General(e.to_string()))?;
+    Ok(ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+        .with_no_client_auth())
 }
 
 /// The rustls client configuration for `opts.sslmode`, or `None` for `disable`.
@@ -73,26 +90,90 @@ pub fn client_config(opts: &PgConnectOptions) -> Result<Option<Arc<ClientConfig>
         ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
     let config = match opts.sslmode {
         SslMode::Disable => return Ok(None),
-        SslMode::Prefer | SslMode::Require => builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(NoVerify(provider())))
-            .with_no_client_auth(),
-        SslMode::VerifyCa => {
-            let roots = load_roots(opts, "verify-ca")?;
-            let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
-                .build()
-                .map_err(|e| rustls::Error::General(e.to_string()))?;
-            builder
+        // libpq verifies the chain whenever a root certificate is in effect.
+        SslMode::Allow | SslMode::Prefer | SslMode::Require => match load_roots(opts)? {
+            Some(roots) => chain_only(roots)?,
+            None => builder
                 .dangerous()
-                .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
-                .with_no_client_auth()
+                .with_custom_certificate_verifier(Arc::new(NoVerify(provider())))
+                .with_no_client_auth(),
+        },
+        SslMode::VerifyCa => {
+            let roots = load_roots(opts)?.ok_or(TlsSetupError::NoRoot("verify-ca"))?;
+            chain_only(roots)?
         }
         SslMode::VerifyFull => {
-            let roots = load_roots(opts, "verify-full")?;
+            let roots = load_roots(opts)?.ok_or(TlsSetupError::NoRoot("verify-full"))?;
             builder.with_root_certificates(roots).with_no_client_auth()
         }
     };
     Ok(Some(Arc::new(config)))
+}
+
+/// The `tls-server-end-point` channel binding data of RFC 5929 for the server's
+/// certificate: its hash with the hash function of its signature algorithm (SHA-256
+/// for MD5 and SHA-1). `None` when the algorithm has no such hash we can compute
+/// (Ed25519, RSA-PSS, SHA-512): Postgres cannot bind those either.
+pub fn tls_server_end_point(cert: &[u8]) -> Option<Vec<u8>> {
+    use rustls::crypto::ring::cipher_suite::{TLS13_AES_128_GCM_SHA256, TLS13_AES_256_GCM_SHA384};
+    let oid = signature_algorithm_oid(cert)?;
+    // 1.2.840.113549.1.1.{4,5,11,12}: md5/sha1/sha256/sha384 WithRSAEncryption;
+    // 1.2.840.10045.4.1 / 4.3.{2,3}: ecdsa-with-SHA1/SHA256/SHA384.
+    const RSA: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01];
+    const ECDSA: &[u8] = &[0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04];
+    let sha384 = match oid {
+        [p @ .., 4 | 5 | 11] if p == RSA => false,
+        [p @ .., 12] if p == RSA => true,
+        [p @ .., 1] if p == ECDSA => false,
+        [p @ .., 3, 2] if p == ECDSA => false,
+        [p @ .., 3, 3] if p == ECDSA => true,
+        _ => return None,
+    };
+    let suite = if sha384 {
+        TLS13_AES_256_GCM_SHA384
+    } else {
+        TLS13_AES_128_GCM_SHA256
+    };
+    let hash = suite.tls13()?.common.hash_provider.hash(cert);
+    Some(hash.as_ref().to_vec())
+}
+
+/// One DER TLV at the start of `b`: (tag, contents, rest).
+fn der_tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, b) = b.split_first()?;
+    let (&first, mut b) = b.split_first()?;
+    let len = if first < 0x80 {
+        first as usize
+    } else {
+        let n = (first & 0x7f) as usize;
+        if n == 0 || n > 4 || b.len() < n {
+            return None;
+        }
+        let len = b[..n].iter().fold(0usize, |a, &x| (a << 8) | x as usize);
+        b = &b[n..];
+        len
+    };
+    if b.len() < len {
+        return None;
+    }
+    Some((tag, &b[..len], &b[len..]))
+}
+
+/// The OID bytes of `Certificate.signatureAlgorithm`.
+fn signature_algorithm_oid(cert: &[u8]) -> Option<&[u8]> {
+    let (0x30, body, _) = der_tlv(cert)? else {
+        return None;
+    };
+    let (0x30, _tbs, rest) = der_tlv(body)? else {
+        return None;
+    };
+    let (0x30, alg, _) = der_tlv(rest)? else {
+        return None;
+    };
+    let (0x06, oid, _) = der_tlv(alg)? else {
+        return None;
+    };
+    Some(oid)
 }
 
 /// The server name to present and (for verify-full) check.
@@ -120,7 +201,8 @@ pub fn make_tls_connect(
     Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
-/// `sslmode=require`/`prefer`: encryption without authentication (libpq's behaviour).
+/// `sslmode=require`/`prefer` without a root certificate: encryption without
+/// authentication (libpq's behaviour).
 #[derive(Debug)]
 struct NoVerify(Arc<rustls::crypto::CryptoProvider>);
 
@@ -169,7 +251,8 @@ impl ServerCertVerifier for NoVerify {
     }
 }
 
-/// `sslmode=verify-ca`: the chain must lead to the CA; the name is not checked.
+/// `sslmode=verify-ca` (and `require`/`prefer` with a root certificate): the chain
+/// must lead to the root certificate; the name is not checked.
 #[derive(Debug)]
 struct ChainOnly(Arc<WebPkiServerVerifier>);
 
