@@ -739,57 +739,10 @@ async fn reserved_header_keys_never_poison_the_relay() {
     broker.cleanup().await;
 }
 
-/// Lowers the broker's `max_message_size` (new channels pick it up) and restores
-/// what it found when dropped, even on panic.
-struct MaxMessageSizeGuard {
-    original: String,
-}
-
-impl MaxMessageSizeGuard {
-    fn set(bytes: usize) -> MaxMessageSizeGuard {
-        let out = std::process::Command::new("rabbitmqctl")
-            .args([
-                "-q",
-                "eval",
-                "application:get_env(rabbit, max_message_size).",
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let original = text
-            .trim()
-            .strip_prefix("{ok,")
-            .and_then(|s| s.strip_suffix('}'))
-            .unwrap_or("134217728")
-            .to_string();
-        let guard = MaxMessageSizeGuard { original };
-        set_max_message_size(&bytes.to_string());
-        guard
-    }
-}
-
-impl Drop for MaxMessageSizeGuard {
-    fn drop(&mut self) {
-        set_max_message_size(&self.original);
-    }
-}
-
-fn set_max_message_size(value: &str) {
-    let status = std::process::Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "eval",
-            &format!("application:set_env(rabbit, max_message_size, {value})."),
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "rabbitmqctl eval max_message_size failed");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_message_goes_to_the_dead_letter_exchange_as_a_notice() {
     let _exclusive = BROKER.write().await;
-    let _limit = MaxMessageSizeGuard::set(64 * 1024);
+    let _limit = testkit::amqp::MaxMessageSize::set(64 * 1024);
     let dlx = testkit::unique_name("pub_psn_d");
     let dlq = testkit::unique_name("pub_psn_q");
     let mut broker = Broker::new().await;
@@ -837,7 +790,7 @@ async fn a_refused_message_goes_to_the_dead_letter_exchange_as_a_notice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_message_without_dead_letter_exchange_holds_and_is_reported() {
     let _exclusive = BROKER.write().await;
-    let limit = MaxMessageSizeGuard::set(64 * 1024);
+    let limit = testkit::amqp::MaxMessageSize::set(64 * 1024);
     let mut broker = Broker::new().await;
     let (exchange, queue) = broker.topic_queue("pub_psn2").await;
     let mut main = broker.consumer(&queue, 100).await;

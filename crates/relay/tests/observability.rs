@@ -644,52 +644,6 @@ async fn no_password_in_any_log_line_at_trace_level() {
 // ---------------------------------------------------------------------------------
 // a message RabbitMQ refuses
 
-/// Lowers the broker's `max_message_size` (new channels pick it up) and restores
-/// what it found when dropped, even on panic. Only messages over the limit notice:
-/// the other tests of this binary publish small ones.
-struct MaxMessageSize(String);
-
-impl MaxMessageSize {
-    fn set(bytes: usize) -> MaxMessageSize {
-        let out = std::process::Command::new("rabbitmqctl")
-            .args([
-                "-q",
-                "eval",
-                "application:get_env(rabbit, max_message_size).",
-            ])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        let original = text
-            .trim()
-            .strip_prefix("{ok,")
-            .and_then(|s| s.strip_suffix('}'))
-            .unwrap_or("134217728")
-            .to_string();
-        let guard = MaxMessageSize(original);
-        set_max_message_size(&bytes.to_string());
-        guard
-    }
-}
-
-impl Drop for MaxMessageSize {
-    fn drop(&mut self) {
-        set_max_message_size(&self.0);
-    }
-}
-
-fn set_max_message_size(value: &str) {
-    let status = std::process::Command::new("rabbitmqctl")
-        .args([
-            "-q",
-            "eval",
-            &format!("application:set_env(rabbit, max_message_size, {value})."),
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success(), "rabbitmqctl eval max_message_size failed");
-}
-
 /// A row whose message the broker refuses (larger than `max_message_size`), with no
 /// dead-letter exchange: the relay holds the slot before it and says so — an ERROR
 /// line naming the message, the poison gauge, /readyz 503, `status` — and goes on
@@ -701,7 +655,8 @@ async fn a_message_rabbitmq_refuses_holds_the_slot_and_is_reported() {
     let got = env.consumer().await;
     let addr = free_addr();
     let config = env.config_file("poison.toml", &env.db.url(), &testkit::amqp_url(), &addr);
-    let limit = MaxMessageSize::set(64 * 1024);
+    // Only messages over the limit notice: the other tests here publish small ones.
+    let limit = testkit::amqp::MaxMessageSize::set(64 * 1024);
     let relay = env.start_with(&config, "info", &[]);
     wait_ready(&addr, 200, &relay).await;
     env.insert_seq(1, 3, 3);

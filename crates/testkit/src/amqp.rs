@@ -253,3 +253,49 @@ impl TestBroker {
         let _ = self.connection.close(200, "test done".into()).await;
     }
 }
+
+/// Lowers the broker's `max_message_size` (channels opened afterwards enforce it)
+/// and restores the value it found when dropped, even when the test panics. Only
+/// messages over the limit notice it; it is broker-wide all the same.
+pub struct MaxMessageSize(String);
+
+impl MaxMessageSize {
+    pub fn set(bytes: usize) -> MaxMessageSize {
+        let out = std::process::Command::new("rabbitmqctl")
+            .args([
+                "-q",
+                "eval",
+                "application:get_env(rabbit, max_message_size).",
+            ])
+            .output()
+            .expect("run rabbitmqctl");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let original = text
+            .trim()
+            .strip_prefix("{ok,")
+            .and_then(|s| s.strip_suffix('}'))
+            .unwrap_or("134217728")
+            .to_string();
+        let guard = MaxMessageSize(original);
+        set_max_message_size(&bytes.to_string());
+        guard
+    }
+}
+
+impl Drop for MaxMessageSize {
+    fn drop(&mut self) {
+        set_max_message_size(&self.0);
+    }
+}
+
+fn set_max_message_size(value: &str) {
+    let status = std::process::Command::new("rabbitmqctl")
+        .args([
+            "-q",
+            "eval",
+            &format!("application:set_env(rabbit, max_message_size, {value})."),
+        ])
+        .status()
+        .expect("run rabbitmqctl");
+    assert!(status.success(), "rabbitmqctl eval max_message_size failed");
+}
