@@ -21,6 +21,10 @@
 --   SELECT on the outbox     the checks before streaming, `peek`, and
 --                            `replay --from-table`
 --   DELETE on the outbox     only with `[retention] keep` (commented out below)
+--   SELECT, INSERT, UPDATE   the relay's stored acked position, so that a Postgres
+--   on outbox_relay_state    restart or crash publishes nothing again
+--                            (docs/design.md §3); without it the relay still runs,
+--                            with one warning saying what that costs
 --
 -- The publication: CREATE PUBLICATION … FOR TABLE needs CREATE on the database and
 -- ownership of every table in it, which a least-privilege role should not have. So
@@ -40,6 +44,18 @@ CREATE ROLE :"relay_role" LOGIN REPLICATION;
 GRANT CONNECT ON DATABASE :"DBNAME" TO :"relay_role";
 GRANT USAGE ON SCHEMA public TO :"relay_role";
 GRANT SELECT ON public.outbox TO :"relay_role";
+
+-- The stored acked position (one row per slot; never in the publication). Created
+-- here because the role may not create tables in public; `slot create` and `run`
+-- create it themselves when they may.
+CREATE TABLE IF NOT EXISTS public.outbox_relay_state (
+    slot_name        text        PRIMARY KEY,
+    acked_lsn        pg_lsn      NOT NULL,
+    slot_restart_lsn pg_lsn,
+    slot_created_at  timestamptz,
+    updated_at       timestamptz NOT NULL DEFAULT now()
+);
+GRANT SELECT, INSERT, UPDATE ON public.outbox_relay_state TO :"relay_role";
 
 -- Only with [retention] keep = "…" (docs/retention.md): the relay deletes rows whose
 -- events are published and confirmed; `run` refuses to start without this grant.

@@ -22,6 +22,15 @@
 //!   then (a crashed Postgres 15 brings the slot back to its last checkpoint), unless
 //!   that server's WAL does not reach it; then it resumes from the slot's confirmed
 //!   position. `run --start-lsn` applies to the first session only.
+//! - the stored position (docs/design.md §3): the acked watermark is also kept in
+//!   the table `outbox_relay_state` (crate::state), written in its own short
+//!   transaction at most once per status interval (sooner only when half the window
+//!   waits for it) and at the end of a session. Each session starts streaming from
+//!   max(slot's confirmed position, stored position), unless the stored one is past
+//!   the server's WAL or belongs to another slot of that name; so a Postgres crash
+//!   re-sends nothing acked even when the relay restarted too. The publisher counts
+//!   a message in flight until a position past it is both sent to Postgres and
+//!   stored, which keeps the duplicate bound of a relay kill plus a Postgres crash.
 //! - broker refusals after the first connection (530 while a node boots, 403 while a
 //!   vhost or its permissions are restored): retried with backoff like an
 //!   unreachable broker (docs/reliability.md).
@@ -30,16 +39,19 @@
 //! - slot held by another relay: this one is a standby; it waits and takes over
 //!   when the slot is released.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use publisher::{Publisher, PublisherConfig, PublisherStatus};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
-use wal_reader::{Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalReader};
+use wal_reader::{
+    Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalItem, WalReader,
+};
 
 use crate::error::CliError;
+use crate::state::{self, Resume, StateError};
 
 /// Batches buffered between reader and publisher (each is one socket read).
 const CHANNEL_BATCHES: usize = 64;
@@ -50,6 +62,10 @@ const STANDBY_POLL: Duration = Duration::from_secs(1);
 /// Bound on saving the acked position to the slot (the advance decodes the WAL
 /// between the slot's position and the acked one).
 const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Bound on one statement on the state table.
+const STATE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the state writer looks at the watermark and the window.
+const STATE_POLL: Duration = Duration::from_millis(20);
 
 /// Live state for `/readyz` and metrics.
 #[derive(Clone, Default)]
@@ -155,6 +171,8 @@ struct Carried {
     acked: Option<Lsn>,
     /// `acked` is still to be saved to the slot before the next session streams.
     unsaved: bool,
+    /// The state table was found unusable and said so (one warning per process).
+    state_warned: bool,
 }
 
 /// Runs sessions until `shutdown` turns true. Returns an error only for problems
@@ -218,12 +236,16 @@ async fn session(
 ) -> Result<SessionEnd, CliError> {
     // `run --start-lsn` names where the first session starts; later ones resume from
     // the slot, which has moved past it (asking for it again would be refused).
+    let explicit = if carried.acked.is_some() {
+        None
+    } else {
+        cfg.reader.start_lsn
+    };
     let mut reader_cfg = cfg.reader.clone();
-    if carried.acked.is_some() {
-        reader_cfg.start_lsn = None;
-    }
+    reader_cfg.start_lsn = explicit;
+    let mut state_client: Option<tokio_postgres::Client> = None;
     // The reader first: a standby must not hold a broker connection it cannot use.
-    let reader = loop {
+    let (reader, stored) = loop {
         if carried.unsaved {
             if let Some(acked) = carried.acked {
                 match save_position(&cfg.reader, acked).await {
@@ -234,8 +256,30 @@ async fn session(
                 }
             }
         }
+        // The stored position (docs/design.md §3), read again before every attempt
+        // (a standby's slot moves while it waits).
+        let found = match stored_position(&cfg.reader, &mut state_client, carried).await {
+            Ok(f) => f,
+            Err(why) => return Ok(SessionEnd::Retry(Side::Postgres, why)),
+        };
+        let from_stored = match (explicit, found.resume) {
+            (None, Some(l)) => {
+                reader_cfg.start_lsn = Some(l);
+                true
+            }
+            _ => {
+                reader_cfg.start_lsn = explicit;
+                false
+            }
+        };
         match WalReader::start(reader_cfg.clone()).await {
-            Ok(r) => break r,
+            Ok(r) => {
+                if from_stored {
+                    info!(lsn = %r.start_info().start_lsn, slot_confirmed = %r.start_info().slot_confirmed,
+                        "resuming from the stored acked position (transactions whose commit ends at or before it were published)");
+                }
+                break (r, found.stored);
+            }
             Err(ReaderError::SlotInUse { slot, pid }) => {
                 if !*standby_logged {
                     info!(%slot, pid, "slot in use by another relay; standing by");
@@ -245,6 +289,11 @@ async fn session(
                     _ = tokio::time::sleep(STANDBY_POLL) => continue,
                     _ = shutdown.changed() => return Ok(SessionEnd::Stopped),
                 }
+            }
+            // The slot moved past the stored position since it was read (another
+            // relay streamed meanwhile): read both again.
+            Err(e) if from_stored && e.is_precondition() => {
+                return Ok(SessionEnd::Retry(Side::Postgres, e.to_string()))
             }
             Err(e) => return reader_error(e),
         }
@@ -258,6 +307,28 @@ async fn session(
     let initial = start.slot_confirmed.max(start.start_lsn);
     carried.acked = Some(initial);
     carried.unsaved = true;
+    // The session's start is acked (the slot's position only ever moved to acked
+    // positions; the stored one was acked): store it, or, after `--start-lsn`, store
+    // exactly it so that a restart goes on re-publishing from there.
+    let state_client = match (state_client, stored) {
+        (Some(c), Some(stored)) => {
+            let res = if explicit.is_some() && initial < stored {
+                state::reset(&c, &cfg.reader.slot, initial).await
+            } else if initial > stored {
+                state::save(&c, &cfg.reader.slot, initial).await
+            } else {
+                Ok(())
+            };
+            match res {
+                Ok(()) => Some(c),
+                Err(e) => {
+                    warn_state(carried, &e);
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     // Only the process's first connection may find a broker refusal definite: after
     // that, a refused login, vhost or exchange is a broker restarting (or being
     // restored) and is retried with backoff.
@@ -276,13 +347,40 @@ async fn session(
     let acked_seen = acked_tx.subscribe();
     let (stop_tx, stop_rx) = watch::channel(false);
     // What the reader actually sent Postgres: the publisher counts a message against
-    // max_in_flight until a position past it is there (the duplicate bound).
+    // max_in_flight until a position past it is there (the duplicate bound) — and,
+    // with the state table, until it is stored too.
     let flushed = reader.flushed();
     let reader_task = tokio::spawn(
         reader
             .run(tx, acked_rx, stop_rx)
             .instrument(tracing::info_span!("reader", slot = %cfg.reader.slot)),
     );
+    let (rx, flushed, writer) = match state_client {
+        Some(client) => {
+            let last_event_end = Arc::new(AtomicU64::new(0));
+            let rx = tap_events(rx, last_event_end.clone());
+            let (stored_tx, stored_rx) = watch::channel(initial);
+            let (finish_tx, finish_rx) = watch::channel(false);
+            let writer = StateWriter {
+                client,
+                slot: cfg.reader.slot.clone(),
+                acked: acked_tx.subscribe(),
+                last_event_end,
+                status: publisher.status(),
+                max_in_flight: cfg.publisher.max_in_flight,
+                interval: cfg.reader.status_interval,
+                written: initial,
+                stored: stored_tx,
+            };
+            let task = tokio::spawn(
+                writer
+                    .run(finish_rx)
+                    .instrument(tracing::info_span!("state")),
+            );
+            (rx, min_of(flushed, stored_rx), Some((finish_tx, task)))
+        }
+        None => (rx, flushed, None),
+    };
     let publisher_task = tokio::spawn(
         publisher
             .run_with_flushed(rx, acked_tx, flushed)
@@ -355,7 +453,244 @@ async fn session(
     health.set_reader(None);
     // Only broker acks moved it: the position the next session saves to the slot.
     carried.acked = Some(*acked_seen.borrow());
+    // The last write of the stored position: the final watermark of a clean stop (or
+    // what a failed session reached, if the server still answers).
+    if let Some((finish, task)) = writer {
+        let _ = finish.send(true);
+        match tokio::time::timeout(STATE_TIMEOUT * 2, task).await {
+            Ok(Ok(Ok(lsn))) => debug!(%lsn, "stored the acked position"),
+            // The server went away: the next session stores the position.
+            Ok(Ok(Err(e))) if e.is_closed() => {
+                debug!(error = %e, "could not store the acked position")
+            }
+            Ok(Ok(Err(e))) => warn_state(carried, &e),
+            _ => debug!("the last write of the stored position did not finish"),
+        }
+    }
     outcome
+}
+
+/// Where the stored position says to start, and what is stored.
+struct Found {
+    /// Start here (past the slot's position), unless `run --start-lsn` names a start.
+    resume: Option<Lsn>,
+    /// The stored position (`None`: no row, or the table is not usable).
+    stored: Option<Lsn>,
+}
+
+/// Reads the slot and the stored position, creating the table if missing; keeps the
+/// connection in `client` for the session's writes (`None` when the table is not
+/// usable). Errors only when the server cannot be reached: the session waits rather
+/// than starting from an older position.
+async fn stored_position(
+    cfg: &ReaderConfig,
+    client: &mut Option<tokio_postgres::Client>,
+    carried: &mut Carried,
+) -> Result<Found, String> {
+    if client.as_ref().is_none_or(|c| c.is_closed()) {
+        *client = match tokio::time::timeout(STATE_TIMEOUT, connect_sql(&cfg.conn)).await {
+            Ok(Ok(c)) => Some(c),
+            Ok(Err(e)) => return Err(format!("cannot connect to Postgres: {e}")),
+            Err(_) => {
+                return Err(format!(
+                    "connecting to Postgres timed out after {STATE_TIMEOUT:?}"
+                ))
+            }
+        };
+    }
+    let c = client.as_ref().expect("connected");
+    let parse = |v: Option<String>| v.and_then(|s| s.parse::<Lsn>().ok());
+    let res = async {
+        let slot = c
+            .query_opt(
+                "SELECT confirmed_flush_lsn::text, restart_lsn::text, \
+                        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+                              ELSE pg_current_wal_lsn() END)::text \
+                   FROM pg_replication_slots WHERE slot_name = $1",
+                &[&cfg.slot],
+            )
+            .await
+            .map_err(StateError::Other)?;
+        state::ensure_table(c).await?;
+        let stored = state::read(c, &cfg.slot).await?;
+        Ok::<_, StateError>((slot, stored))
+    };
+    let (slot, stored) = match tokio::time::timeout(STATE_TIMEOUT, res).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) if e.is_closed() => {
+            *client = None;
+            return Err(format!("connection to Postgres lost: {e}"));
+        }
+        Ok(Err(e)) => {
+            warn_state(carried, &e);
+            *client = None;
+            return Ok(Found {
+                resume: None,
+                stored: None,
+            });
+        }
+        Err(_) => {
+            *client = None;
+            return Err(format!(
+                "reading the stored position timed out after {STATE_TIMEOUT:?}"
+            ));
+        }
+    };
+    // No slot: the reader says so.
+    let Some(slot) = slot else {
+        return Ok(Found {
+            resume: None,
+            stored: None,
+        });
+    };
+    let confirmed = parse(slot.get(0)).unwrap_or(Lsn::ZERO);
+    let mut stored_lsn = stored.as_ref().map(|s| s.acked).unwrap_or(Lsn::ZERO);
+    let resume = match state::resume(
+        stored.as_ref(),
+        confirmed,
+        parse(slot.get(1)),
+        parse(slot.get(2)),
+    ) {
+        Resume::Stored(l) => Some(l),
+        Resume::Slot => None,
+        Resume::Ignored(why) => {
+            stored_lsn = confirmed;
+            warn!(slot = %cfg.slot, slot_confirmed = %confirmed, "{why}; resuming from the slot's position and storing that");
+            // Void it so that the session's writes start from the slot's position.
+            if let Err(e) = state::reset(c, &cfg.slot, confirmed).await {
+                warn_state(carried, &e);
+            }
+            None
+        }
+    };
+    Ok(Found {
+        resume,
+        stored: Some(stored_lsn),
+    })
+}
+
+/// One warning per process when the state table cannot be used, naming the cost.
+fn warn_state(carried: &mut Carried, e: &StateError) {
+    if !carried.state_warned {
+        carried.state_warned = true;
+        warn!(error = %e, table = state::TABLE, "cannot keep the acked position in Postgres: {}", state::COST);
+    } else {
+        debug!(error = %e, "state table not usable");
+    }
+}
+
+/// Forwards the reader's batches to the publisher, noting the end LSN of the last
+/// transaction that had outbox events (only those make a stored position worth
+/// writing: an idle outbox would otherwise write one row per interval forever, each
+/// write moving the WAL the next keepalive confirms).
+fn tap_events(
+    mut rx: mpsc::Receiver<wal_reader::WalBatch>,
+    last_event_end: Arc<AtomicU64>,
+) -> mpsc::Receiver<wal_reader::WalBatch> {
+    let (tx, out) = mpsc::channel(4);
+    tokio::spawn(async move {
+        while let Some(batch) = rx.recv().await {
+            for item in &batch {
+                if let WalItem::Commit(c) = item {
+                    if c.events > 0 {
+                        last_event_end.store(c.end_lsn.0, Ordering::Relaxed);
+                    }
+                }
+            }
+            if tx.send(batch).await.is_err() {
+                break;
+            }
+        }
+    });
+    out
+}
+
+/// `min(a, b)`, updated as either moves; `b` gone counts as no bound. Ends with `a`.
+fn min_of(mut a: watch::Receiver<Lsn>, mut b: watch::Receiver<Lsn>) -> watch::Receiver<Lsn> {
+    let initial = (*a.borrow()).min(*b.borrow());
+    let (tx, out) = watch::channel(initial);
+    tokio::spawn(async move {
+        let mut b_open = true;
+        loop {
+            let bound = if b_open {
+                *b.borrow_and_update()
+            } else {
+                Lsn(u64::MAX)
+            };
+            let v = (*a.borrow_and_update()).min(bound);
+            tx.send_if_modified(|cur| {
+                let changed = *cur != v;
+                *cur = v;
+                changed
+            });
+            tokio::select! {
+                r = a.changed() => if r.is_err() { return },
+                r = b.changed(), if b_open => if r.is_err() { b_open = false },
+            }
+        }
+    });
+    out
+}
+
+/// Writes the acked watermark to the state table (docs/design.md §3): once per status
+/// interval while outbox events were acked since the last write, sooner when half of
+/// `max_in_flight` waits for it, and once more when the session ends.
+struct StateWriter {
+    client: tokio_postgres::Client,
+    slot: String,
+    acked: watch::Receiver<Lsn>,
+    last_event_end: Arc<AtomicU64>,
+    status: PublisherStatus,
+    max_in_flight: usize,
+    interval: Duration,
+    written: Lsn,
+    /// What is stored; `Lsn(u64::MAX)` once writing failed (no bound any more).
+    stored: watch::Sender<Lsn>,
+}
+
+impl StateWriter {
+    async fn run(mut self, mut finish: watch::Receiver<bool>) -> Result<Lsn, StateError> {
+        let mut last_write = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(STATE_POLL.min(self.interval));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let finishing = tokio::select! {
+                _ = tick.tick() => *finish.borrow(),
+                r = finish.changed() => r.is_err() || *finish.borrow(),
+            };
+            let acked = *self.acked.borrow();
+            let events = Lsn(self.last_event_end.load(Ordering::Relaxed));
+            let due = finishing
+                || last_write.elapsed() >= self.interval
+                || self.status.in_flight() >= (self.max_in_flight / 2).max(1);
+            if due && acked > self.written && events > self.written {
+                last_write = tokio::time::Instant::now();
+                let res = tokio::time::timeout(
+                    STATE_TIMEOUT,
+                    state::save(&self.client, &self.slot, acked),
+                )
+                .await;
+                match res {
+                    Ok(Ok(())) => {
+                        self.written = acked;
+                        self.stored.send_replace(acked);
+                    }
+                    Ok(Err(e)) => {
+                        // Never hold the publisher on a table that cannot be written.
+                        self.stored.send_replace(Lsn(u64::MAX));
+                        return Err(e);
+                    }
+                    Err(_) => {
+                        self.stored.send_replace(Lsn(u64::MAX));
+                        return Err(StateError::Timeout(STATE_TIMEOUT));
+                    }
+                }
+            }
+            if finishing {
+                return Ok(self.written);
+            }
+        }
+    }
 }
 
 /// A factor in [0.5, 1.0) for backoff jitter (no need for a random number crate).

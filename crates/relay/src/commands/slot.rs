@@ -56,6 +56,7 @@ pub async fn create(cfg: &Config, args: &SlotCreateArgs) -> Result<(), CliError>
             created.consistent_point
         );
     }
+    store_position(&client, slot, created).await;
     if cfg.replay_window().is_some() {
         crate::anchor::validate(cfg)?;
         let anchor = crate::anchor::anchor_slot_name(slot);
@@ -70,6 +71,39 @@ pub async fn create(cfg: &Config, args: &SlotCreateArgs) -> Result<(), CliError>
         }
     }
     Ok(())
+}
+
+/// The table of the stored acked position (docs/design.md §3): created if missing; a
+/// new slot's row starts at its consistent point with the slot's identity. Without
+/// the privilege the slot is still usable, at the cost the warning names.
+async fn store_position(client: &tokio_postgres::Client, slot: &str, created: admin::SlotCreated) {
+    let res = async {
+        crate::state::ensure_table(client).await?;
+        if created.created {
+            crate::state::record_new_slot(
+                client,
+                slot,
+                created.consistent_point,
+                created.restart_lsn,
+            )
+            .await?;
+        }
+        Ok::<_, crate::state::StateError>(())
+    }
+    .await;
+    match res {
+        Ok(()) if created.created => println!(
+            "stored position of slot {slot} in {} starts at {}",
+            crate::state::TABLE,
+            created.consistent_point
+        ),
+        Ok(()) => println!("table {} exists", crate::state::TABLE),
+        Err(e) => eprintln!(
+            "warning: cannot keep the acked position in {} ({e}): {}",
+            crate::state::TABLE,
+            crate::state::COST
+        ),
+    }
 }
 
 /// Drops the slot (refusing while a relay holds it, unless forced).

@@ -2,6 +2,7 @@
 
 use serde_json::json;
 use wal_reader::admin::{self, SlotState};
+use wal_reader::Lsn;
 
 use super::{admin_error, sql_client};
 use crate::cli::StatusArgs;
@@ -89,6 +90,36 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
         )),
         _ => {}
     }
+    // The stored acked position beside the slot's (docs/design.md §3).
+    let stored = match crate::state::read(&client, &cfg.postgres.slot).await {
+        Ok(row) => Ok(row),
+        Err(e) => {
+            warns.push(format!(
+                "the acked position is not kept in {} ({e}): {}",
+                crate::state::TABLE,
+                crate::state::COST
+            ));
+            Err(e.to_string())
+        }
+    };
+    let resume = match &stored {
+        Ok(row) => Some(crate::state::resume(
+            row.as_ref(),
+            s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+            s.restart_lsn,
+            Some(s.current_wal_lsn),
+        )),
+        Err(_) => None,
+    };
+    if let Some(crate::state::Resume::Ignored(why)) = &resume {
+        warns.push(format!(
+            "{why}: the next session resumes from the slot's position"
+        ));
+    }
+    let resumes_at = match &resume {
+        Some(crate::state::Resume::Stored(l)) => Some(*l),
+        _ => s.confirmed_flush_lsn,
+    };
     let poison = match (s.active, cfg.metrics_listen()) {
         (true, Some(addr)) => fetch_poison(addr).await,
         _ => None,
@@ -132,6 +163,17 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             "pending_wal_bytes": pending,
             "two_phase": s.two_phase,
             "failover": s.failover,
+            "stored_position": match &stored {
+                Ok(Some(row)) => json!({
+                    "acked_lsn": row.acked.to_string(),
+                    "updated_at": row.updated_at,
+                    "slot_restart_lsn_at_create": row.slot_restart_lsn.map(|l| l.to_string()),
+                    "used": matches!(resume, Some(crate::state::Resume::Stored(_))),
+                }),
+                Ok(None) => serde_json::Value::Null,
+                Err(e) => json!({ "error": e }),
+            },
+            "resumes_at_lsn": resumes_at.map(|l| l.to_string()),
             "replay_window": replay_window,
             "stuck_message": poison,
             "warnings": warns,
@@ -163,6 +205,28 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
     println!(
         "restart_lsn:         {}",
         opt(s.restart_lsn.map(|l| l.to_string()))
+    );
+    println!(
+        "stored_acked_lsn:    {}",
+        match &stored {
+            Ok(Some(row)) => format!(
+                "{} (updated {}){}",
+                row.acked,
+                row.updated_at,
+                match &resume {
+                    Some(crate::state::Resume::Stored(_)) =>
+                        ", ahead of the slot: the next session starts there",
+                    Some(crate::state::Resume::Ignored(_)) => ", ignored (see the warning)",
+                    _ => "",
+                }
+            ),
+            Ok(None) => format!("- (no row in {})", crate::state::TABLE),
+            Err(e) => format!("- ({e})"),
+        }
+    );
+    println!(
+        "resumes_at:          {}",
+        opt(resumes_at.map(|l| l.to_string()))
     );
     println!("current_wal_lsn:     {}", s.current_wal_lsn);
     println!(
@@ -247,7 +311,6 @@ async fn fetch_poison(addr: std::net::SocketAddr) -> Option<serde_json::Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wal_reader::Lsn;
 
     fn state() -> SlotState {
         SlotState {

@@ -222,6 +222,12 @@ pub struct SlotCreated {
     /// the first transaction committing after it. For an existing slot, its
     /// `confirmed_flush_lsn`.
     pub consistent_point: Lsn,
+    /// The slot's `restart_lsn` (read right after creating it, for a new slot). A
+    /// slot saves its state to disk when it is created and its `restart_lsn` only
+    /// moves forward afterwards, also across crashes and in a failover copy, so a
+    /// slot whose `restart_lsn` is below this one is another slot of the same name
+    /// (the relay's stored position names the slot by it, docs/design.md §3).
+    pub restart_lsn: Option<Lsn>,
 }
 
 /// Creates the logical slot `slot` with the `pgoutput` plugin in the connected
@@ -270,9 +276,11 @@ pub async fn create_slot(
             let consistent_point = text.parse().map_err(|_| AdminError::UnexpectedReply {
                 what: format!("consistent point {text:?}"),
             })?;
+            let restart_lsn = slot_state(c, slot).await?.and_then(|s| s.restart_lsn);
             Ok(SlotCreated {
                 created: true,
                 consistent_point,
+                restart_lsn,
             })
         }
         Err(e) if e.code() == Some(&SqlState::DUPLICATE_OBJECT) => {
@@ -309,6 +317,7 @@ async fn existing_slot(
     Ok(Some(SlotCreated {
         created: false,
         consistent_point: state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+        restart_lsn: state.restart_lsn,
     }))
 }
 
