@@ -259,6 +259,9 @@ impl TestBroker {
 /// messages over the limit notice it; it is broker-wide all the same.
 pub struct MaxMessageSize(String);
 
+/// RabbitMQ's default `max_message_size` (128 MiB).
+const DEFAULT_MAX_MESSAGE_SIZE: &str = "134217728";
+
 impl MaxMessageSize {
     pub fn set(bytes: usize) -> MaxMessageSize {
         let out = std::process::Command::new("rabbitmqctl")
@@ -270,11 +273,14 @@ impl MaxMessageSize {
             .output()
             .expect("run rabbitmqctl");
         let text = String::from_utf8_lossy(&out.stdout);
+        // A value this small can only be a test's that was not restored: restore the
+        // broker's default then.
         let original = text
             .trim()
             .strip_prefix("{ok,")
             .and_then(|s| s.strip_suffix('}'))
-            .unwrap_or("134217728")
+            .filter(|v| v.parse::<u64>().is_ok_and(|v| v >= 1 << 20))
+            .unwrap_or(DEFAULT_MAX_MESSAGE_SIZE)
             .to_string();
         let guard = MaxMessageSize(original);
         set_max_message_size(&bytes.to_string());
