@@ -49,39 +49,102 @@ impl PublishError {
 }
 
 /// Replaces the password of an AMQP URL with `***`: `amqp://guest:***@host/vhost`.
-/// Anything that does not look like a URL with credentials is returned unchanged.
+/// The userinfo ends at the URL's *last* `@` (a password may contain `@`, and an
+/// unencoded `/`, `?` or `#`, which the URL grammar would take for the end of the
+/// authority: hiding too much is safe, hiding too little is not). Anything that does
+/// not look like a URL with credentials is returned unchanged.
 pub fn redact_url(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_string();
     };
     let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
+    let Some(at) = rest.rfind('@') else {
         return url.to_string();
     };
-    let userinfo = &authority[..at];
+    let userinfo = &rest[..at];
     let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+    // A user name that runs into what the URL grammar would read as the path, query
+    // or fragment may be part of the password: hide it too.
+    let user = if user.contains(['/', '?', '#']) {
+        "***"
+    } else {
+        user
+    };
     format!("{}{}:***{}", &url[..scheme_end + 3], user, &rest[at..])
 }
 
+/// The message for a URL whose user name or password holds an unencoded `/`, `?` or
+/// `#`: it quotes nothing of the URL.
+pub const PERCENT_ENCODE_PASSWORD: &str = "the user name or password holds an unencoded '/', '?' or '#' (or an '@' follows the host): percent-encode the password (/ is %2F, ? is %3F, # is %23, @ is %40, % is %25)";
+
+/// True when the userinfo of `url` (up to its last `@`) holds a character that ends
+/// the authority in the URL grammar, so that no URL parser would read it as written.
+pub fn userinfo_is_ambiguous(url: &str) -> bool {
+    let Some(scheme_end) = url.find("://") else {
+        return false;
+    };
+    let rest = &url[scheme_end + 3..];
+    rest.rfind('@')
+        .is_some_and(|at| rest[..at].contains(['/', '?', '#']))
+}
+
 /// Removes the URL and its password from an error text from a library (lapin's URL
-/// parser, for one, quotes the whole URL).
+/// parser, for one, quotes the whole URL). If a fragment of 3 or more characters of
+/// the password (as written or percent-decoded) is still there, the whole text is
+/// withheld: a library may quote a piece of a mis-split URL (a "port", a "host").
 pub(crate) fn scrub(reason: &str, url: &str) -> String {
     let mut out = reason.replace(url, &redact_url(url));
-    if let Some(password) = password_of(url) {
-        // Very short passwords would garble the text and are not worth hiding.
-        if password.len() >= 3 {
-            out = out.replace(password, "***");
+    let Some(password) = password_of(url) else {
+        return out;
+    };
+    let decoded = percent_decode(password);
+    for p in [password, decoded.as_str()] {
+        if p.chars().count() >= 3 {
+            out = out.replace(p, "***");
         }
+    }
+    if has_fragment(&out, password) || has_fragment(&out, &decoded) {
+        return "(the library's message is withheld: it quotes part of the password)".into();
     }
     out
 }
 
+/// True when `text` contains 3 consecutive characters of `secret`.
+pub fn has_fragment(text: &str, secret: &str) -> bool {
+    let chars: Vec<char> = secret.chars().collect();
+    chars.windows(3).any(|w| {
+        let f: String = w.iter().collect();
+        text.contains(&f)
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = (b[i] == b'%')
+            .then(|| b.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match hex {
+            Some(v) => {
+                out.push(v);
+                i += 3;
+            }
+            None => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn password_of(url: &str) -> Option<&str> {
     let rest = &url[url.find("://")? + 3..];
-    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
-    let userinfo = &authority[..authority.rfind('@')?];
+    let userinfo = &rest[..rest.rfind('@')?];
     userinfo.split_once(':').map(|(_, p)| p)
 }
 
@@ -102,6 +165,14 @@ mod tests {
         assert_eq!(redact_url("amqp://user@host"), "amqp://user:***@host");
         assert_eq!(redact_url("amqp://host:5672"), "amqp://host:5672");
         assert_eq!(redact_url("not a url"), "not a url");
+        // Unencoded '#', '/', '?' in the password: the last '@' ends the userinfo.
+        assert_eq!(
+            redact_url("amqp://guest:Qx#j/z?q@host:5672/%2f"),
+            "amqp://guest:***@host:5672/%2f"
+        );
+        assert_eq!(redact_url("amqp://gu/est@host/v"), "amqp://***:***@host/v");
+        assert!(userinfo_is_ambiguous("amqp://guest:a#b@host/"));
+        assert!(!userinfo_is_ambiguous("amqp://guest:a@b@host/"));
     }
 
     #[test]
@@ -113,6 +184,34 @@ mod tests {
         );
         assert_eq!(scrub("bad topsecret here", url), "bad *** here");
         assert_eq!(scrub("no secrets", "amqp://host"), "no secrets");
+        // A fragment of the password (a mis-split "port") withholds the message.
+        let url = "amqp://guest:Qxj:zXq@host/";
+        assert!(!scrub("invalid port 'zXq@host'", url).contains("zXq"));
+        let url = "amqp://guest:Qxj%2FzXq@host/";
+        assert!(!scrub("bad Qxj/zXq", url).contains("Qxj"));
+    }
+
+    #[test]
+    fn validate_refuses_what_no_parser_reads_as_written() {
+        for (url, words) in [
+            ("amqp://guest:Qx#jz@h/%2f", "percent-encode the password"),
+            ("amqp://guest:Qx/jz@h/%2f", "percent-encode the password"),
+            ("amqp://guest:Qx jz@h/%2f", "percent-encode it"),
+            ("amqps://guest:Qxjz@[fd00::5]/", "IPv6"),
+            ("amqps://[::1]:5671/", "IPv6"),
+        ] {
+            let e = crate::PublisherConfig::new(url, "x")
+                .validate()
+                .unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.contains(words), "{url}: {msg}");
+            assert!(!msg.contains("Qx") && !msg.contains("jz"), "{url}: {msg}");
+        }
+        assert!(
+            crate::PublisherConfig::new("amqp://guest:a%23b@127.0.0.1/%2f", "x")
+                .validate()
+                .is_ok()
+        );
     }
 
     #[test]

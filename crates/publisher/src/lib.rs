@@ -145,15 +145,30 @@ impl PublisherConfig {
                     ),
                 });
             }
-            if let Err(e) = url.parse::<lapin::uri::AMQPUri>() {
+            if error::userinfo_is_ambiguous(url) {
                 return Err(PublishError::InvalidConfig {
                     key: "url",
-                    reason: format!(
-                        "{} cannot be parsed ({}); fix the URL",
-                        redact_url(url),
-                        error::scrub(&e, url)
-                    ),
+                    reason: error::PERCENT_ENCODE_PASSWORD.into(),
                 });
+            }
+            if url.contains(char::is_whitespace) {
+                return Err(PublishError::InvalidConfig {
+                    key: "url",
+                    reason: "a URL holds a space: percent-encode it (%20)".into(),
+                });
+            }
+            match url.parse::<lapin::uri::AMQPUri>() {
+                Err(e) => {
+                    return Err(PublishError::InvalidConfig {
+                        key: "url",
+                        reason: format!(
+                            "{} cannot be parsed ({}); fix the URL",
+                            redact_url(url),
+                            error::scrub(&e, url)
+                        ),
+                    });
+                }
+                Ok(uri) => check_host(url, &uri)?,
             }
         }
         if self.max_in_flight == 0 {
@@ -179,6 +194,31 @@ impl PublisherConfig {
             cert_chain: Some(pem),
         })
     }
+}
+
+/// Refuses a host the AMQP client would not connect to as written: lapin's URL
+/// parser reads an IPv6 literal (`amqps://[fd00::5]/`) as no host at all and
+/// connects to `localhost` instead (docs/security.md).
+fn check_host(url: &str, uri: &lapin::uri::AMQPUri) -> Result<(), PublishError> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
+    if rest.starts_with('[') {
+        return Err(PublishError::InvalidConfig {
+            key: "url",
+            reason: format!(
+                "{} has an IPv6 address as its host, which the AMQP client cannot connect to (it would silently use localhost): use a host name that resolves to that address",
+                redact_url(url)
+            ),
+        });
+    }
+    let written = rest.split(['/', '?', ':']).next().unwrap_or_default();
+    if !written.is_empty() && uri.authority.host.is_empty() {
+        return Err(PublishError::InvalidConfig {
+            key: "url",
+            reason: format!("{} has a host the AMQP client cannot read", redact_url(url)),
+        });
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for PublisherConfig {

@@ -408,6 +408,33 @@ fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>,
     })
 }
 
+/// Warns (once: [`Config::load`] runs once per process) when `file` holds a password
+/// and group or others may read it (docs/security.md). The warning names the file and
+/// its mode, never anything from its contents.
+fn warn_if_readable_with_password(file: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(meta) = std::fs::metadata(file) else {
+        return;
+    };
+    let mode = meta.permissions().mode() & 0o777;
+    if mode & 0o077 == 0 {
+        return;
+    }
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return;
+    };
+    // The redaction changes the text exactly where it holds a password. RabbitMQ's
+    // well-known default login (guest:guest, accepted from localhost only) is no
+    // secret.
+    let text = text.replace("://guest:guest@", "://guest@");
+    if redact_url(&text) != text {
+        tracing::warn!(
+            "the configuration file {} holds a password and is readable by group or others (mode {mode:03o}): run chmod 600 on it",
+            file.display()
+        );
+    }
+}
+
 impl Config {
     /// Loads the configuration: `path` if given (it must exist), else
     /// `./outbox-relay.toml` if present, else the defaults; then the process
@@ -429,7 +456,11 @@ impl Config {
             };
             env.push((k.to_string(), v.to_string()));
         }
-        Config::load_with_env(path, env)
+        let config = Config::load_with_env(path, env)?;
+        if let ConfigSource::File(file) = &config.source {
+            warn_if_readable_with_password(file);
+        }
+        Ok(config)
     }
 
     /// [`Config::load`] with an explicit environment (for tests; variables without the

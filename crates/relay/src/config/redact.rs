@@ -10,23 +10,39 @@ pub fn redact_url(text: &str) -> String {
 }
 
 fn redact_userinfo(text: &str) -> String {
+    // A single URL (a configuration value) may hold whitespace in its password: it
+    // is one token as a whole.
+    let single = text.matches("://").count() == 1
+        && text
+            .split_once("://")
+            .is_some_and(|(scheme, _)| !scheme.is_empty() && !scheme.contains(char::is_whitespace));
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("://") {
         let (head, tail) = rest.split_at(i + 3);
         out.push_str(head);
         // A URL in text ends at whitespace; the userinfo ends at the token's last '@'
-        // (a password may contain '@', '/' or '?').
-        let token_end = tail.find(char::is_whitespace).unwrap_or(tail.len());
+        // (a password may contain '@', '/', '?' or '#').
+        let token_end = if single {
+            tail.len()
+        } else {
+            tail.find(char::is_whitespace).unwrap_or(tail.len())
+        };
         let token = &tail[..token_end];
         match token.rfind('@') {
             Some(at) => match token[..at].find(':') {
-                Some(colon) => {
+                Some(colon) if !token[..colon].contains(['/', '?', '#']) => {
                     out.push_str(&token[..=colon]);
                     out.push_str("***");
                     out.push_str(&token[at..]);
                 }
-                None => out.push_str(token),
+                // No ':' (a user name only), or one that follows a '/', '?' or '#':
+                // the whole userinfo may be password.
+                _ if token[..at].contains(['/', '?', '#', ':']) => {
+                    out.push_str("***");
+                    out.push_str(&token[at..]);
+                }
+                _ => out.push_str(token),
             },
             None => out.push_str(token),
         }

@@ -556,6 +556,33 @@ fn secrets_are_not_quoted_in_errors() {
 }
 
 #[test]
+fn amqp_urls_that_no_parser_reads_as_written_are_refused() {
+    for (url, words) in [
+        ("amqp://guest:Qx#jz@h/%2f", "percent-encode the password"),
+        ("amqp://guest:Qx/jz@h/%2f", "percent-encode the password"),
+        ("amqp://guest:Qx?jz@h/%2f", "percent-encode the password"),
+        ("amqp://guest:Qx jz@h/%2f", "percent-encode it"),
+        ("amqps://guest:Qxjz@[fd00::5]/", "IPv6"),
+        ("amqps://[fd00::5]:5671/%2f", "IPv6"),
+    ] {
+        let e = load_toml(&format!("[rabbitmq]\nurl = \"{url}\"")).unwrap_err();
+        assert_eq!(e.key(), Some("rabbitmq.url"), "{url}");
+        let msg = format!("{e} {e:?}");
+        assert!(msg.contains(words), "{url}: {msg}");
+        assert!(!msg.contains("Qx") && !msg.contains("jz"), "{url}: {msg}");
+    }
+}
+
+#[test]
+fn readable_config_files_with_a_password_are_noticed() {
+    // warn_if_readable_with_password decides on the redaction of the file's text.
+    let with = "[postgres]\nurl = \"postgresql://u:Qxjz@h/db\"";
+    assert_ne!(redact_url(with), with);
+    let guest = "[rabbitmq]\nurl = \"amqp://guest@h/\"";
+    assert_eq!(redact_url(guest), guest);
+}
+
+#[test]
 fn redact_url_forms() {
     let cases = [
         (
@@ -599,6 +626,13 @@ fn redact_url_forms() {
             "no secrets, password is not a parameter",
             "no secrets, password is not a parameter",
         ),
+        // Unencoded '#', '/', '?' or a space in a password: the last '@' ends it.
+        (
+            "amqp://guest:Qx#j/z?q@host:5672/%2f",
+            "amqp://guest:***@host:5672/%2f",
+        ),
+        ("amqp://guest:Qx j z@host/", "amqp://guest:***@host/"),
+        ("amqp://Qx/jz@host/v", "amqp://***@host/v"),
     ];
     for (input, expected) in cases {
         assert_eq!(redact_url(input), expected, "input {input:?}");

@@ -17,7 +17,8 @@ pub(super) fn validate_pg_url(url: &str) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(
                 KEY,
                 format!(
-                    "the URL scheme `{scheme}` is not postgresql:// or postgres://: fix the URL"
+                    "the URL scheme {}is not postgresql:// or postgres://: fix the URL",
+                    quoted_scheme(scheme)
                 ),
             ));
         }
@@ -42,7 +43,10 @@ pub(super) fn validate_amqp_url(
         Some((scheme, _)) if scheme != "amqp" && scheme != "amqps" => {
             return Err(ConfigError::invalid(
                 KEY,
-                format!("{which} has scheme `{scheme}`: use amqp:// or amqps://"),
+                format!(
+                    "{which} has scheme {}which is not amqp:// or amqps://",
+                    quoted_scheme(scheme)
+                ),
             ))
         }
         _ => {
@@ -51,6 +55,28 @@ pub(super) fn validate_amqp_url(
                 format!("{which} is not an AMQP URL: use amqp://user:password@host:5672/vhost"),
             ))
         }
+    }
+    // Nothing of the URL is quoted below: the user name or password may be in it.
+    if publisher::error::userinfo_is_ambiguous(url) {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("{which}: {}", publisher::error::PERCENT_ENCODE_PASSWORD),
+        ));
+    }
+    if url.contains(char::is_whitespace) {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("{which} holds a space or other whitespace: percent-encode it (%20)"),
+        ));
+    }
+    let after_userinfo = url
+        .split_once("://")
+        .map_or(url, |(_, r)| r.rfind('@').map_or(r, |at| &r[at + 1..]));
+    if after_userinfo.starts_with('[') {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("{which} has an IPv6 address as its host, which the AMQP client cannot connect to (it would silently use localhost): use a host name that resolves to that address"),
+        ));
     }
     if url.contains(",amqp://") || url.contains(",amqps://") {
         return Err(ConfigError::invalid(
@@ -70,6 +96,22 @@ pub(super) fn validate_amqp_url(
         }
     }
     Ok(())
+}
+
+/// `` `scheme` `` followed by a space when it looks like a URL scheme (letters, digits,
+/// `+.-`, at most 16), else nothing: what precedes `://` in a malformed value may be
+/// a password.
+fn quoted_scheme(scheme: &str) -> String {
+    let plain = !scheme.is_empty()
+        && scheme.len() <= 16
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c));
+    if plain {
+        format!("`{scheme}` ")
+    } else {
+        String::new()
+    }
 }
 
 /// Slot names: lower-case letters, digits, underscores, at most 63 bytes. Publications:
