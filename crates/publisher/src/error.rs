@@ -215,6 +215,41 @@ mod tests {
     }
 
     #[test]
+    fn a_ca_file_without_a_certificate_is_an_error_naming_the_key() {
+        let dir = std::env::temp_dir().join(format!("publisher-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, contents) in [
+            ("empty.pem", ""),
+            (
+                "key.pem",
+                "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+            ),
+            (
+                "garbage.pem",
+                "-----BEGIN CERTIFICATE-----\nnot base64!\n-----END CERTIFICATE-----\n",
+            ),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, contents).unwrap();
+            let mut c = crate::PublisherConfig::new("amqps://h/", "x");
+            c.ca_file = Some(path);
+            let e = c.tls_config().unwrap_err().to_string();
+            assert!(
+                e.contains("[rabbitmq] ca_file") && e.contains("no parsable"),
+                "{name}: {e}"
+            );
+        }
+        let mut c = crate::PublisherConfig::new("amqps://h/", "x");
+        c.ca_file = Some(dir.join("missing.pem"));
+        assert!(c
+            .tls_config()
+            .unwrap_err()
+            .to_string()
+            .contains("[rabbitmq] ca_file"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn transient_versus_definite() {
         let url = "amqp://h".to_string();
         let reason = String::new();

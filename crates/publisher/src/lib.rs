@@ -189,6 +189,14 @@ impl PublisherConfig {
             path: path.display().to_string(),
             reason: e.to_string(),
         })?;
+        // lapin would silently skip what does not parse and trust the system roots
+        // alone: a file without a usable certificate is a configuration error.
+        if wal_reader::tls::count_pem_certificates(pem.as_bytes()) == 0 {
+            return Err(PublishError::CaFile {
+                path: path.display().to_string(),
+                reason: "it holds no parsable PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+            });
+        }
         Ok(OwnedTLSConfig {
             identity: None,
             cert_chain: Some(pem),

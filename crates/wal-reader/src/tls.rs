@@ -176,6 +176,16 @@ fn signature_algorithm_oid(cert: &[u8]) -> Option<&[u8]> {
     Some(oid)
 }
 
+/// The number of certificates in `pem` that parse (DER inside PEM `CERTIFICATE`
+/// blocks that rustls accepts as trust anchors). The AMQP side uses it to refuse a
+/// `ca_file` without one.
+pub fn count_pem_certificates(pem: &[u8]) -> usize {
+    let mut roots = RootCertStore::empty();
+    let certs: Vec<_> = rustls_pemfile::certs(&mut &pem[..]).flatten().collect();
+    let (added, _) = roots.add_parsable_certificates(certs);
+    added
+}
+
 /// The server name to present and (for verify-full) check.
 pub fn server_name(opts: &PgConnectOptions) -> Result<ServerName<'static>, TlsSetupError> {
     ServerName::try_from(opts.host.clone()).map_err(|_| {
@@ -297,5 +307,41 @@ impl ServerCertVerifier for ChainOnly {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.0.supported_verify_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_certificates_and_hashes_the_end_point() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        assert_eq!(count_pem_certificates(cert.pem().as_bytes()), 1);
+        assert_eq!(count_pem_certificates(b""), 0);
+        assert_eq!(
+            count_pem_certificates(b"-----BEGIN CERTIFICATE-----\nxx\n-----END CERTIFICATE-----\n"),
+            0
+        );
+        // rcgen signs with ECDSA P-256 SHA-256: a 32-byte SHA-256 end point.
+        let ep = tls_server_end_point(cert.der()).unwrap();
+        assert_eq!(ep.len(), 32);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P384_SHA384).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        assert_eq!(tls_server_end_point(cert.der()).unwrap().len(), 48);
+        let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        assert_eq!(tls_server_end_point(cert.der()), None);
+        assert_eq!(tls_server_end_point(b"\x30\x03garbage"), None);
     }
 }
