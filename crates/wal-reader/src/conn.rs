@@ -11,6 +11,7 @@
 
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -32,6 +33,8 @@ const MAX_MESSAGE_LEN: usize = (1 << 30) + (1 << 20);
 /// or a man in the middle cannot make the relay reserve a gigabyte before it even
 /// logged in (docs/security.md).
 const MAX_STARTUP_MESSAGE_LEN: usize = 30_000;
+/// Set once the superuser warning was logged (once per process).
+static SUPERUSER_WARNED: AtomicBool = AtomicBool::new(false);
 /// How the "TLS refused" precondition starts (the `allow` retry recognises it).
 const TLS_REFUSED: &str = "Postgres does not accept TLS";
 /// Initial read buffer; grows for larger frames.
@@ -105,6 +108,8 @@ pub struct ReplicationConnection {
     server_version: String,
     backend_pid: i32,
     tls: bool,
+    /// The server's `is_superuser` at startup.
+    superuser: bool,
     /// The largest message [`Self::try_message`] accepts now.
     max_message: usize,
 }
@@ -174,6 +179,7 @@ impl ReplicationConnection {
             server_version: String::new(),
             backend_pid: 0,
             tls,
+            superuser: false,
             max_message: MAX_STARTUP_MESSAGE_LEN,
         };
         conn.startup(opts).await?;
@@ -396,13 +402,24 @@ impl ReplicationConnection {
                     if name == b"server_version" {
                         self.server_version = String::from_utf8_lossy(value).into_owned();
                     }
+                    if name == b"is_superuser" {
+                        self.superuser = value == b"on";
+                    }
                 }
                 b'K' => {
                     if msg.body.len() >= 4 {
                         self.backend_pid = (&msg.body[..4]).get_i32();
                     }
                 }
-                b'Z' => return Ok(()),
+                b'Z' => {
+                    if self.superuser && !SUPERUSER_WARNED.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "Postgres role {:?} is a superuser: the relay needs only LOGIN REPLICATION and a few grants; connect as the role of sql/role.sql (docs/security.md)",
+                            opts.user
+                        );
+                    }
+                    return Ok(());
+                }
                 b'E' => {
                     return Err(ReaderError::from_server(
                         parse_error(&msg.body),
@@ -440,6 +457,12 @@ impl ReplicationConnection {
     /// True when the connection is encrypted.
     pub fn is_tls(&self) -> bool {
         self.tls
+    }
+
+    /// True when the server reported the session role as a superuser
+    /// (`is_superuser`); the first such connection of a process logs a warning.
+    pub fn is_superuser(&self) -> bool {
+        self.superuser
     }
 
     /// The user name this connection logged in as.

@@ -570,3 +570,24 @@ async fn messages_before_authentication_are_capped() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn a_superuser_login_is_reported() {
+    let env = vec![("HOME", "/nonexistent".to_string())];
+    let su = parse(
+        &format!(
+            "host=127.0.0.1 port={} user=postgres dbname=postgres",
+            pg_port()
+        ),
+        &env,
+    )
+    .unwrap();
+    let mut c = ReplicationConnection::connect(&su).await.unwrap();
+    assert!(c.is_superuser());
+    c.terminate().await;
+    let role = Role::new("outbox_auth_scram", "scram-sha-256");
+    let o = parse(&role.conninfo("127.0.0.1", "sslmode=require"), &env).unwrap();
+    let mut c = ReplicationConnection::connect(&o).await.unwrap();
+    assert!(!c.is_superuser());
+    c.terminate().await;
+}
