@@ -10,9 +10,28 @@
 --
 --   psql -d app -c '\password outbox_relay'
 --
--- and allow it in pg_hba.conf. A logical replication connection matches ordinary
--- *database* lines (not the `replication` keyword), e.g.
---   hostssl app outbox_relay 10.0.0.0/8 scram-sha-256
+-- and allow it in pg_hba.conf for the one database only, over TLS, with SCRAM. A
+-- logical replication connection (`replication=database`) matches ordinary
+-- *database* lines, not the `replication` keyword, so this one line is all it needs:
+--
+--   # TYPE  DATABASE  USER          ADDRESS          METHOD
+--   hostssl app       outbox_relay  10.0.0.0/8       scram-sha-256
+--
+-- Do not add a line with the `replication` keyword for this role: that keyword
+-- allows *physical* replication (pg_basebackup, a streaming standby), i.e. a full
+-- copy of every database of the cluster. Keep `hostssl` (a plain `host` line lets a
+-- misconfigured client send its password unencrypted; outbox-relay itself refuses
+-- to send a cleartext or md5 password over a plain link, docs/security.md), and
+-- connect with sslmode=verify-full and sslrootcert=… in [postgres] url.
+--
+-- What REPLICATION allows: with the line above, the role may create and drop
+-- logical replication slots in the databases it may connect to, and stream every
+-- change of the tables in a publication (pgoutput sends only published tables; but
+-- the role could create another slot with another output plugin and read every
+-- row change of that database, whatever its table grants). A slot keeps WAL on the
+-- server's disk until it is consumed: an abandoned slot can fill the disk (set
+-- max_slot_wal_keep_size, docs/operations.md). REPLICATION is not superuser: it
+-- grants no table access through SQL, no DDL, no file or program access.
 --
 -- What the relay needs, and why:
 --   LOGIN REPLICATION        open a replication connection, create/drop its slot
