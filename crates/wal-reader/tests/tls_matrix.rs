@@ -194,12 +194,10 @@ async fn ours_verdict(o: &PgConnectOptions) -> (Verdict, String) {
     }
 }
 
-/// The SQL connection (tokio-postgres with the same rustls configuration).
+/// The SQL connection (tokio-postgres with the same rustls configuration, through
+/// `connect_sql`).
 async fn sql_verdict(o: &PgConnectOptions) -> Verdict {
-    let Ok(tls) = wal_reader::tls::make_tls_connect(o) else {
-        return Verdict::Refused;
-    };
-    match o.to_tokio_postgres().connect(tls).await {
+    match wal_reader::tls::connect_sql(o).await {
         Ok((client, conn)) => {
             let h = tokio::spawn(conn);
             let row = client
@@ -590,4 +588,56 @@ async fn a_superuser_login_is_reported() {
     let mut c = ReplicationConnection::connect(&o).await.unwrap();
     assert!(!c.is_superuser());
     c.terminate().await;
+}
+
+#[tokio::test]
+async fn sql_connections_send_no_password_over_a_plain_link_either() {
+    use wal_reader::tls::{connect_sql, SqlConnectError};
+    let env = vec![("HOME", "/nonexistent".to_string())];
+    for (code, extra, method) in [(3, &b""[..], "cleartext"), (5, &b"salt"[..], "md5")] {
+        let (port, server) = fake_server(auth_request(code, extra)).await;
+        let o = parse(
+            &format!("host=127.0.0.1 port={port} user=u password=Sekr1tPw dbname=d"),
+            &env,
+        )
+        .unwrap();
+        let err = connect_sql(&o).await.err().unwrap();
+        assert!(
+            matches!(err, SqlConnectError::Refused(ref m) if m.contains(method) && m.contains("unencrypted")),
+            "{err}"
+        );
+        let sent = server.await.unwrap();
+        assert!(
+            sent.is_empty(),
+            "nothing was sent after the request: {sent:?}"
+        );
+        // An explicit sslmode=disable sends it.
+        let (port, server) = fake_server(auth_request(code, extra)).await;
+        let o = parse(
+            &format!(
+                "host=127.0.0.1 port={port} user=u password=Sekr1tPw dbname=d sslmode=disable"
+            ),
+            &env,
+        )
+        .unwrap();
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), connect_sql(&o)).await;
+        let sent = server.await.unwrap();
+        assert_eq!(sent.first(), Some(&b'p'), "the password message was sent");
+    }
+    // A huge message before login ends the connection.
+    let mut huge = vec![b'E'];
+    huge.extend_from_slice(&(1_000_000_000i32).to_be_bytes());
+    let (port, _server) = fake_server(huge).await;
+    let o = parse(&format!("host=127.0.0.1 port={port} user=u dbname=d"), &env).unwrap();
+    let err = connect_sql(&o).await.err().unwrap();
+    assert!(
+        matches!(err, SqlConnectError::Refused(ref m) if m.contains("30000")),
+        "{err}"
+    );
+    // Against the real server: cleartext over TLS is fine (the server offers TLS).
+    let role = Role::new("outbox_auth_password", "scram-sha-256");
+    let o = parse(&role.conninfo("127.0.0.1", ""), &env).unwrap();
+    assert_eq!(sql_verdict(&o).await, Verdict::Tls);
+    let o = parse(&role.conninfo("127.0.0.1", "sslmode=disable"), &env).unwrap();
+    assert_eq!(sql_verdict(&o).await, Verdict::Plain);
 }
