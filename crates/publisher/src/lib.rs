@@ -177,6 +177,17 @@ impl PublisherConfig {
                 reason: "0 would never publish; set a positive number such as 10000".into(),
             });
         }
+        if self.dead_letter_exchange.as_deref() == Some(self.exchange.as_str()) {
+            // A return names the exchange it came from: the two must differ for the
+            // relay to tell a returned copy from a returned original.
+            return Err(PublishError::InvalidConfig {
+                key: "dead_letter_exchange",
+                reason: format!(
+                    "{:?} is also [rabbitmq] exchange; name a different exchange for unroutable messages",
+                    self.exchange
+                ),
+            });
+        }
         message::RoutingKeyTemplate::parse(&self.routing_key)?;
         Ok(())
     }
@@ -338,5 +349,21 @@ impl Publisher {
         run::Runner::new(self, watermark, Some(flushed))?
             .run(input)
             .await
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::*;
+
+    #[test]
+    fn dead_letter_exchange_must_differ_from_the_exchange() {
+        let mut c = PublisherConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f", "outbox");
+        assert!(c.validate().is_ok());
+        c.dead_letter_exchange = Some("outbox".into());
+        let e = c.validate().expect_err("same exchange");
+        assert!(e.to_string().contains("dead_letter_exchange"), "{e}");
+        c.dead_letter_exchange = Some("unrouted".into());
+        assert!(c.validate().is_ok());
     }
 }
