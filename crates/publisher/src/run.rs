@@ -191,8 +191,15 @@ impl Runner {
                 Step::Event(event) => self.on_event(event),
                 Step::Round(round) => self.on_round(round),
                 Step::Flushed(Some(lsn)) => self.engine.flushed(lsn),
-                // The reader is gone: the watermark is what counts from now on.
-                Step::Flushed(None) => self.flushed = None,
+                // The reader is gone: the watermark is what counts from now on —
+                // including what it already passed, or a window full of acked but
+                // unflushed messages would never publish again (and never take the
+                // input that would tell it to finish).
+                Step::Flushed(None) => {
+                    self.flushed = None;
+                    let lsn = self.engine.watermark();
+                    self.engine.flushed(lsn);
+                }
                 Step::Input(Some(batch)) => self.on_input(batch),
                 Step::Input(None) => {
                     input_open = false;
