@@ -440,7 +440,6 @@ impl<M: Keyed + Clone> Engine<M> {
             let Some(publish) = self.publishes.pop_front() else {
                 break;
             };
-            let tag = self.first_tag;
             self.first_tag += 1;
             if let Some(message) = self.window.get(publish.seq) {
                 self.by_key.remove(&(message.key(), publish.target));
@@ -485,7 +484,6 @@ impl<M: Keyed + Clone> Engine<M> {
                     }
                 }
             }
-            let _ = tag;
         }
     }
 
