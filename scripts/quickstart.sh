@@ -3,7 +3,8 @@
 #   1. prepares a local Postgres with wal_level=logical (the cluster that
 #      scripts/test-services.sh manages, port 55432) and checks the local RabbitMQ;
 #   2. builds outbox-relay (release);
-#   3. creates a database `outbox_demo` with the outbox table (sql/outbox.sql);
+#   3. creates a database `outbox_demo` with the outbox table (sql/outbox.sql) and
+#      the relay's least-privileged role `outbox_demo_relay` (sql/role.sql);
 #   4. `outbox-relay slot create` (publication + slot);
 #   5. starts `outbox-relay run`, inserts sample events in a few transactions (and one
 #      rolled-back one, which is never published), and shows them arriving in the
@@ -32,10 +33,13 @@ psql_demo -d postgres -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_rep
 psql_demo -d postgres -c "DROP DATABASE IF EXISTS outbox_demo WITH (FORCE)"
 psql_demo -d postgres -c "CREATE DATABASE outbox_demo"
 psql_demo -d outbox_demo -f sql/outbox.sql
+# The relay connects as the least-privileged role of sql/role.sql, not as postgres.
+psql_demo -d postgres -c "DROP ROLE IF EXISTS outbox_demo_relay"
+psql_demo -d outbox_demo -v relay_role=outbox_demo_relay -f sql/role.sql
 
 cat > "$WORK/outbox-relay.toml" <<TOML
 [postgres]
-url = "postgresql://postgres@127.0.0.1:$PGPORT/outbox_demo"
+url = "postgresql://outbox_demo_relay@127.0.0.1:$PGPORT/outbox_demo"
 slot = "outbox_demo"
 publication = "outbox_relay"
 tables = ["public.outbox"]

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use futures_util::Stream;
 use lapin::options::{ConfirmSelectOptions, ExchangeDeclareOptions};
-use lapin::tcp::OwnedTLSConfig;
+use lapin::tcp::{AMQPUriTcpExt, RustlsConnector};
 use lapin::types::{FieldTable, LongString};
+use lapin::uri::{AMQPScheme, AMQPUri};
 use lapin::{
     Channel, Connection, ConnectionProperties, DefaultConnectionBuilder, ErrorKind, Event,
     ExchangeKind,
@@ -17,6 +18,16 @@ use crate::error::{redact_url, scrub, PublishError};
 /// Bound on one connection attempt (TCP, TLS, AMQP handshake, channel setup).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 use crate::PublisherConfig;
+
+/// How AMQPS connections verify the broker's certificate.
+#[derive(Clone, Debug)]
+pub(crate) enum Tls {
+    /// The operating system's roots (lapin's own TLS setup).
+    SystemRoots,
+    /// Only the certificates of `[rabbitmq] ca_file`: the system's roots are not
+    /// trusted, so a private CA is enforced (docs/security.md).
+    OwnRoots(RustlsConnector),
+}
 
 /// An open connection, its one channel and its event stream.
 pub(crate) struct Session {
@@ -42,7 +53,7 @@ enum Stage {
 /// to fix, an unreachable node does not.
 pub(crate) async fn connect_any(
     config: &PublisherConfig,
-    tls: &OwnedTLSConfig,
+    tls: &Tls,
     start: usize,
 ) -> Result<Session, PublishError> {
     let count = config.urls.len();
@@ -75,7 +86,7 @@ pub(crate) async fn connect_any(
 
 async fn connect_one(
     config: &PublisherConfig,
-    tls: &OwnedTLSConfig,
+    tls: &Tls,
     index: usize,
 ) -> Result<Session, PublishError> {
     let url = &config.urls[index];
@@ -114,20 +125,14 @@ fn scrub_error(error: PublishError, url: &str) -> PublishError {
 
 async fn connect_one_inner(
     config: &PublisherConfig,
-    tls: &OwnedTLSConfig,
+    tls: &Tls,
     index: usize,
 ) -> Result<Session, PublishError> {
     let url = &config.urls[index];
     let redacted = redact_url(url);
     let properties = ConnectionProperties::default()
         .with_connection_name(LongString::from(config.connection_name.as_str()));
-    let builder = DefaultConnectionBuilder::new()
-        .map_err(|e| classify(&redacted, &config.exchange, Stage::Connect, &e))?
-        .with_uri_str(url.clone())
-        .with_properties(properties)
-        .with_tls_config(tls.clone());
-    let connection = builder
-        .connect()
+    let connection = open_connection(url, properties, tls)
         .await
         .map_err(|e| classify(&redacted, &config.exchange, Stage::Connect, &e))?;
     let events = Box::pin(connection.events_listener());
@@ -138,6 +143,50 @@ async fn connect_one_inner(
         events,
         url_index: index,
     })
+}
+
+/// Opens the AMQP connection. With the system's roots lapin does everything; with
+/// `ca_file` the TLS handshake is ours, over a connector that trusts only that
+/// file's certificates (lapin's own setup would add them to the system's roots).
+async fn open_connection(
+    url: &str,
+    properties: ConnectionProperties,
+    tls: &Tls,
+) -> lapin::Result<Connection> {
+    let uri: AMQPUri = match url.parse() {
+        Ok(uri) => uri,
+        // Let lapin report the unparsable URL as it always has.
+        Err(_) => return connect_with_system_roots(url, properties).await,
+    };
+    let connector = match (tls, &uri.scheme) {
+        (Tls::OwnRoots(connector), AMQPScheme::AMQPS) => connector.clone(),
+        _ => return connect_with_system_roots(url, properties).await,
+    };
+    let runtime = lapin::runtime::default_runtime()?;
+    Connection::connector(
+        uri,
+        runtime,
+        async move |uri: AMQPUri, runtime| {
+            let host = uri.authority.host.clone();
+            let mut plain = uri;
+            plain.scheme = AMQPScheme::AMQP;
+            let stream = plain.connect_async(&runtime).await?;
+            Ok(stream.into_rustls(&connector, &host).await?)
+        },
+        properties,
+    )
+    .await
+}
+
+async fn connect_with_system_roots(
+    url: &str,
+    properties: ConnectionProperties,
+) -> lapin::Result<Connection> {
+    DefaultConnectionBuilder::new()?
+        .with_uri_str(url.to_string())
+        .with_properties(properties)
+        .connect()
+        .await
 }
 
 /// Opens a channel in confirm mode and declares (or checks) the exchanges.

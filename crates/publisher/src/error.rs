@@ -233,7 +233,7 @@ mod tests {
             std::fs::write(&path, contents).unwrap();
             let mut c = crate::PublisherConfig::new("amqps://h/", "x");
             c.ca_file = Some(path);
-            let e = c.tls_config().unwrap_err().to_string();
+            let e = c.tls().unwrap_err().to_string();
             assert!(
                 e.contains("[rabbitmq] ca_file") && e.contains("no parsable"),
                 "{name}: {e}"
@@ -242,7 +242,7 @@ mod tests {
         let mut c = crate::PublisherConfig::new("amqps://h/", "x");
         c.ca_file = Some(dir.join("missing.pem"));
         assert!(c
-            .tls_config()
+            .tls()
             .unwrap_err()
             .to_string()
             .contains("[rabbitmq] ca_file"));

@@ -65,7 +65,6 @@ mod sim;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lapin::tcp::OwnedTLSConfig;
 use tokio::sync::{mpsc, watch};
 use wal_reader::event::{Lsn, WalBatch};
 
@@ -192,26 +191,35 @@ impl PublisherConfig {
         Ok(())
     }
 
-    fn tls_config(&self) -> Result<OwnedTLSConfig, PublishError> {
+    /// How AMQPS connections verify the broker: the system's roots, or, with
+    /// `ca_file`, the certificates of that file *instead of* the system's roots, so
+    /// that a private CA can be enforced (docs/security.md).
+    fn tls(&self) -> Result<connection::Tls, PublishError> {
         let Some(path) = &self.ca_file else {
-            return Ok(OwnedTLSConfig::default());
+            return Ok(connection::Tls::SystemRoots);
         };
-        let pem = std::fs::read_to_string(path).map_err(|e| PublishError::CaFile {
+        let ca_error = |reason: String| PublishError::CaFile {
             path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        // lapin would silently skip what does not parse and trust the system roots
-        // alone: a file without a usable certificate is a configuration error.
-        if wal_reader::tls::count_pem_certificates(pem.as_bytes()) == 0 {
-            return Err(PublishError::CaFile {
-                path: path.display().to_string(),
-                reason: "it holds no parsable PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
-            });
+            reason,
+        };
+        let pem = std::fs::read(path).map_err(|e| ca_error(e.to_string()))?;
+        let mut roots = rustls::RootCertStore::empty();
+        let certs: Vec<_> = rustls_pemfile::certs(&mut &pem[..]).flatten().collect();
+        let (added, _) = roots.add_parsable_certificates(certs);
+        // A file without a usable certificate is a configuration error, never a
+        // silent fall-back to other roots.
+        if added == 0 {
+            return Err(ca_error(
+                "it holds no parsable PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
+            ));
         }
-        Ok(OwnedTLSConfig {
-            identity: None,
-            cert_chain: Some(pem),
-        })
+        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| ca_error(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Ok(connection::Tls::OwnRoots(config.into()))
     }
 }
 
@@ -283,7 +291,7 @@ pub struct PublisherReport {
 /// A connected publisher; see the crate docs.
 pub struct Publisher {
     config: PublisherConfig,
-    tls: OwnedTLSConfig,
+    tls: connection::Tls,
     session: connection::Session,
     status: PublisherStatus,
 }
@@ -295,7 +303,7 @@ impl Publisher {
     /// ([`PublishError::is_transient`]).
     pub async fn connect(config: PublisherConfig) -> Result<Publisher, PublishError> {
         config.validate()?;
-        let tls = config.tls_config()?;
+        let tls = config.tls()?;
         let session = connection::connect_any(&config, &tls, 0).await?;
         tracing::info!(
             node = %redact_url(&config.urls[session.url_index]),

@@ -78,7 +78,7 @@ enum Recovered {
 
 pub(crate) struct Runner {
     config: PublisherConfig,
-    tls: lapin::tcp::OwnedTLSConfig,
+    tls: crate::connection::Tls,
     session: Session,
     status: PublisherStatus,
     watermark: watch::Sender<Lsn>,

@@ -814,21 +814,30 @@ async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool, String> {
     }
 }
 
-/// An ordinary SQL connection with the same TLS rules as the replication one.
+/// An ordinary SQL connection under the replication connection's rules
+/// (docs/security.md): TLS per `sslmode`, no cleartext or md5 password over a plain
+/// link unless `sslmode=disable` is explicit, a size cap before login.
 pub async fn connect_sql(opts: &PgConnectOptions) -> Result<tokio_postgres::Client, String> {
-    let tls = wal_reader::tls::make_tls_connect(opts).map_err(|e| e.to_string())?;
-    // "error connecting to server" alone does not say why: add the cause.
-    let describe = |e: tokio_postgres::Error| match std::error::Error::source(&e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
-    };
-    let (client, conn) = opts
-        .to_tokio_postgres()
-        .connect(tls)
+    let (client, conn) = wal_reader::tls::connect_sql(opts)
         .await
-        .map_err(describe)?;
+        .map_err(|e| match e {
+            wal_reader::tls::SqlConnectError::Postgres(e) => describe_pg_error(&e),
+            other => other.to_string(),
+        })?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
     Ok(client)
+}
+
+/// tokio-postgres prints "error connecting to server" or "db error" alone: add the
+/// cause (the server's own message for a server error).
+pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    match std::error::Error::source(e) {
+        Some(cause) => format!("{e}: {cause}"),
+        None => e.to_string(),
+    }
 }

@@ -277,23 +277,7 @@ impl Retention {
     }
 
     async fn connect(&self) -> Result<Client, String> {
-        let tls = wal_reader::tls::make_tls_connect(&self.conn).map_err(|e| e.to_string())?;
-        let (client, conn) = self
-            .conn
-            .to_tokio_postgres()
-            .connect(tls)
-            .await
-            .map_err(|e| {
-                format!(
-                    "cannot connect to Postgres at {}: {e}",
-                    self.conn.display_target()
-                )
-            })?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                debug!(error = %e, "retention connection closed");
-            }
-        });
+        let client = crate::pipeline::connect_sql(&self.conn).await?;
         client
             .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
             .await

@@ -54,7 +54,92 @@ async fn check_passes_on_a_ready_setup() {
         assert!(t.contains(line), "{line:?} missing from {t}");
     }
     assert!(!t.contains("FAIL"), "{t}");
+    // The tests connect as postgres: check says that is more than the relay needs.
+    assert!(
+        t.contains("warn  postgres role postgres: is a superuser") && t.contains("sql/role.sql"),
+        "{t}"
+    );
     env.cleanup().await;
+}
+
+/// The least-privileged role of sql/role.sql is enough for `slot create`, `check`
+/// and `run`, and `check` does not call it a superuser.
+#[tokio::test]
+async fn the_role_of_role_sql_is_enough() {
+    let mut env = Env::new().await;
+    let role = unique_name("relay_least");
+    let _drop = DropRole {
+        role: role.clone(),
+        db: env.db.name.clone(),
+    };
+    let role_sql = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/role.sql");
+    let out = std::process::Command::new("psql")
+        .args([
+            "-XAtq",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+        ])
+        .args(["-p", &pg_port().to_string(), "-d", &env.db.name])
+        .args(["-v", &format!("relay_role={role}"), "-f", role_sql])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "role.sql: {}", text(&out));
+    // An administrator creates the publication (sql/outbox.sql does); the role
+    // cannot, and need not.
+    env.db.psql(&format!(
+        "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert')",
+        env.publication
+    ));
+    let url = env.db.url().replacen("postgres@", &format!("{role}@"), 1);
+    let config = env.config_file("least.toml", &url, &testkit::amqp_url(), "");
+    for args in [&["slot", "create"][..], &["check"][..]] {
+        let out = env.cli_with(&config, "info", args);
+        let t = text(&out);
+        assert!(out.status.success(), "{args:?} as {role}: {t}");
+        assert!(!t.contains("superuser"), "{args:?}: {t}");
+    }
+    let got = env.consumer().await;
+    let relay = env.start_with(&config, "info", &[]);
+    env.insert_seq(1, 50, 10);
+    let msgs = got.wait_for(50, Duration::from_secs(30)).await;
+    assert_eq!(check_sequence(&msgs, 50), 0, "no duplicates");
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(!log.contains("superuser"), "{log}");
+    // The stored position (docs/design.md) was written by the role.
+    let stored = env.db.psql(&format!(
+        "SELECT count(*) FROM outbox_relay_state WHERE slot_name = '{}'",
+        env.slot
+    ));
+    assert_eq!(stored, "1");
+    let out = env.cli_with(&config, "info", &["slot", "drop"]);
+    assert!(out.status.success(), "{}", text(&out));
+    env.cleanup().await;
+}
+
+/// Drops a test role on the way out, also when the test fails.
+struct DropRole {
+    role: String,
+    db: String,
+}
+
+impl Drop for DropRole {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("psql")
+            .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
+            .args(["-p", &pg_port().to_string(), "-d", &self.db])
+            .args(["-c", &format!("DROP OWNED BY {}", self.role)])
+            .output();
+        let _ = std::process::Command::new("psql")
+            .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
+            .args(["-p", &pg_port().to_string(), "-d", "postgres"])
+            .args(["-c", &format!("DROP ROLE IF EXISTS {}", self.role)])
+            .output();
+    }
 }
 
 #[tokio::test]

@@ -66,6 +66,14 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
 }
 
+/// Writes `contents` to `path` atomically (a temporary file renamed over it), so a
+/// relay process reading the file while a test rewrites it never sees it truncated.
+pub fn write_atomic(path: &std::path::Path, contents: &str) {
+    let tmp = path.with_extension(format!("tmp{}", unique_name("w")));
+    std::fs::write(&tmp, contents).expect("write a temporary file");
+    std::fs::rename(&tmp, path).expect("rename a temporary file over its target");
+}
+
 /// A name no other test uses: `prefix_` followed by 12 hex digits. Valid as a Postgres
 /// identifier (slot, publication, database, role) and as an AMQP name.
 pub fn unique_name(prefix: &str) -> String {
@@ -134,7 +142,9 @@ impl TestDb {
         Self::new_at(pg_fault_port(), prefix)
     }
 
-    fn new_at(port: u16, prefix: &str) -> TestDb {
+    /// Like [`TestDb::new`], on the cluster listening on `port` (e.g. one of the
+    /// per-version clusters of `scripts/pg-versions.sh`).
+    pub fn new_at(port: u16, prefix: &str) -> TestDb {
         let name = unique_name(prefix);
         psql_at(port, "postgres", &format!("CREATE DATABASE {name}"));
         TestDb { name, port }

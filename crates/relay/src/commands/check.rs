@@ -12,6 +12,7 @@ pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
     let client = match sql_client(cfg).await {
         Ok(c) => {
             println!("ok    postgres connection: logged in");
+            superuser_line(&c).await;
             c
         }
         Err(e) => {
@@ -39,6 +40,25 @@ pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
         Some(e) if e.is_precondition() => Err(CliError::Precondition(e.to_string())),
         Some(e) => Err(CliError::Runtime(e.to_string())),
         None => retention,
+    }
+}
+
+/// A `warn` line when the relay's role is a superuser: it needs only what
+/// sql/role.sql grants (docs/security.md, least privilege).
+async fn superuser_line(client: &tokio_postgres::Client) {
+    let superuser = client
+        .query_one(
+            "SELECT current_user::text, current_setting('is_superuser') = 'on'",
+            &[],
+        )
+        .await;
+    if let Ok(row) = superuser {
+        let (role, is_superuser): (String, bool) = (row.get(0), row.get(1));
+        if is_superuser {
+            println!(
+                "warn  postgres role {role}: is a superuser; run the relay as the least-privileged role of sql/role.sql"
+            );
+        }
     }
 }
 

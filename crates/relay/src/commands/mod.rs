@@ -84,21 +84,25 @@ pub fn admin_error(e: AdminError) -> CliError {
     }
 }
 
-/// An ordinary SQL connection to the configured database.
+/// An ordinary SQL connection to the configured database, under the replication
+/// connection's rules (docs/security.md): no cleartext or md5 password over a plain
+/// link unless `sslmode=disable` is explicit, and a size cap before login.
 pub async fn sql_client(cfg: &Config) -> Result<tokio_postgres::Client, CliError> {
+    use wal_reader::tls::SqlConnectError;
     let opts = pg_options(cfg)?;
-    let tls = wal_reader::tls::make_tls_connect(&opts)
-        .map_err(|e| CliError::Precondition(e.to_string()))?;
-    let (client, conn) = opts.to_tokio_postgres().connect(tls).await.map_err(|e| {
-        if e.code().is_some() {
-            sql_error(e)
-        } else {
-            CliError::Runtime(format!(
-                "cannot connect to Postgres at {}: {e}; check host and port in [postgres] url and that Postgres is running",
-                opts.display_target()
-            ))
-        }
-    })?;
+    let (client, conn) = wal_reader::tls::connect_sql(&opts)
+        .await
+        .map_err(|e| match e {
+            SqlConnectError::Setup(e) => CliError::Precondition(e.to_string()),
+            SqlConnectError::Refused(sentence) => CliError::Precondition(sentence),
+            SqlConnectError::Connect { .. } => CliError::Runtime(e.to_string()),
+            SqlConnectError::Postgres(e) if e.code().is_some() => sql_error(e),
+            SqlConnectError::Postgres(e) => CliError::Runtime(format!(
+                "cannot connect to Postgres at {}: {}; check host and port in [postgres] url and that Postgres is running",
+                opts.display_target(),
+                crate::pipeline::describe_pg_error(&e)
+            )),
+        })?;
     tokio::spawn(async move {
         if let Err(e) = conn.await {
             tracing::debug!(error = %e, "sql connection closed");

@@ -654,7 +654,23 @@ fn example_path() -> PathBuf {
 
 #[test]
 fn example_file_loads_and_equals_the_defaults() {
-    let c = Config::load_with_env(Some(&example_path()), NO_ENV).unwrap();
+    // The example shows the recommended least-privileged `[postgres] url` (the
+    // role of sql/role.sql over verify-full), not the built-in default.
+    let example = Config::load_with_env(Some(&example_path()), NO_ENV).unwrap();
+    assert!(
+        example
+            .postgres_url_exposed()
+            .starts_with("postgresql://outbox_relay@"),
+        "the example must connect as the role of sql/role.sql"
+    );
+    assert!(example
+        .postgres_url_exposed()
+        .contains("sslmode=verify-full"));
+    let c = Config::load_with_env(
+        Some(&example_path()),
+        [("OUTBOX_RELAY_POSTGRES_URL", DEFAULT_POSTGRES_URL)],
+    )
+    .unwrap();
     assert_eq!(
         format!("{c:?}").replace(&format!("{:?}", c.source), ""),
         format!("{:?}", Config::default()).replace(&format!("{:?}", ConfigSource::Defaults), "")

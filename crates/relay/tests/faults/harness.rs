@@ -158,7 +158,7 @@ impl World {
             self.rabbitmq_extra,
         );
         let path = self.env.dir.join("outbox-relay.toml");
-        std::fs::write(&path, toml).unwrap();
+        testkit::write_atomic(&path, &toml);
         path
     }
 

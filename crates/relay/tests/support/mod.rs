@@ -42,7 +42,18 @@ impl Env {
     }
 
     pub async fn with_ddl(ddl: &str, tables: &[&str]) -> Env {
-        let db = TestDb::new("e2e");
+        Self::with_ddl_at(testkit::pg_port(), ddl, tables).await
+    }
+
+    /// [`Env::new`] on the cluster listening on `port` (e.g. one of the per-version
+    /// clusters of `scripts/pg-versions.sh`).
+    pub async fn with_port(port: u16) -> Env {
+        Self::with_ddl_at(port, OUTBOX_DDL, &["public.outbox"]).await
+    }
+
+    /// [`Env::with_ddl`] on the cluster listening on `port`.
+    pub async fn with_ddl_at(port: u16, ddl: &str, tables: &[&str]) -> Env {
+        let db = TestDb::new_at(port, "e2e");
         db.psql(ddl);
         let mut broker = TestBroker::connect().await;
         let exchange = broker.exchange_name("ex");
@@ -80,7 +91,7 @@ impl Env {
             self.extra,
         );
         let path = self.dir.join("outbox-relay.toml");
-        std::fs::write(&path, toml).unwrap();
+        testkit::write_atomic(&path, &toml);
         path
     }
 
@@ -229,7 +240,7 @@ impl Env {
             self.extra,
         );
         let path = self.dir.join(name);
-        std::fs::write(&path, toml).unwrap();
+        testkit::write_atomic(&path, &toml);
         path
     }
 
