@@ -2,9 +2,9 @@
 //! consumer asserting what arrived (SPEC §1, §3, §5, §6).
 #![allow(clippy::unwrap_used)]
 
+mod scenarios;
 mod support;
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use support::*;
@@ -148,93 +148,15 @@ async fn two_outbox_tables_and_a_custom_mapping() {
 
 #[tokio::test]
 async fn sigterm_then_restart_publishes_no_duplicates() {
-    let mut env = Env::new().await;
-    env.create_slot();
-    let got = env.consumer().await;
-    let relay = env.start(&[]);
-    env.insert_seq(1, 3000, 100);
-    // Stop while the stream may still be flowing.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (code, log) = relay.terminate();
-    assert_eq!(code, Some(0), "clean stop exits 0: {log}");
-    let before = got.len();
-
-    let relay = env.start(&[]);
-    env.insert_seq(3001, 1000, 100);
-    let msgs = got
-        .wait_until(WAIT, |m| {
-            m.iter()
-                .filter(|x| x.header("aggregate_id").as_deref() == Some("4000"))
-                .count()
-                > 0
-        })
-        .await;
-    // Let anything stray arrive.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let msgs = if got.len() > msgs.len() {
-        got.snapshot()
-    } else {
-        msgs
-    };
-    let dups = check_sequence(&msgs, 4000);
-    assert_eq!(
-        dups, 0,
-        "a clean stop publishes nothing twice (first run delivered {before})"
-    );
-    let (code, log) = relay.terminate();
-    assert_eq!(code, Some(0), "{log}");
-    env.cleanup().await;
+    scenarios::clean_stop(testkit::pg_port()).await;
 }
 
 #[tokio::test]
 async fn sigkill_mid_stream_loses_nothing_and_duplicates_stay_bounded() {
-    let mut env = Env::new().await;
-    env.create_slot();
-    let got = env.consumer().await;
-    let relay = env.start(&[]);
-    env.insert_seq(1, 5000, 50);
-    // Kill once something has arrived but (likely) not everything.
-    got.wait_for(100, WAIT).await;
-    relay.kill();
-    let relay = env.start(&[]);
-    let msgs = got
-        .wait_until(WAIT, |m| {
-            let ids: HashSet<String> = m.iter().map(|x| x.message_id()).collect();
-            ids.len() >= 5000
-        })
-        .await;
-    let dups = check_sequence(&msgs, 5000);
-    assert!(dups <= 1000, "duplicates {dups} exceed max_in_flight");
-    let (code, log) = relay.terminate();
-    assert_eq!(code, Some(0), "{log}");
-    env.cleanup().await;
+    scenarios::sigkill_restart(testkit::pg_port()).await;
 }
 
 #[tokio::test]
 async fn idle_slot_follows_the_server_despite_other_traffic() {
-    let mut env = Env::new().await;
-    env.db
-        .psql("CREATE TABLE busy (id serial primary key, v text)");
-    env.create_slot();
-    let _got = env.consumer().await;
-    let relay = env.start(&[]);
-    // Traffic on an unpublished table and in another database.
-    let other = testkit::TestDb::new("other");
-    other.psql("CREATE TABLE t (v text)");
-    for _ in 0..5 {
-        env.db
-            .psql("INSERT INTO busy (v) SELECT repeat('x', 200) FROM generate_series(1, 2000)");
-        other.psql("INSERT INTO t SELECT repeat('y', 200) FROM generate_series(1, 2000)");
-    }
-    // Within a few seconds the slot's confirmed position is close to the server's.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let mut lag = env.slot_lag_bytes();
-    while lag >= 1_000_000 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        lag = env.slot_lag_bytes();
-    }
-    assert!(lag < 1_000_000, "slot lag {lag} bytes");
-    let (code, log) = relay.terminate();
-    assert_eq!(code, Some(0), "{log}");
-    env.cleanup().await;
+    scenarios::idle_wal(testkit::pg_port()).await;
 }

@@ -2,77 +2,20 @@
 //! `replay --from-lsn/--to-lsn`, `replay --from-table`, and restart safety.
 #![allow(clippy::unwrap_used)]
 
+mod scenarios;
 mod support;
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::*;
 use testkit::amqp::Msg;
 
-const WAIT: Duration = Duration::from_secs(60);
-const WINDOW_ENV: &str = "OUTBOX_RELAY_RELAY_REPLAY_WINDOW";
-
-fn lsn(text: &str) -> u64 {
-    let (hi, lo) = text.trim().split_once('/').unwrap();
-    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
-}
-
-fn lsn_text(v: u64) -> String {
-    format!("{:X}/{:X}", v >> 32, v & 0xFFFF_FFFF)
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A slot's confirmed_flush_lsn, or None if the slot does not exist.
-fn confirmed(env: &Env, slot: &str) -> Option<u64> {
-    let v = env.db.psql(&format!(
-        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
-    ));
-    (!v.trim().is_empty()).then(|| lsn(&v))
-}
-
-fn replay_slots(env: &Env) -> Vec<String> {
-    env.db
-        .psql(&format!(
-            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE '{}\\_replay\\_%'",
-            env.slot
-        ))
-        .lines()
-        .map(str::to_string)
-        .filter(|l| !l.is_empty())
-        .collect()
-}
-
-fn anchor(env: &Env) -> String {
-    format!("{}_anchor", env.slot)
-}
-
-/// Polls until `f` is true, panicking with `what` after WAIT.
-async fn poll(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-fn is_replay(m: &Msg) -> bool {
-    m.header("replay").as_deref() == Some("true")
-}
-
-/// Inserts one transaction of one row with aggregate_id `id`; returns nothing (the
-/// commit LSN is read from the delivered message's header).
-fn insert_one(env: &Env, id: &str) {
-    env.insert_tx(&[("t", id, "e", "{}")]);
-}
+use scenarios::{
+    anchor, confirmed, insert_one, is_replay, lsn, lsn_text, poll, replay_slots, stderr, stdout,
+    WAIT, WINDOW_ENV,
+};
 
 #[tokio::test]
 async fn start_lsn_before_the_slot_exits_2_and_after_it_skips() {
@@ -240,101 +183,7 @@ async fn the_window_is_kept_and_trimmed_as_time_passes() {
 
 #[tokio::test]
 async fn replay_delivers_exactly_the_range_while_the_live_relay_runs() {
-    let mut env = Env::new().await;
-    let window = [(WINDOW_ENV, "1h")];
-    let out = env.cli_env(&["slot", "create"], &window);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let got = env.consumer().await;
-    let relay = env.start_env(&[], &window);
-    // Four transactions; the second has two rows.
-    insert_one(&env, "t1");
-    env.insert_tx(&[("t", "t2a", "e", "{}"), ("t", "t2b", "e", "{}")]);
-    insert_one(&env, "t3");
-    insert_one(&env, "t4");
-    let live = got.wait_for(5, WAIT).await;
-    assert!(live.iter().all(|m| !is_replay(m)));
-    let commit_of = |id: &str| -> u64 {
-        let m = live
-            .iter()
-            .find(|m| m.header("aggregate_id").as_deref() == Some(id))
-            .unwrap();
-        lsn(&m.header("commit_lsn").unwrap())
-    };
-    let (c2, c3) = (commit_of("t2a"), commit_of("t3"));
-    poll("the live slot to pass t4", || {
-        confirmed(&env, &env.slot).unwrap() > commit_of("t4")
-    })
-    .await;
-
-    // --from-lsn c2 --to-lsn c3: exactly t2 and t3, with replay = true.
-    let out = env.cli_env(
-        &[
-            "replay",
-            "--from-lsn",
-            &lsn_text(c2),
-            "--to-lsn",
-            &lsn_text(c3),
-        ],
-        &window,
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert!(
-        stdout(&out).contains("replayed 3 events"),
-        "{}",
-        stdout(&out)
-    );
-    // The live relay keeps going meanwhile.
-    insert_one(&env, "t5");
-    let msgs = got
-        .wait_until(WAIT, |m| {
-            m.iter().filter(|m| is_replay(m)).count() >= 3
-                && m.iter()
-                    .any(|m| m.header("aggregate_id").as_deref() == Some("t5"))
-        })
-        .await;
-    let replayed: Vec<&Msg> = msgs.iter().filter(|m| is_replay(m)).collect();
-    let ids: Vec<String> = replayed
-        .iter()
-        .map(|m| m.header("aggregate_id").unwrap())
-        .collect();
-    assert_eq!(ids, ["t2a", "t2b", "t3"]);
-    for m in &replayed {
-        let orig = live
-            .iter()
-            .find(|l| l.header("aggregate_id") == m.header("aggregate_id"))
-            .unwrap();
-        assert_eq!(m.message_id(), orig.message_id());
-        assert_eq!(m.header("commit_lsn"), orig.header("commit_lsn"));
-    }
-    let t5 = msgs
-        .iter()
-        .find(|m| m.header("aggregate_id").as_deref() == Some("t5"))
-        .unwrap();
-    assert!(!is_replay(t5));
-
-    // Without --to-lsn: up to the live slot's position (t3, t4, t5 once it is
-    // confirmed).
-    poll("the live slot to pass t5", || {
-        confirmed(&env, &env.slot).unwrap() > lsn(&t5.header("commit_lsn").unwrap())
-    })
-    .await;
-    let before = got.len();
-    let out = env.cli_env(&["replay", "--from-lsn", &lsn_text(c3)], &window);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let msgs = got.wait_for(before + 3, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(got.len(), before + 3, "{:?}", got.snapshot());
-    let ids: Vec<String> = msgs[before..]
-        .iter()
-        .map(|m| m.header("aggregate_id").unwrap())
-        .collect();
-    assert_eq!(ids, ["t3", "t4", "t5"]);
-    assert!(msgs[before..].iter().all(is_replay));
-    // No temporary slot is left behind.
-    assert!(replay_slots(&env).is_empty(), "{:?}", replay_slots(&env));
-    let (code, log) = relay.terminate();
-    assert_eq!(code, Some(0), "{log}");
-    env.cleanup().await;
+    scenarios::replay_range(testkit::pg_port()).await;
 }
 
 #[tokio::test]

@@ -1,0 +1,455 @@
+//! End-to-end scenarios parameterised by the Postgres cluster they run against (its
+//! port): `e2e.rs` and `replay.rs` run some of them on the tests' own cluster,
+//! `versions.rs` runs every one of them on each supported major
+//! (docs/compatibility.md). Each scenario has its own database, slot and exchange.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::collections::HashSet;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use testkit::amqp::Msg;
+use testkit::TestDb;
+
+use crate::support::*;
+
+pub const WAIT: Duration = Duration::from_secs(60);
+pub const WINDOW_ENV: &str = "OUTBOX_RELAY_RELAY_REPLAY_WINDOW";
+
+pub fn lsn(text: &str) -> u64 {
+    let (hi, lo) = text.trim().split_once('/').unwrap();
+    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+}
+
+pub fn lsn_text(v: u64) -> String {
+    format!("{:X}/{:X}", v >> 32, v & 0xFFFF_FFFF)
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A slot's confirmed_flush_lsn, or None if the slot does not exist.
+pub fn confirmed(env: &Env, slot: &str) -> Option<u64> {
+    let v = env.db.psql(&format!(
+        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = '{slot}'"
+    ));
+    (!v.trim().is_empty()).then(|| lsn(&v))
+}
+
+/// The temporary slots of `replay` still present.
+pub fn replay_slots(env: &Env) -> Vec<String> {
+    env.db
+        .psql(&format!(
+            "SELECT slot_name FROM pg_replication_slots WHERE slot_name LIKE '{}\\_replay\\_%'",
+            env.slot
+        ))
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The replay window's anchor slot.
+pub fn anchor(env: &Env) -> String {
+    format!("{}_anchor", env.slot)
+}
+
+/// Polls until `f` is true, panicking with `what` after WAIT.
+pub async fn poll(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn is_replay(m: &Msg) -> bool {
+    m.header("replay").as_deref() == Some("true")
+}
+
+/// Inserts one transaction of one row with aggregate_id `id`; returns nothing (the
+/// commit LSN is read from the delivered message's header).
+pub fn insert_one(env: &Env, id: &str) {
+    env.insert_tx(&[("t", id, "e", "{}")]);
+}
+
+/// The `id` (and so the `message_id`) of row number `n` of [`insert_numbered`].
+pub fn numbered_id(n: usize) -> String {
+    format!("00000000-0000-0000-0000-{n:012}")
+}
+
+/// Inserts rows `from..from + n` in one transaction, in that order, with id
+/// [`numbered_id`] and aggregate_id the number.
+pub fn insert_numbered(env: &Env, from: usize, n: usize) {
+    env.db.psql(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+         SELECT ('00000000-0000-0000-0000-' || lpad(s.n::text, 12, '0'))::uuid,
+                'seq', s.n::text, 'tick', jsonb_build_object('seq', s.n)
+           FROM generate_series({from}, {}) AS s(n) ORDER BY s.n",
+        from + n - 1
+    ));
+}
+
+/// Stops the relay with SIGTERM and asserts it exits 0.
+pub fn stop(relay: Relay) {
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "clean stop exits 0: {log}");
+}
+
+/// Transactions of 1 and 100 rows, a rolled-back one, one of 20,000 rows (more than
+/// max_in_flight) and a last row: exactly those messages, in commit and insert
+/// order, with the rows' ids as message ids and one commit LSN per transaction.
+pub async fn happy_path(port: u16) {
+    let mut env = Env::with_port(port).await;
+    env.create_slot();
+    let got = env.consumer().await;
+    let relay = env.start(&[]);
+    // (first row number, rows) of each committed transaction.
+    let txs = [(1, 1), (2, 100), (102, 20_000), (20_102, 1)];
+    insert_numbered(&env, 1, 1);
+    insert_numbered(&env, 2, 100);
+    env.db.psql(
+        "BEGIN; INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                SELECT 'seq', 'rolled-back', 'tick', '{}' FROM generate_series(1, 10);
+         ROLLBACK;",
+    );
+    insert_numbered(&env, 102, 20_000);
+    insert_numbered(&env, 20_102, 1);
+    let total = 20_102;
+    got.wait_for(total, WAIT).await;
+    // Nothing else trickles in.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let msgs = got.snapshot();
+    assert_eq!(msgs.len(), total, "exactly the committed rows");
+    for (i, m) in msgs.iter().enumerate() {
+        assert_eq!(m.message_id(), numbered_id(i + 1), "message {i}");
+        assert_eq!(m.header("aggregate_id"), Some((i + 1).to_string()));
+    }
+    let mut previous = 0;
+    for (first, rows) in txs {
+        let tx = &msgs[first - 1..first - 1 + rows];
+        let commit = lsn(&tx[0].header("commit_lsn").unwrap());
+        assert!(
+            commit > previous,
+            "commit LSNs increase across transactions"
+        );
+        assert!(
+            tx.iter()
+                .all(|m| m.header("commit_lsn") == tx[0].header("commit_lsn")
+                    && m.header("xid") == tx[0].header("xid")),
+            "one commit LSN and xid for the transaction starting at row {first}"
+        );
+        previous = commit;
+    }
+    stop(relay);
+    env.cleanup().await;
+}
+
+/// SIGTERM while a backlog flows, then a restart: every row once, 0 duplicates.
+pub async fn clean_stop(port: u16) {
+    let mut env = Env::with_port(port).await;
+    env.create_slot();
+    let got = env.consumer().await;
+    let relay = env.start(&[]);
+    env.insert_seq(1, 3000, 100);
+    // Stop while the stream may still be flowing.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop(relay);
+    let before = got.len();
+
+    let relay = env.start(&[]);
+    env.insert_seq(3001, 1000, 100);
+    let msgs = got
+        .wait_until(WAIT, |m| {
+            m.iter()
+                .filter(|x| x.header("aggregate_id").as_deref() == Some("4000"))
+                .count()
+                > 0
+        })
+        .await;
+    // Let anything stray arrive.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let msgs = if got.len() > msgs.len() {
+        got.snapshot()
+    } else {
+        msgs
+    };
+    let dups = check_sequence(&msgs, 4000);
+    assert_eq!(
+        dups, 0,
+        "a clean stop publishes nothing twice (first run delivered {before})"
+    );
+    stop(relay);
+    env.cleanup().await;
+}
+
+/// SIGKILL mid-stream, then a restart: every row, first occurrences in order,
+/// duplicates within max_in_flight (1000).
+pub async fn sigkill_restart(port: u16) {
+    let mut env = Env::with_port(port).await;
+    env.create_slot();
+    let got = env.consumer().await;
+    let relay = env.start(&[]);
+    env.insert_seq(1, 5000, 50);
+    // Kill once something has arrived but (likely) not everything.
+    got.wait_for(100, WAIT).await;
+    relay.kill();
+    let relay = env.start(&[]);
+    let msgs = got
+        .wait_until(WAIT, |m| {
+            let ids: HashSet<String> = m.iter().map(|x| x.message_id()).collect();
+            ids.len() >= 5000
+        })
+        .await;
+    let dups = check_sequence(&msgs, 5000);
+    assert!(dups <= 1000, "duplicates {dups} exceed max_in_flight");
+    stop(relay);
+    env.cleanup().await;
+}
+
+/// With traffic only on an unpublished table and in another database, the slot's
+/// confirmed_flush_lsn follows the server's WAL within seconds (SPEC §1 item 4).
+pub async fn idle_wal(port: u16) {
+    let mut env = Env::with_port(port).await;
+    env.db
+        .psql("CREATE TABLE busy (id serial primary key, v text)");
+    env.create_slot();
+    let _got = env.consumer().await;
+    let relay = env.start(&[]);
+    let other = TestDb::new_at(port, "other");
+    other.psql("CREATE TABLE t (v text)");
+    for _ in 0..5 {
+        env.db
+            .psql("INSERT INTO busy (v) SELECT repeat('x', 200) FROM generate_series(1, 2000)");
+        other.psql("INSERT INTO t SELECT repeat('y', 200) FROM generate_series(1, 2000)");
+    }
+    // Within a few seconds the slot's confirmed position is close to the server's.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut lag = env.slot_lag_bytes();
+    while lag >= 1_000_000 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        lag = env.slot_lag_bytes();
+    }
+    assert!(lag < 1_000_000, "slot lag {lag} bytes");
+    stop(relay);
+    env.cleanup().await;
+}
+
+/// `status --json` on a fresh and on an active slot, `slot create --failover` (refused
+/// before Postgres 17 with the version named, a failover slot from 17 on), and
+/// `slot drop`: refused while a relay streams, `--force`, `--if-exists`.
+pub async fn slot_status_and_drop(port: u16, major: u32) {
+    let mut env = Env::with_port(port).await;
+    env.create_slot();
+    let status = |env: &Env| -> serde_json::Value {
+        let out = env.cli(&["status", "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let v = status(&env);
+    assert_eq!(v["slot"], env.slot.as_str(), "{v}");
+    assert_eq!(v["plugin"], "pgoutput", "{v}");
+    assert_eq!(v["database"], env.db.name.as_str(), "{v}");
+    assert_eq!(v["active"], false, "{v}");
+    assert_eq!(v["failover"], false, "{v}");
+    assert_eq!(v["two_phase"], false, "{v}");
+    let server_lsn = lsn(&env.db.psql("SELECT pg_current_wal_lsn()"));
+    let slot_lsn = lsn(v["confirmed_flush_lsn"].as_str().unwrap());
+    assert!(slot_lsn > 0 && slot_lsn <= server_lsn, "{v}");
+    assert!(
+        lsn(v["current_wal_lsn"].as_str().unwrap()) <= server_lsn,
+        "{v}"
+    );
+
+    // Failover slots: Postgres 17+.
+    let live_slot = std::mem::replace(&mut env.slot, testkit::unique_name("slot"));
+    let out = env.cli(&["slot", "create", "--failover"]);
+    if major < 17 {
+        assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+        assert!(
+            stderr(&out).contains("need Postgres 17 or newer"),
+            "{}",
+            stderr(&out)
+        );
+        assert!(confirmed(&env, &env.slot).is_none(), "no slot was created");
+    } else {
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(status(&env)["failover"], true);
+        let out = env.cli(&["slot", "drop"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert!(confirmed(&env, &env.slot).is_none(), "slot dropped");
+    }
+    env.slot = live_slot;
+
+    // While a relay runs, the slot is active and `slot drop` refuses without --force.
+    let _got = env.consumer().await;
+    let relay = env.start(&[]);
+    poll("the slot to become active", || {
+        status(&env)["active"] == true
+    })
+    .await;
+    assert!(status(&env)["active_pid"].as_i64().unwrap() > 0);
+    let out = env.cli(&["slot", "drop"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--force"), "{}", stderr(&out));
+    let out = env.cli(&["slot", "drop", "--force"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(confirmed(&env, &env.slot).is_none(), "slot dropped");
+    drop(relay);
+    let out = env.cli(&["slot", "drop", "--if-exists"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    env.cleanup().await;
+}
+
+/// `peek` shows pending events in order without consuming them; a relay then
+/// publishes the same events, after which nothing is pending.
+pub async fn peek(port: u16) {
+    let mut env = Env::with_port(port).await;
+    env.create_slot();
+    insert_numbered(&env, 1, 2);
+    env.db.psql(
+        "BEGIN; INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                VALUES ('seq', 'rolled-back', 'tick', '{}'); ROLLBACK;",
+    );
+    insert_numbered(&env, 3, 1);
+    let before = confirmed(&env, &env.slot);
+    let peeked = |env: &Env| -> Vec<serde_json::Value> {
+        let out = env.cli(&["peek", "--json"]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let arr = peeked(&env);
+    let ids: Vec<&str> = arr
+        .iter()
+        .map(|e| e["message_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, [numbered_id(1), numbered_id(2), numbered_id(3)]);
+    assert_eq!(
+        arr[0]["commit_lsn"], arr[1]["commit_lsn"],
+        "one transaction"
+    );
+    assert_ne!(arr[1]["commit_lsn"], arr[2]["commit_lsn"]);
+    assert_eq!(arr[0]["routing_key"], "seq.tick");
+    let out = env.cli(&["peek"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).lines().count(), 3, "{}", stdout(&out));
+    // Peeking consumed nothing.
+    assert_eq!(confirmed(&env, &env.slot), before);
+    assert_eq!(peeked(&env), arr);
+
+    let got = env.consumer().await;
+    let relay = env.start(&[]);
+    let msgs = got.wait_for(3, WAIT).await;
+    let delivered: Vec<String> = msgs.iter().map(|m| m.message_id()).collect();
+    assert_eq!(delivered, ids);
+    stop(relay);
+    let out = env.cli(&["peek"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stdout(&out).trim(), "no pending events");
+    env.cleanup().await;
+}
+
+/// `replay --from-lsn [--to-lsn]` through the replay window's anchor slot while the
+/// live relay runs: exactly the range, flagged `replay`, with the original message
+/// ids and commit LSNs, and no temporary slot left behind.
+pub async fn replay_range(port: u16) {
+    let mut env = Env::with_port(port).await;
+    let window = [(WINDOW_ENV, "1h")];
+    let out = env.cli_env(&["slot", "create"], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let got = env.consumer().await;
+    let relay = env.start_env(&[], &window);
+    // Four transactions; the second has two rows.
+    insert_one(&env, "t1");
+    env.insert_tx(&[("t", "t2a", "e", "{}"), ("t", "t2b", "e", "{}")]);
+    insert_one(&env, "t3");
+    insert_one(&env, "t4");
+    let live = got.wait_for(5, WAIT).await;
+    assert!(live.iter().all(|m| !is_replay(m)));
+    let commit_of = |id: &str| -> u64 {
+        let m = live
+            .iter()
+            .find(|m| m.header("aggregate_id").as_deref() == Some(id))
+            .unwrap();
+        lsn(&m.header("commit_lsn").unwrap())
+    };
+    let (c2, c3) = (commit_of("t2a"), commit_of("t3"));
+    poll("the live slot to pass t4", || {
+        confirmed(&env, &env.slot).unwrap() > commit_of("t4")
+    })
+    .await;
+
+    // --from-lsn c2 --to-lsn c3: exactly t2 and t3, with replay = true.
+    let out = env.cli_env(
+        &[
+            "replay",
+            "--from-lsn",
+            &lsn_text(c2),
+            "--to-lsn",
+            &lsn_text(c3),
+        ],
+        &window,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("replayed 3 events"),
+        "{}",
+        stdout(&out)
+    );
+    // The live relay keeps going meanwhile.
+    insert_one(&env, "t5");
+    let msgs = got
+        .wait_until(WAIT, |m| {
+            m.iter().filter(|m| is_replay(m)).count() >= 3
+                && m.iter()
+                    .any(|m| m.header("aggregate_id").as_deref() == Some("t5"))
+        })
+        .await;
+    let replayed: Vec<&Msg> = msgs.iter().filter(|m| is_replay(m)).collect();
+    let ids: Vec<String> = replayed
+        .iter()
+        .map(|m| m.header("aggregate_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["t2a", "t2b", "t3"]);
+    for m in &replayed {
+        let orig = live
+            .iter()
+            .find(|l| l.header("aggregate_id") == m.header("aggregate_id"))
+            .unwrap();
+        assert_eq!(m.message_id(), orig.message_id());
+        assert_eq!(m.header("commit_lsn"), orig.header("commit_lsn"));
+    }
+    let t5 = msgs
+        .iter()
+        .find(|m| m.header("aggregate_id").as_deref() == Some("t5"))
+        .unwrap();
+    assert!(!is_replay(t5));
+
+    // Without --to-lsn: up to the live slot's position (t3, t4, t5 once it is
+    // confirmed).
+    poll("the live slot to pass t5", || {
+        confirmed(&env, &env.slot).unwrap() > lsn(&t5.header("commit_lsn").unwrap())
+    })
+    .await;
+    let before = got.len();
+    let out = env.cli_env(&["replay", "--from-lsn", &lsn_text(c3)], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let msgs = got.wait_for(before + 3, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(got.len(), before + 3, "{:?}", got.snapshot());
+    let ids: Vec<String> = msgs[before..]
+        .iter()
+        .map(|m| m.header("aggregate_id").unwrap())
+        .collect();
+    assert_eq!(ids, ["t3", "t4", "t5"]);
+    assert!(msgs[before..].iter().all(is_replay));
+    // No temporary slot is left behind.
+    assert!(replay_slots(&env).is_empty(), "{:?}", replay_slots(&env));
+    stop(relay);
+    env.cleanup().await;
+}
