@@ -48,30 +48,9 @@ impl PublishError {
     }
 }
 
-/// Replaces the password of an AMQP URL with `***`: `amqp://guest:***@host/vhost`.
-/// The userinfo ends at the URL's *last* `@` (a password may contain `@`, and an
-/// unencoded `/`, `?` or `#`, which the URL grammar would take for the end of the
-/// authority: hiding too much is safe, hiding too little is not). Anything that does
-/// not look like a URL with credentials is returned unchanged.
-pub fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end + 3..];
-    let Some(at) = rest.rfind('@') else {
-        return url.to_string();
-    };
-    let userinfo = &rest[..at];
-    let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
-    // A user name that runs into what the URL grammar would read as the path, query
-    // or fragment may be part of the password: hide it too.
-    let user = if user.contains(['/', '?', '#']) {
-        "***"
-    } else {
-        user
-    };
-    format!("{}{}:***{}", &url[..scheme_end + 3], user, &rest[at..])
-}
+/// The program's one redaction (docs/security.md): the password of every URL,
+/// `password=` parameter and conninfo in a text becomes `***`.
+pub use wal_reader::redact::redact_url;
 
 /// The message for a URL whose user name or password holds an unencoded `/`, `?` or
 /// `#`: it quotes nothing of the URL.
@@ -162,7 +141,7 @@ mod tests {
             redact_url("amqps://u:p@ss:w@host/v?x=1"),
             "amqps://u:***@host/v?x=1"
         );
-        assert_eq!(redact_url("amqp://user@host"), "amqp://user:***@host");
+        assert_eq!(redact_url("amqp://user@host"), "amqp://user@host");
         assert_eq!(redact_url("amqp://host:5672"), "amqp://host:5672");
         assert_eq!(redact_url("not a url"), "not a url");
         // Unencoded '#', '/', '?' in the password: the last '@' ends the userinfo.
@@ -170,7 +149,7 @@ mod tests {
             redact_url("amqp://guest:Qx#j/z?q@host:5672/%2f"),
             "amqp://guest:***@host:5672/%2f"
         );
-        assert_eq!(redact_url("amqp://gu/est@host/v"), "amqp://***:***@host/v");
+        assert_eq!(redact_url("amqp://gu/est@host/v"), "amqp://***@host/v");
         assert!(userinfo_is_ambiguous("amqp://guest:a#b@host/"));
         assert!(!userinfo_is_ambiguous("amqp://guest:a@b@host/"));
     }

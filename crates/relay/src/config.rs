@@ -44,11 +44,10 @@ use wal_reader::{ColumnMapping, TableName};
 
 mod env;
 mod error;
-mod redact;
 mod validate;
 
 pub use error::ConfigError;
-pub use redact::redact_url;
+pub use wal_reader::redact::redact_url;
 pub use validate::validate_routing_key;
 
 use env::EnvOverrides;

@@ -46,6 +46,7 @@ pub mod conninfo;
 pub mod error;
 pub mod event;
 pub mod mapping;
+pub mod redact;
 pub mod stream;
 pub mod tls;
 

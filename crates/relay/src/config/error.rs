@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use figment::{Metadata, Profile};
 
 use super::env::ENV_METADATA_NAME;
-use super::redact::redact_url;
+use wal_reader::redact::redact_url;
 use super::DEFAULT_CONFIG_FILE;
 
 /// A configuration that cannot be used. Every message names the key (or file) and

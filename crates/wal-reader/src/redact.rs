@@ -1,4 +1,7 @@
-//! Hiding passwords in URLs, conninfo strings and free text.
+//! Hiding passwords in URLs, conninfo strings and free text: the one redaction of
+//! the program (docs/security.md). The relay's errors, logs, `check` and `status`
+//! lines and `Debug` impls, and the publisher's broker errors, all go through
+//! [`redact_url`].
 
 /// Replaces every password in `text` with `***`: the password of each
 /// `scheme://user:password@host` URL (postgresql, amqp, amqps, ...), and the value of
@@ -98,4 +101,66 @@ fn redact_password_params(text: &str) -> String {
     }
     out.push_str(&text[pos..]);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redact_url_forms() {
+        let cases = [
+            (
+                "postgresql://app:pw@db:5432/app",
+                "postgresql://app:***@db:5432/app",
+            ),
+            ("postgres://app@db/app", "postgres://app@db/app"),
+            ("postgresql://db/app", "postgresql://db/app"),
+            (
+                "postgresql://app:p@ss/w?rd@db/app",
+                "postgresql://app:***@db/app",
+            ),
+            (
+                "postgresql://app@db/app?sslmode=require&password=pw&x=1",
+                "postgresql://app@db/app?sslmode=require&password=***&x=1",
+            ),
+            (
+                "host=db user=app password=pw dbname=app",
+                "host=db user=app password=*** dbname=app",
+            ),
+            ("host=db password = pw", "host=db password = ***"),
+            (
+                r"host=db password='p w \' x' dbname=app",
+                "host=db password=*** dbname=app",
+            ),
+            ("host=db PASSWORD=pw", "host=db PASSWORD=***"),
+            (
+                "amqp://guest:guest@127.0.0.1:5672/%2f",
+                "amqp://guest:***@127.0.0.1:5672/%2f",
+            ),
+            (
+                "amqps://u:p@h:5671/v?heartbeat=5",
+                "amqps://u:***@h:5671/v?heartbeat=5",
+            ),
+            ("amqp://h", "amqp://h"),
+            (
+                "cannot reach amqp://u:p@n1/%2f nor `amqp://u:q@n2/`: refused",
+                "cannot reach amqp://u:***@n1/%2f nor `amqp://u:***@n2/`: refused",
+            ),
+            (
+                "no secrets, password is not a parameter",
+                "no secrets, password is not a parameter",
+            ),
+            // Unencoded '#', '/', '?' or a space in a password: the last '@' ends it.
+            (
+                "amqp://guest:Qx#j/z?q@host:5672/%2f",
+                "amqp://guest:***@host:5672/%2f",
+            ),
+            ("amqp://guest:Qx j z@host/", "amqp://guest:***@host/"),
+            ("amqp://Qx/jz@host/v", "amqp://***@host/v"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(redact_url(input), expected, "input {input:?}");
+        }
+    }
 }
