@@ -240,12 +240,20 @@ pub async fn idle_wal(port: u16) {
     env.cleanup().await;
 }
 
-/// `status --json` on a fresh and on an active slot, `slot create --failover` (refused
+/// `check`, `status --json` on a fresh and on an active slot, `slot create --failover` (refused
 /// before Postgres 17 with the version named, a failover slot from 17 on), and
 /// `slot drop`: refused while a relay streams, `--force`, `--if-exists`.
 pub async fn slot_status_and_drop(port: u16, major: u32) {
     let mut env = Env::with_port(port).await;
     env.create_slot();
+    // `check` accepts the version (Postgres 14+) and finds everything in place.
+    let out = env.cli(&["check"]);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("ok    server: Postgres {major}.")),
+        "{}",
+        stdout(&out)
+    );
     let status = |env: &Env| -> serde_json::Value {
         let out = env.cli(&["status", "--json"]);
         assert!(out.status.success(), "{}", stderr(&out));

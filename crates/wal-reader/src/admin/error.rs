@@ -84,6 +84,11 @@ pub enum AdminError {
     #[error("failover slots need Postgres 17 or newer but the server is {version}: upgrade Postgres, or create the slot without --failover")]
     FailoverUnsupported { version: String },
 
+    /// Postgres 13 and older: pgoutput, slot columns and failover handling the relay
+    /// relies on were never tested there (docs/compatibility.md).
+    #[error("the server runs Postgres {version} but outbox-relay needs Postgres 14 or newer: upgrade Postgres")]
+    ServerTooOld { version: String },
+
     #[error("publication \"{publication}\" does not exist: run `outbox-relay slot create` (creates it) or CREATE PUBLICATION {publication} FOR TABLE …")]
     PublicationMissing { publication: String },
 
@@ -160,6 +165,7 @@ impl AdminError {
             | AdminError::SlotsExhausted { .. }
             | AdminError::WalSendersExhausted { .. }
             | AdminError::FailoverUnsupported { .. }
+            | AdminError::ServerTooOld { .. }
             | AdminError::PublicationMissing { .. }
             | AdminError::PublicationNoInserts { .. }
             | AdminError::PublicationCreateDenied { .. }

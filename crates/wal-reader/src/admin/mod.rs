@@ -11,6 +11,7 @@
 //!
 //! | check | verifies | why |
 //! |---|---|---|
+//! | [`check_server_version`] | Postgres 14 or newer | 14–18 are the versions tested (docs/compatibility.md) |
 //! | [`check_wal_level`] | `wal_level = logical` | logical decoding is impossible otherwise; changing it needs a restart |
 //! | [`check_replication_role`] | REPLICATION attribute or superuser | needed to open a replication connection and to create/drop slots |
 //! | [`check_publication`] | publication exists, publishes inserts, contains every configured table (a partitioned one via its root) | pgoutput silently sends nothing for a table outside the publication, and names a partition instead of the configured table unless the publication publishes via the root |
@@ -41,8 +42,8 @@ pub use error::AdminError;
 pub use preflight::{CheckResult, CheckStatus, Preflight};
 pub use publication::{check_publication, ensure_publication};
 pub use server::{
-    check_replication_role, check_wal_level, server_version, server_version_num, wal_level,
-    Capacity,
+    check_replication_role, check_server_version, check_version, check_wal_level, server_version,
+    server_version_num, wal_level, Capacity, MIN_SERVER_VERSION_NUM,
 };
 pub use slot::{
     check_slot_free, create_slot, drop_slot, require_slot, slot_state, SlotCreated, SlotState,

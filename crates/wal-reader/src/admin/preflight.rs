@@ -7,7 +7,7 @@ use tokio_postgres::Client;
 use super::columns::{check_columns, check_published_columns};
 use super::ident::display_table;
 use super::publication::check_publication;
-use super::server::{check_replication_role, check_wal_level, server_version};
+use super::server::{check_replication_role, check_server_version, check_wal_level};
 use super::slot::require_slot;
 use super::AdminError;
 use crate::{ColumnMapping, TableName};
@@ -73,7 +73,9 @@ impl Preflight<'_> {
         let mut results = Vec::new();
         results.push(CheckResult::from(
             "server".into(),
-            server_version(c).await.map(|v| format!("Postgres {v}")),
+            check_server_version(c)
+                .await
+                .map(|v| format!("Postgres {v}")),
         ));
         results.push(CheckResult::from(
             "wal_level".into(),

@@ -61,6 +61,30 @@ pub async fn server_version(c: &Client) -> Result<String, AdminError> {
     Ok(row.try_get(0)?)
 }
 
+/// The oldest Postgres the relay supports (`server_version_num` of 14.0): the
+/// versions it is tested against are 14 to 18 (docs/compatibility.md).
+pub const MIN_SERVER_VERSION_NUM: i32 = 140000;
+
+/// The version rule: `num` is `server_version_num`, `version` the `server_version`
+/// text named in the error.
+pub fn check_version(num: i32, version: &str) -> Result<(), AdminError> {
+    if num >= MIN_SERVER_VERSION_NUM {
+        Ok(())
+    } else {
+        Err(AdminError::ServerTooOld {
+            version: version.to_string(),
+        })
+    }
+}
+
+/// The server's version if the relay supports it (Postgres 14 or newer), for
+/// `check`'s and `run`'s preflight; an unmet precondition otherwise.
+pub async fn check_server_version(c: &Client) -> Result<String, AdminError> {
+    let version = server_version(c).await?;
+    check_version(server_version_num(c).await?, &version)?;
+    Ok(version)
+}
+
 /// How many slots and WAL senders the server allows and how many are taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Capacity {
@@ -118,6 +142,24 @@ mod tests {
             slots_in_use: slots.1,
             max_wal_senders: senders.0,
             wal_senders_in_use: senders.1,
+        }
+    }
+
+    #[test]
+    fn postgres_13_and_older_are_refused_naming_the_minimum() {
+        for (num, text) in [(130016, "13.16"), (120000, "12.0"), (90624, "9.6.24")] {
+            let e = check_version(num, text).expect_err("too old");
+            assert!(e.is_precondition(), "exit code 2");
+            let msg = e.to_string();
+            assert!(msg.contains(&format!("Postgres {text}")), "{msg}");
+            assert!(msg.contains("needs Postgres 14 or newer"), "{msg}");
+            assert!(
+                !msg.trim_end_matches('.').contains(". "),
+                "one sentence: {msg}"
+            );
+        }
+        for num in [140000, 140023, 150018, 160014, 170010, 180004, 190000] {
+            assert!(check_version(num, "x").is_ok(), "{num}");
         }
     }
 
