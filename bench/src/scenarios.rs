@@ -440,6 +440,7 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
             mapping: ColumnMapping::default(),
             start_lsn: None,
             status_interval: Duration::from_secs(1),
+            hold_events: 10_000,
         };
         let start = Instant::now();
         let reader = WalReader::start(cfg).await?;

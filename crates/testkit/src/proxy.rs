@@ -1,9 +1,11 @@
 //! A TCP proxy for fault tests: put it between the relay and Postgres or RabbitMQ,
 //! then cut every connection (as a network failure or a dead peer would), stall them
 //! (stop forwarding without closing, as a black-holed network would), and restore.
+//! It can also cut at an exact point of the stream: after a given number of bytes
+//! from the target ([`Proxy::cut_after`]), e.g. in the middle of a transaction.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +23,14 @@ pub struct Proxy {
     state: Arc<AtomicU8>,
     changes: watch::Sender<u8>,
     task: tokio::task::JoinHandle<()>,
+    down: Arc<Down>,
+}
+
+/// Bytes forwarded from the target to clients, over every connection, and where
+/// to cut (`u64::MAX`: nowhere).
+struct Down {
+    forwarded: AtomicU64,
+    cut_at: AtomicU64,
 }
 
 impl Proxy {
@@ -30,9 +40,14 @@ impl Proxy {
         let addr = listener.local_addr().expect("proxy address");
         let state = Arc::new(AtomicU8::new(UP));
         let (changes, _) = watch::channel(UP);
+        let down = Arc::new(Down {
+            forwarded: AtomicU64::new(0),
+            cut_at: AtomicU64::new(u64::MAX),
+        });
         let task = {
             let state = state.clone();
             let changes = changes.clone();
+            let down = down.clone();
             tokio::spawn(async move {
                 loop {
                     let Ok((client, _)) = listener.accept().await else {
@@ -44,9 +59,14 @@ impl Proxy {
                     }
                     let state = state.clone();
                     let rx = changes.subscribe();
+                    let link = Link {
+                        state,
+                        changes: changes.clone(),
+                        down: down.clone(),
+                    };
                     tokio::spawn(async move {
                         if let Ok(server) = TcpStream::connect(target).await {
-                            pipe(client, server, state, rx).await;
+                            pipe(client, server, link, rx).await;
                         }
                     });
                 }
@@ -57,7 +77,25 @@ impl Proxy {
             state,
             changes,
             task,
+            down,
         }
+    }
+
+    /// Bytes forwarded from the target to clients so far, over every connection.
+    pub fn forwarded_from_target(&self) -> u64 {
+        self.down.forwarded.load(Ordering::SeqCst)
+    }
+
+    /// Cuts (as [`Proxy::cut`]) once `more` further bytes have been forwarded from
+    /// the target: exactly that many, the rest of the read is dropped.
+    pub fn cut_after(&self, more: u64) {
+        let at = self.forwarded_from_target() + more;
+        self.down.cut_at.store(at, Ordering::SeqCst);
+    }
+
+    /// True while cut (by [`Proxy::cut`] or a [`Proxy::cut_after`] that was reached).
+    pub fn is_cut(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == CUT
     }
 
     /// The proxy's address (connect here instead of the target).
@@ -81,8 +119,9 @@ impl Proxy {
         self.set(STALLED);
     }
 
-    /// Back to forwarding.
+    /// Back to forwarding (and forgets a [`Proxy::cut_after`] not reached).
     pub fn restore(&self) {
+        self.down.cut_at.store(u64::MAX, Ordering::SeqCst);
         self.set(UP);
     }
 
@@ -99,13 +138,21 @@ impl Drop for Proxy {
     }
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, state: Arc<AtomicU8>, rx: watch::Receiver<u8>) {
+/// What one connection's copies share with the proxy.
+#[derive(Clone)]
+struct Link {
+    state: Arc<AtomicU8>,
+    changes: watch::Sender<u8>,
+    down: Arc<Down>,
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, link: Link, rx: watch::Receiver<u8>) {
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
     let (cr, cw) = client.into_split();
     let (sr, sw) = server.into_split();
-    let a = tokio::spawn(copy(cr, sw, state.clone(), rx.clone()));
-    let b = tokio::spawn(copy(sr, cw, state, rx));
+    let a = tokio::spawn(copy(cr, sw, link.clone(), rx.clone(), false));
+    let b = tokio::spawn(copy(sr, cw, link, rx, true));
     let _ = a.await;
     let _ = b.await;
 }
@@ -128,17 +175,20 @@ async fn wait_until_up(state: &AtomicU8, rx: &mut watch::Receiver<u8>) -> bool {
     }
 }
 
-/// Copies until EOF or a cut; while stalled, holds the data read so far.
+/// Copies until EOF or a cut; while stalled, holds the data read so far. `down`:
+/// this is the target-to-client direction (counted, and cut by `cut_after`).
 async fn copy(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    state: Arc<AtomicU8>,
+    link: Link,
     mut rx: watch::Receiver<u8>,
+    down: bool,
 ) {
+    let state = &link.state;
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         // Wait while stalled; stop on a cut.
-        if !wait_until_up(&state, &mut rx).await {
+        if !wait_until_up(state, &mut rx).await {
             return;
         }
         let n = tokio::select! {
@@ -149,10 +199,28 @@ async fn copy(
             _ = rx.changed() => continue,
         };
         // Data read just before a stall is held until the stall ends.
-        if !wait_until_up(&state, &mut rx).await {
+        if !wait_until_up(state, &mut rx).await {
             return;
         }
+        let mut n = n;
+        let mut reached = false;
+        if down {
+            let d = &link.down;
+            let before = d.forwarded.fetch_add(n as u64, Ordering::SeqCst);
+            let at = d.cut_at.load(Ordering::SeqCst);
+            if before + n as u64 >= at {
+                n = at.saturating_sub(before) as usize;
+                d.forwarded.store(at, Ordering::SeqCst);
+                reached = true;
+            }
+        }
         if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        if reached {
+            let _ = to.flush().await;
+            state.store(CUT, Ordering::SeqCst);
+            let _ = link.changes.send(CUT);
             return;
         }
     }
@@ -188,6 +256,26 @@ mod tests {
             .ok()?
             .ok()?;
         Some(b)
+    }
+
+    #[tokio::test]
+    async fn cuts_after_an_exact_number_of_bytes_from_the_target() {
+        let proxy = Proxy::start(echo_server().await).await;
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut s, b"abc").await.unwrap(), b"abc");
+        assert_eq!(proxy.forwarded_from_target(), 3);
+        proxy.cut_after(5);
+        s.write_all(b"hello world").await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut got))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, b"hello", "exactly 5 bytes, then closed");
+        assert!(proxy.is_cut());
+        proxy.restore();
+        let mut s2 = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(roundtrip(&mut s2, b"again").await.unwrap(), b"again");
     }
 
     #[tokio::test]

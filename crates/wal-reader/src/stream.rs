@@ -29,9 +29,11 @@
 //! # Backpressure and memory
 //!
 //! The reader only reads the socket when the previous batch has been handed to the
-//! consumer, so a stalled broker stops reading at the TCP level. Events go on as they
-//! are decoded (pgoutput v1 only sends committed transactions): nothing is collected
-//! per transaction, so any transaction size streams through in bounded memory.
+//! consumer, so a stalled broker stops reading at the TCP level. A transaction of at
+//! most `hold_events` events (and [`HOLD_BYTES`]) is handed on once its Commit has
+//! arrived, so a connection lost in its middle publishes nothing of it; a larger one
+//! goes on as it is decoded (pgoutput v1 only sends committed transactions), so any
+//! transaction size streams through in bounded memory.
 //!
 //! # Clean stop
 //!
@@ -73,7 +75,17 @@ pub struct ReaderConfig {
     pub start_lsn: Option<Lsn>,
     /// Period of standby status updates (capped at half of `wal_sender_timeout`).
     pub status_interval: Duration,
+    /// A transaction of at most this many outbox events (and [`HOLD_BYTES`]) is
+    /// handed on only once its Commit has arrived, so a connection lost in the middle
+    /// of it publishes nothing of it, and the next session sends it whole without a
+    /// duplicate (docs/design.md §3). A larger one is streamed as it is decoded. The
+    /// relay sets it to `max_in_flight`.
+    pub hold_events: usize,
 }
+
+/// The most pgoutput bytes of one transaction held back until its Commit (see
+/// [`ReaderConfig::hold_events`]); a larger transaction is streamed.
+pub const HOLD_BYTES: usize = 16 << 20;
 
 /// Where a reader started, as found on the server.
 #[derive(Debug, Clone)]
@@ -113,6 +125,13 @@ pub struct WalReader {
     /// oldest first: the source of the outbox lag (SPEC §8).
     unacked: VecDeque<(Lsn, i64)>,
     progress: ReaderProgress,
+    /// The open transaction's events, held back until its Commit
+    /// ([`ReaderConfig::hold_events`]).
+    held: WalBatch,
+    /// pgoutput bytes behind `held`.
+    held_bytes: usize,
+    /// The open transaction outgrew the hold: its events go on as decoded.
+    streaming_tx: bool,
 }
 
 /// The reader's view of what is not yet acked, shared with metrics: covers events
@@ -269,6 +288,9 @@ impl WalReader {
             flushed_tx: watch::Sender::new(slot_confirmed.max(start_lsn)),
             status_buf: BytesMut::with_capacity(64),
             unacked: VecDeque::new(),
+            held: Vec::new(),
+            held_bytes: 0,
+            streaming_tx: false,
             progress: ReaderProgress::default(),
             cfg,
         })
@@ -453,9 +475,7 @@ impl WalReader {
                 }
                 ReplicationMessage::XLogData(x) => {
                     self.received = self.received.max(x.wal_start);
-                    let before = pending.len();
-                    let done = self.assembler.handle(x.data, pending)?;
-                    self.track_unacked(&pending[before..]);
+                    let done = self.decode(x.data, pending)?;
                     if let (true, Some(WalItem::Commit(c))) = (done, pending.last()) {
                         self.received = self.received.max(c.end_lsn);
                     }
@@ -469,20 +489,33 @@ impl WalReader {
         Ok(reply)
     }
 
-    /// Remembers the first event of each transaction (for the outbox lag).
-    fn track_unacked(&mut self, items: &[WalItem]) {
-        for item in items {
-            if let WalItem::Event(e) = item {
-                if self.unacked.back().map(|(l, _)| *l) != Some(e.commit_lsn) {
-                    if self.unacked.is_empty() {
-                        self.progress
-                            .0
-                            .store(e.commit_time_micros.max(1), Ordering::Relaxed);
-                    }
-                    self.unacked.push_back((e.commit_lsn, e.commit_time_micros));
-                }
+    /// Decodes one pgoutput message into `pending`, or, inside a transaction that
+    /// still fits the hold, into `held`, which moves to `pending` with its Commit (or
+    /// when the transaction outgrows the hold). Returns true when a Commit closed a
+    /// transaction.
+    fn decode(&mut self, data: bytes::Bytes, pending: &mut WalBatch) -> Result<bool, ReaderError> {
+        let holding = self.assembler.in_transaction() && !self.streaming_tx;
+        let size = data.len();
+        let target = if holding {
+            &mut self.held
+        } else {
+            &mut *pending
+        };
+        let before = target.len();
+        let done = self.assembler.handle(data, target)?;
+        track_unacked(&mut self.unacked, &self.progress, &target[before..]);
+        if holding {
+            self.held_bytes += size;
+            let outgrown = self.held.len() > self.cfg.hold_events || self.held_bytes > HOLD_BYTES;
+            if done || outgrown {
+                pending.append(&mut self.held);
+                self.held_bytes = 0;
+                self.streaming_tx = !done;
             }
+        } else if done {
+            self.streaming_tx = false;
         }
+        Ok(done)
     }
 
     /// Forgets transactions the consumer acked: a commit record starting at C ends
@@ -520,6 +553,22 @@ impl WalReader {
         }
         self.flushed = flush;
         Ok(())
+    }
+}
+
+/// Remembers the first event of each transaction (for the outbox lag).
+fn track_unacked(unacked: &mut VecDeque<(Lsn, i64)>, progress: &ReaderProgress, items: &[WalItem]) {
+    for item in items {
+        if let WalItem::Event(e) = item {
+            if unacked.back().map(|(l, _)| *l) != Some(e.commit_lsn) {
+                if unacked.is_empty() {
+                    progress
+                        .0
+                        .store(e.commit_time_micros.max(1), Ordering::Relaxed);
+                }
+                unacked.push_back((e.commit_lsn, e.commit_time_micros));
+            }
+        }
     }
 }
 

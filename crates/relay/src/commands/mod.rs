@@ -31,6 +31,7 @@ pub fn reader_config(cfg: &Config, start_lsn: Option<Lsn>) -> Result<ReaderConfi
         mapping: cfg.mapping(),
         start_lsn,
         status_interval: cfg.status_interval(),
+        hold_events: cfg.rabbitmq.max_in_flight,
     })
 }
 
