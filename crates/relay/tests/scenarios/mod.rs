@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use testkit::amqp::Msg;
+use testkit::amqp::{Msg, Received};
 use testkit::TestDb;
 
 use crate::support::*;
@@ -95,6 +95,21 @@ pub fn insert_numbered(env: &Env, from: usize, n: usize) {
     ));
 }
 
+/// Waits until `n` distinct messages arrived, lets stray copies arrive, and returns
+/// everything received.
+pub async fn distinct(got: &Received, n: usize) -> Vec<Msg> {
+    got.wait_until(WAIT, |m| {
+        m.iter()
+            .map(|x| x.message_id())
+            .collect::<HashSet<_>>()
+            .len()
+            >= n
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    got.snapshot()
+}
+
 /// Stops the relay with SIGTERM and asserts it exits 0.
 pub fn stop(relay: Relay) {
     let (code, log) = relay.terminate();
@@ -164,22 +179,7 @@ pub async fn clean_stop(port: u16) {
 
     let relay = env.start(&[]);
     env.insert_seq(3001, 1000, 100);
-    let msgs = got
-        .wait_until(WAIT, |m| {
-            m.iter()
-                .filter(|x| x.header("aggregate_id").as_deref() == Some("4000"))
-                .count()
-                > 0
-        })
-        .await;
-    // Let anything stray arrive.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let msgs = if got.len() > msgs.len() {
-        got.snapshot()
-    } else {
-        msgs
-    };
-    let dups = check_sequence(&msgs, 4000);
+    let dups = check_sequence(&distinct(&got, 4000).await, 4000);
     assert_eq!(
         dups, 0,
         "a clean stop publishes nothing twice (first run delivered {before})"
@@ -200,13 +200,7 @@ pub async fn sigkill_restart(port: u16) {
     got.wait_for(100, WAIT).await;
     relay.kill();
     let relay = env.start(&[]);
-    let msgs = got
-        .wait_until(WAIT, |m| {
-            let ids: HashSet<String> = m.iter().map(|x| x.message_id()).collect();
-            ids.len() >= 5000
-        })
-        .await;
-    let dups = check_sequence(&msgs, 5000);
+    let dups = check_sequence(&distinct(&got, 5000).await, 5000);
     assert!(dups <= 1000, "duplicates {dups} exceed max_in_flight");
     stop(relay);
     env.cleanup().await;
