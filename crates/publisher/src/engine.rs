@@ -43,6 +43,9 @@
 //!
 //! # After a failure
 //!
+//! A nack ends the channel once every publish before the nacked one has settled
+//! (their acks, sent only once the messages are on disk, often arrive after a
+//! refusal), within a bound the shell keeps; any other failure ends it at once.
 //! The shell closes the channel and waits for the broker's close-ok before
 //! [`Engine::restart`], so nothing of the old channel can still be routed. The
 //! window rewinds to the oldest unacked message, which is sent *alone* (solo); only
@@ -241,6 +244,9 @@ pub(crate) struct Engine<M> {
     /// Send only one publish until it is acked (after a failure).
     solo: bool,
     failure: Option<Failure>,
+    /// The lowest nacked publish of this channel: a nack ends the channel only once
+    /// every publish before it has settled ([`Engine::failure_ready`]).
+    nacked_tag: Option<Tag>,
     // ---- across channels
     /// Refused messages whose notice goes to the dead-letter exchange instead.
     diverted: BTreeMap<Seq, String>,
@@ -265,6 +271,7 @@ impl<M: Keyed + Clone> Engine<M> {
             dead_letters: VecDeque::new(),
             solo: false,
             failure: None,
+            nacked_tag: None,
             diverted: BTreeMap::new(),
             poison: None,
             settled: Vec::new(),
@@ -313,14 +320,40 @@ impl<M: Keyed + Clone> Engine<M> {
         self.solo
     }
 
-    /// Takes the failure that ends the current channel, if any.
-    pub fn take_failure(&mut self) -> Option<Failure> {
-        self.failure.take()
-    }
-
-    #[cfg(test)]
+    /// True when a failure is waiting to end the current channel.
     pub fn has_failed(&self) -> bool {
         self.failure.is_some()
+    }
+
+    /// True when the pending failure may end the channel now: at once, except for a
+    /// nack, which waits until every publish before the nacked one has settled. The
+    /// broker confirms a refused publish at once but a persisted one only once it is
+    /// on disk, so the acks of earlier publishes often arrive after the nack; closing
+    /// the channel then would throw them away and send those messages again (and
+    /// into a queue that refuses publishes when full, nothing could ever be acked).
+    /// The shell bounds the wait ([`Engine::force_failure`]).
+    pub fn failure_ready(&self) -> bool {
+        match &self.failure {
+            None => false,
+            Some(Failure::Nack) => self.nacked_tag.is_none_or(|t| self.first_tag > t),
+            Some(_) => true,
+        }
+    }
+
+    /// Takes the failure that ends the current channel, once it is ready
+    /// ([`Engine::failure_ready`]).
+    pub fn take_failure(&mut self) -> Option<Failure> {
+        if self.failure_ready() {
+            self.failure.take()
+        } else {
+            None
+        }
+    }
+
+    /// Takes the pending failure whether or not it is ready (the shell's wait for
+    /// the confirms before a nack timed out).
+    pub fn force_failure(&mut self) -> Option<Failure> {
+        self.failure.take()
     }
 
     /// Takes what settled since the last call (for counters).
@@ -385,8 +418,11 @@ impl<M: Keyed + Clone> Engine<M> {
         }
         publish.confirm = Some(ack);
         self.unconfirmed -= 1;
-        if !ack && self.failure.is_none() {
-            self.failure = Some(Failure::Nack);
+        if !ack {
+            self.nacked_tag = Some(self.nacked_tag.map_or(tag, |t| t.min(tag)));
+            if self.failure.is_none() {
+                self.failure = Some(Failure::Nack);
+            }
         }
         if self.unconfirmed == 0 {
             // Every completion of this channel is seen: so is every return.
@@ -503,7 +539,8 @@ impl<M: Keyed + Clone> Engine<M> {
                 }
             }
         }
-        if self.failure.is_none() {
+        // A dead channel ends the wait a nack may be in.
+        if matches!(self.failure, None | Some(Failure::Nack)) {
             self.failure = Some(failure);
         }
     }
@@ -521,6 +558,7 @@ impl<M: Keyed + Clone> Engine<M> {
         self.witness_prev = None;
         self.dead_letters.clear();
         self.failure = None;
+        self.nacked_tag = None;
         self.solo = true;
         let front = self.window.front_seq();
         self.diverted = self.diverted.split_off(&front);

@@ -54,6 +54,10 @@ struct Round {
     confirms: Vec<(Tag, lapin::Result<Confirmation>)>,
 }
 
+/// The longest a nack waits for the confirms of earlier publishes before the
+/// channel is closed ([`Engine::failure_ready`]).
+const NACK_WAIT: Duration = Duration::from_secs(5);
+
 /// One step of the loop, chosen by `select!`.
 enum Step {
     Event(Option<Event>),
@@ -61,6 +65,8 @@ enum Step {
     Input(Option<WalBatch>),
     Flushed(Option<Lsn>),
     Deadline,
+    /// The wait for the confirms before a nack is over.
+    NackWait,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +108,9 @@ pub(crate) struct Runner {
     poison_logged: Option<(u64, Instant)>,
     report: PublisherReport,
     deadline: Option<Instant>,
+    /// How long a nack waits for the confirms of the publishes before it
+    /// ([`Engine::failure_ready`]) before the channel is closed anyway.
+    nack_wait: Option<Instant>,
 }
 
 impl Runner {
@@ -151,6 +160,7 @@ impl Runner {
                 ..PublisherReport::default()
             },
             deadline: None,
+            nack_wait: None,
             config,
         })
     }
@@ -178,6 +188,7 @@ impl Runner {
                 let flushed = self.flushed.as_mut();
                 let has_flushed = flushed.is_some();
                 let deadline = self.deadline;
+                let nack_wait = self.nack_wait;
                 tokio::select! {
                     biased;
                     event = events.next() => Step::Event(event),
@@ -185,6 +196,7 @@ impl Runner {
                     changed = changed_lsn(flushed), if has_flushed => Step::Flushed(changed),
                     batch = input.recv(), if want_input => Step::Input(batch),
                     () = sleep_until_opt(deadline), if deadline.is_some() => Step::Deadline,
+                    () = sleep_until_opt(nack_wait), if nack_wait.is_some() => Step::NackWait,
                 }
             };
             match step {
@@ -206,9 +218,10 @@ impl Runner {
                     self.deadline = Some(Instant::now() + self.config.shutdown_timeout);
                 }
                 Step::Deadline => break,
+                Step::NackWait => {}
             }
             self.after_progress();
-            if let Some(failure) = self.engine.take_failure() {
+            if let Some(failure) = self.take_failure() {
                 match self.recover(failure).await {
                     Recovered::Yes => {}
                     Recovered::DeadlinePassed => break,
@@ -216,6 +229,27 @@ impl Runner {
             }
         }
         Ok(self.finish().await)
+    }
+
+    /// The failure that ends the channel now: at once, or for a nack once the
+    /// publishes before it have settled, but no later than [`NACK_WAIT`].
+    fn take_failure(&mut self) -> Option<Failure> {
+        if !self.engine.has_failed() {
+            return None;
+        }
+        if let Some(failure) = self.engine.take_failure() {
+            self.nack_wait = None;
+            return Some(failure);
+        }
+        let until = *self
+            .nack_wait
+            .get_or_insert_with(|| Instant::now() + NACK_WAIT);
+        if Instant::now() < until {
+            return None;
+        }
+        tracing::debug!(wait = ?NACK_WAIT, "confirms before a nack did not all arrive; closing the channel");
+        self.nack_wait = None;
+        self.engine.force_failure()
     }
 
     /// Starts the publishes the engine allows while the broker does not block us.

@@ -93,6 +93,9 @@ struct Params {
     p_poison: f64,
     p_drop: f64,
     p_block: f64,
+    /// Per step, the chance that the shell's wait for the confirms before a nack
+    /// runs out while one is pending.
+    p_nack_wait_over: f64,
 }
 
 struct World {
@@ -139,6 +142,7 @@ impl World {
             p_poison: [0.0, 0.0, 0.03][rng.gen_range(0..3)],
             p_drop: [0.0, 0.01, 0.03][rng.gen_range(0..3)],
             p_block: [0.0, 0.02][rng.gen_range(0..2)],
+            p_nack_wait_over: [0.0, 0.05, 1.0][rng.gen_range(0..3)],
         };
         let engine = Engine::new(p.max_in_flight, Lsn(100), p.dead_letter);
         World {
@@ -522,7 +526,7 @@ impl World {
     /// what was written before the close, unless it closed the channel itself), then
     /// a fresh channel.
     fn recover(&mut self) {
-        let failure = self.engine.take_failure().expect("failed");
+        let failure = self.engine.force_failure().expect("failed");
         assert_ne!(
             failure,
             Failure::UnknownReturn,
@@ -572,7 +576,11 @@ impl World {
                 }
             }
         }
-        if self.engine.has_failed() {
+        // A nack waits for the confirms before it; the shell's wait may also run
+        // out first.
+        if self.engine.failure_ready()
+            || (self.engine.has_failed() && self.rng.gen_bool(self.p.p_nack_wait_over))
+        {
             self.recover();
         }
         self.send();

@@ -178,12 +178,18 @@ async fn nacked_messages_are_retried_and_hold_the_watermark() {
 
     let mut running = start(config(&exchange)).await;
     let mut stream = Stream::new(table("outbox", oid::JSONB));
-    for _ in 0..30 {
-        running.send(stream.transaction(10)).await;
-    }
-    // The queue takes 100 messages (ten transactions); the rest are nacked.
-    // The queue takes at most 100 (retries may fill it with copies of acked ones):
-    // the watermark moves, and stays below the last transaction, which cannot fit.
+    let batches: Vec<_> = (0..30).map(|_| stream.transaction(10)).collect();
+    // Fed from a task: while the publisher retries a nacked message it takes no
+    // more input, so sending all 30 here would wait for the consumer below.
+    let input = running.input.clone().unwrap();
+    let feeder = tokio::spawn(async move {
+        for batch in batches {
+            input.send(batch).await.unwrap();
+        }
+    });
+    // The queue takes at most 100 messages (ten transactions; the broker may nack
+    // some earlier, and retries may fill it with copies of acked ones): the
+    // watermark moves, and stays below the transactions that cannot fit.
     running.wait_watermark(stream.ends[0]).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert!(
@@ -205,6 +211,10 @@ async fn nacked_messages_are_retried_and_hold_the_watermark() {
     }
     let last = *stream.ends.last().unwrap();
     running.wait_watermark(last).await;
+    tokio::time::timeout(PATIENCE, feeder)
+        .await
+        .unwrap()
+        .unwrap();
     running.assert_watermarks_valid(&stream.ends);
     let report = running.finish().await;
     assert_eq!(ids.len(), 300);

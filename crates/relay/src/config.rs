@@ -47,8 +47,8 @@ mod error;
 mod validate;
 
 pub use error::ConfigError;
-pub use wal_reader::redact::redact_url;
 pub use validate::validate_routing_key;
+pub use wal_reader::redact::redact_url;
 
 use env::EnvOverrides;
 use error::{describe_origin, from_figment};

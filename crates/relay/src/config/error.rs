@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use figment::{Metadata, Profile};
 
 use super::env::ENV_METADATA_NAME;
-use wal_reader::redact::redact_url;
 use super::DEFAULT_CONFIG_FILE;
+use wal_reader::redact::redact_url;
 
 /// A configuration that cannot be used. Every message names the key (or file) and
 /// what to do about it; none quotes a secret.
