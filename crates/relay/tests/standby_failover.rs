@@ -8,7 +8,7 @@
 //! published while it was frozen (`failover_postgres_NN_lagging_copy`).
 //!
 //! Each test creates its own pair of clusters (initdb, base backup with
-//! `pg_backup_start`/`pg_backup_stop`) under `target/pg-versions/failover/` and removes
+//! `pg_backup_start`/`pg_backup_stop`) under `failover/` of the builds' folder and removes
 //! them afterwards; it fails (never skips) when the builds are not installed.
 #![allow(clippy::unwrap_used)]
 
@@ -30,8 +30,11 @@ use tokio::net::{TcpListener, TcpStream};
 /// first on this kind of machine).
 const SYNC_WAIT: Duration = Duration::from_secs(120);
 
-fn workspace() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+/// Where `scripts/pg-versions.sh` keeps the builds and clusters (machine-wide).
+fn versions_dir() -> PathBuf {
+    std::env::var("OUTBOX_TEST_PG_VERSIONS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from("/var/lib/outbox-relay-tests/pg-versions"))
 }
 
 /// The bin directory of the installed build of `major`.
@@ -39,7 +42,7 @@ fn bin_dir(major: u32) -> PathBuf {
     if let Ok(dir) = std::env::var(format!("OUTBOX_TEST_PG{major}_BIN")) {
         return PathBuf::from(dir);
     }
-    let pkg = workspace().join("target/pg-versions/pkg");
+    let pkg = versions_dir().join("pkg");
     std::fs::read_dir(&pkg)
         .ok()
         .and_then(|d| {
@@ -138,8 +141,8 @@ struct Pair {
 impl Pair {
     fn new(major: u32) -> Pair {
         let bin = bin_dir(major);
-        let dir = workspace()
-            .join("target/pg-versions/failover")
+        let dir = versions_dir()
+            .join("failover")
             .join(testkit::unique_name(&format!("pg{major}")));
         std::fs::create_dir_all(&dir).unwrap();
         ok(
