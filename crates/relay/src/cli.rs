@@ -118,6 +118,11 @@ pub struct StatusArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also check the copy of the (failover) slot on this physical standby
+    /// (Postgres 17+): libpq URL or key=value conninfo; repeat for several. Keep its
+    /// password in PGPASSWORD or ~/.pgpass rather than on the command line.
+    #[arg(long = "standby", value_name = "URL")]
+    pub standbys: Vec<String>,
 }
 
 /// `peek`.

@@ -394,6 +394,24 @@ async fn failover(major: u32, lagging: bool) {
         "postgres {major}: standby's copy sync-ready and caught up after {:.1} s",
         sync_started.elapsed().as_secs_f64()
     );
+    // `status --standby` sees the same: sync-ready, no warning about the standby.
+    let standby_url = format!("postgresql://postgres@127.0.0.1:{}/{}", s.port, env.db.name);
+    let standby_status = |env: &Env| {
+        let out = env.cli_with(
+            &config,
+            "info",
+            &["status", "--json", "--standby", &standby_url],
+        );
+        assert!(out.status.success(), "{}", stderr(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v
+    };
+    let v = standby_status(&env);
+    assert_eq!(v["standbys"][0]["sync_ready"], true, "{v}");
+    assert!(
+        !v["warnings"].to_string().contains("standby"),
+        "no warning about a sync-ready standby: {v}"
+    );
     // With `lagging`, the copy is frozen (slot sync stopped on the standby) while
     // 500 more rows are published and confirmed on the primary.
     let mut published = 1000;
@@ -416,6 +434,12 @@ async fn failover(major: u32, lagging: bool) {
     }
     let (_, _, copy_at) = s.slot(&env.slot).unwrap();
     let (_, _, primary_at) = p.slot(&env.slot).unwrap();
+    if lagging {
+        // `status --standby` shows how far the frozen copy trails.
+        let v = standby_status(&env);
+        let behind = v["standbys"][0]["behind_bytes"].as_u64().unwrap_or(0);
+        assert!(behind > 0, "the frozen copy is shown behind: {v}");
+    }
 
     // Crash the primary, promote the standby, move the "name" to it.
     ok(

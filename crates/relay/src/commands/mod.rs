@@ -5,6 +5,7 @@ pub mod peek;
 pub mod replay;
 pub mod run;
 pub mod slot;
+pub mod standby;
 pub mod status;
 
 use publisher::PublisherConfig;

@@ -130,6 +130,8 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             p["message_id"].as_str().unwrap_or("?")
         ));
     }
+    let standbys = super::standby::check_all(&args.standbys, &s).await;
+    warns.extend(super::standby::warnings(&standbys, &s));
     if args.json {
         let anchor_json = anchor.as_ref().map(|a| {
             json!({
@@ -176,6 +178,7 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             "resumes_at_lsn": resumes_at.map(|l| l.to_string()),
             "replay_window": replay_window,
             "stuck_message": poison,
+            "standbys": standbys.iter().map(super::standby::to_json).collect::<Vec<_>>(),
             "warnings": warns,
         });
         println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
@@ -278,6 +281,9 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             field("routing_key"),
             field("reason")
         );
+    }
+    for sb in &standbys {
+        println!("standby:             {}", super::standby::describe(sb));
     }
     for w in warns {
         println!("warning: {w}");

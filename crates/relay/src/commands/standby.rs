@@ -1,0 +1,185 @@
+//! `status --standby URL`: the copy of a failover slot on a physical standby
+//! (Postgres 17+, docs/failover.md). A failover to a standby whose copy is not
+//! *sync-ready* cannot use the slot; one whose copy lags resumes from the copy's
+//! older position (the stored position, docs/design.md §3, spares what it can).
+
+use serde_json::json;
+use wal_reader::admin::SlotState;
+use wal_reader::{Lsn, PgConnectOptions};
+
+/// What one standby holds of the slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Copy {
+    /// No copy of the slot (yet).
+    Missing,
+    /// The standby runs a Postgres without failover slots.
+    Unsupported { version: i32 },
+    /// The copy: `sync_ready` once the slot sync worker persisted it (it is
+    /// temporary until then); how far its confirmed position trails the primary's.
+    Present {
+        synced: bool,
+        sync_ready: bool,
+        confirmed_flush_lsn: Option<Lsn>,
+        behind_bytes: Option<u64>,
+    },
+}
+
+/// One `--standby` and what was found there (or why nothing could be).
+#[derive(Debug, Clone)]
+pub struct Standby {
+    /// host:port/database, never a password.
+    pub target: String,
+    pub copy: Result<Copy, String>,
+}
+
+/// Asks every standby about its copy of the primary's slot `s`.
+pub async fn check_all(urls: &[String], s: &SlotState) -> Vec<Standby> {
+    let mut out = Vec::with_capacity(urls.len());
+    for url in urls {
+        out.push(check(url, s).await);
+    }
+    out
+}
+
+async fn check(url: &str, s: &SlotState) -> Standby {
+    let opts = match PgConnectOptions::parse(url) {
+        Ok(o) => o,
+        Err(e) => {
+            return Standby {
+                target: "(a --standby value)".into(),
+                copy: Err(wal_reader::redact::redact_url(&e.to_string())),
+            }
+        }
+    };
+    let target = opts.display_target();
+    let copy = match crate::pipeline::connect_sql(&opts).await {
+        Ok(client) => query(&client, s).await,
+        Err(e) => Err(wal_reader::redact::redact_url(&e)),
+    };
+    Standby { target, copy }
+}
+
+async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<Copy, String> {
+    let version: i32 = client
+        .query_one("SELECT current_setting('server_version_num')::int", &[])
+        .await
+        .map_err(|e| crate::pipeline::describe_pg_error(&e))?
+        .get(0);
+    if version < 170000 {
+        return Ok(Copy::Unsupported { version });
+    }
+    let row = client
+        .query_opt(
+            "SELECT synced, temporary, confirmed_flush_lsn::text \
+               FROM pg_replication_slots WHERE slot_name = $1",
+            &[&s.slot_name],
+        )
+        .await
+        .map_err(|e| crate::pipeline::describe_pg_error(&e))?;
+    let Some(row) = row else {
+        return Ok(Copy::Missing);
+    };
+    let synced: bool = row.get(0);
+    let temporary: bool = row.get(1);
+    let confirmed: Option<Lsn> = row.get::<_, Option<String>>(2).and_then(|l| l.parse().ok());
+    let behind_bytes = match (s.confirmed_flush_lsn, confirmed) {
+        (Some(primary), Some(copy)) => Some(primary.0.saturating_sub(copy.0)),
+        _ => None,
+    };
+    Ok(Copy::Present {
+        synced,
+        sync_ready: synced && !temporary,
+        confirmed_flush_lsn: confirmed,
+        behind_bytes,
+    })
+}
+
+/// The warnings for `status`: each names what a failover would cost and the fix.
+pub fn warnings(standbys: &[Standby], s: &SlotState) -> Vec<String> {
+    let mut w = Vec::new();
+    if !standbys.is_empty() && !s.failover {
+        w.push(format!(
+            "slot {} is not a failover slot, so no standby keeps a copy: re-create it with `slot create --failover` (Postgres 17+)",
+            s.slot_name
+        ));
+    }
+    for sb in standbys {
+        match &sb.copy {
+            Err(e) => w.push(format!("standby {}: cannot be checked: {e}", sb.target)),
+            Ok(Copy::Unsupported { version }) => w.push(format!(
+                "standby {} runs Postgres {}, which has no failover slots: a failover to it loses slot {}",
+                sb.target,
+                version / 10000,
+                s.slot_name
+            )),
+            Ok(Copy::Missing) if s.failover => w.push(format!(
+                "standby {} has no copy of slot {}: set sync_replication_slots = on, primary_slot_name and hot_standby_feedback on it (docs/failover.md)",
+                sb.target, s.slot_name
+            )),
+            Ok(Copy::Present {
+                sync_ready: false, ..
+            }) => w.push(format!(
+                "standby {}'s copy of slot {} is not sync-ready yet: a failover now could not continue from it (wait, or call pg_log_standby_snapshot() on the primary)",
+                sb.target, s.slot_name
+            )),
+            _ => {}
+        }
+    }
+    w
+}
+
+/// One line per standby for the text output.
+pub fn describe(sb: &Standby) -> String {
+    match &sb.copy {
+        Err(e) => format!("{}: cannot be checked ({e})", sb.target),
+        Ok(Copy::Missing) => format!("{}: no copy of the slot", sb.target),
+        Ok(Copy::Unsupported { version }) => {
+            format!(
+                "{}: Postgres {} (no failover slots)",
+                sb.target,
+                version / 10000
+            )
+        }
+        Ok(Copy::Present {
+            sync_ready,
+            confirmed_flush_lsn,
+            behind_bytes,
+            ..
+        }) => format!(
+            "{}: copy {}, confirmed_flush_lsn {}, {} behind the primary's slot",
+            sb.target,
+            if *sync_ready {
+                "sync-ready"
+            } else {
+                "not sync-ready"
+            },
+            confirmed_flush_lsn.map_or("-".into(), |l| l.to_string()),
+            behind_bytes.map_or("-".into(), |b| format!("{b} bytes")),
+        ),
+    }
+}
+
+/// The JSON form of one standby.
+pub fn to_json(sb: &Standby) -> serde_json::Value {
+    match &sb.copy {
+        Err(e) => json!({ "target": sb.target, "error": e }),
+        Ok(Copy::Missing) => json!({ "target": sb.target, "copy": null, "sync_ready": false }),
+        Ok(Copy::Unsupported { version }) => json!({
+            "target": sb.target, "server_version_num": version, "copy": null, "sync_ready": false,
+        }),
+        Ok(Copy::Present {
+            synced,
+            sync_ready,
+            confirmed_flush_lsn,
+            behind_bytes,
+        }) => json!({
+            "target": sb.target,
+            "copy": {
+                "synced": synced,
+                "confirmed_flush_lsn": confirmed_flush_lsn.map(|l| l.to_string()),
+            },
+            "sync_ready": sync_ready,
+            "behind_bytes": behind_bytes,
+        }),
+    }
+}
