@@ -183,3 +183,67 @@ pub fn to_json(sb: &Standby) -> serde_json::Value {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot(failover: bool) -> SlotState {
+        SlotState {
+            slot_name: "s".into(),
+            plugin: Some("pgoutput".into()),
+            slot_type: "logical".into(),
+            database: Some("d".into()),
+            active: true,
+            active_pid: Some(7),
+            confirmed_flush_lsn: Some(Lsn(500)),
+            restart_lsn: Some(Lsn(50)),
+            wal_status: Some("reserved".into()),
+            safe_wal_size: None,
+            retained_wal_bytes: Some(10),
+            two_phase: false,
+            failover,
+            current_wal_lsn: Lsn(600),
+        }
+    }
+
+    fn standby(copy: Result<Copy, String>) -> Standby {
+        Standby {
+            target: "127.0.0.1:5433/app".into(),
+            copy,
+        }
+    }
+
+    fn present(sync_ready: bool) -> Copy {
+        Copy::Present {
+            synced: true,
+            sync_ready,
+            confirmed_flush_lsn: Some(Lsn(400)),
+            behind_bytes: Some(100),
+        }
+    }
+
+    #[test]
+    fn a_sync_ready_copy_has_no_warning() {
+        assert!(warnings(&[standby(Ok(present(true)))], &slot(true)).is_empty());
+        assert!(describe(&standby(Ok(present(true)))).contains("sync-ready"));
+        assert_eq!(to_json(&standby(Ok(present(true))))["behind_bytes"], 100);
+    }
+
+    #[test]
+    fn every_copy_that_cannot_take_over_is_a_warning() {
+        for (copy, words) in [
+            (Ok(present(false)), "not sync-ready"),
+            (Ok(Copy::Missing), "sync_replication_slots"),
+            (Ok(Copy::Unsupported { version: 160004 }), "Postgres 16"),
+            (Err("refused".to_string()), "cannot be checked"),
+        ] {
+            let w = warnings(&[standby(copy)], &slot(true));
+            assert_eq!(w.len(), 1, "{w:?}");
+            assert!(w[0].contains(words), "{w:?}");
+        }
+        let w = warnings(&[standby(Ok(Copy::Missing))], &slot(false));
+        assert!(w[0].contains("--failover"), "{w:?}");
+        assert!(warnings(&[], &slot(false)).is_empty());
+    }
+}
