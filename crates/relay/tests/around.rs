@@ -436,27 +436,6 @@ async fn retention_without_delete_privilege_is_refused_with_the_grant() {
     env.cleanup().await;
 }
 
-/// Drops a test role on the way out, also when the test fails.
-struct DropRole {
-    role: String,
-    db: String,
-}
-
-impl Drop for DropRole {
-    fn drop(&mut self) {
-        // Plain commands, no assertions: this may run while a test panics.
-        let psql = |db: &str, sql: &str| {
-            let _ = Command::new("psql")
-                .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres", "-p"])
-                .arg(testkit::pg_port().to_string())
-                .args(["-d", db, "-c", sql])
-                .output();
-        };
-        psql(&self.db, &format!("DROP OWNED BY {}", self.role));
-        psql("postgres", &format!("DROP ROLE IF EXISTS {}", self.role));
-    }
-}
-
 // ---------------------------------------------------------------------------------
 // Trace correlation (SPEC §4, §5)
 // ---------------------------------------------------------------------------------

@@ -121,27 +121,6 @@ async fn the_role_of_role_sql_is_enough() {
     env.cleanup().await;
 }
 
-/// Drops a test role on the way out, also when the test fails.
-struct DropRole {
-    role: String,
-    db: String,
-}
-
-impl Drop for DropRole {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("psql")
-            .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
-            .args(["-p", &pg_port().to_string(), "-d", &self.db])
-            .args(["-c", &format!("DROP OWNED BY {}", self.role)])
-            .output();
-        let _ = std::process::Command::new("psql")
-            .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres"])
-            .args(["-p", &pg_port().to_string(), "-d", "postgres"])
-            .args(["-c", &format!("DROP ROLE IF EXISTS {}", self.role)])
-            .output();
-    }
-}
-
 #[tokio::test]
 async fn missing_slot() {
     let env = Env::new().await;

@@ -190,20 +190,9 @@ mod tests {
 
     fn slot(failover: bool) -> SlotState {
         SlotState {
-            slot_name: "s".into(),
-            plugin: Some("pgoutput".into()),
-            slot_type: "logical".into(),
-            database: Some("d".into()),
-            active: true,
-            active_pid: Some(7),
             confirmed_flush_lsn: Some(Lsn(500)),
-            restart_lsn: Some(Lsn(50)),
-            wal_status: Some("reserved".into()),
-            safe_wal_size: None,
-            retained_wal_bytes: Some(10),
-            two_phase: false,
             failover,
-            current_wal_lsn: Lsn(600),
+            ..crate::commands::status::tests::state()
         }
     }
 

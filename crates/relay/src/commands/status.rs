@@ -315,10 +315,11 @@ async fn fetch_poison(addr: std::net::SocketAddr) -> Option<serde_json::Value> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn state() -> SlotState {
+    /// A healthy slot, for tests.
+    pub(crate) fn state() -> SlotState {
         SlotState {
             slot_name: "s".into(),
             plugin: Some("pgoutput".into()),

@@ -367,3 +367,24 @@ pub fn check_sequence(msgs: &[Msg], expected: usize) -> usize {
     }
     msgs.len() - expected
 }
+
+/// Drops a test role on the way out, also when the test fails.
+pub struct DropRole {
+    pub role: String,
+    pub db: String,
+}
+
+impl Drop for DropRole {
+    fn drop(&mut self) {
+        // Plain commands, no assertions: this may run while a test panics.
+        let psql = |db: &str, sql: &str| {
+            let _ = Command::new("psql")
+                .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres", "-p"])
+                .arg(testkit::pg_port().to_string())
+                .args(["-d", db, "-c", sql])
+                .output();
+        };
+        psql(&self.db, &format!("DROP OWNED BY {}", self.role));
+        psql("postgres", &format!("DROP ROLE IF EXISTS {}", self.role));
+    }
+}
