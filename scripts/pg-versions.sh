@@ -11,6 +11,8 @@
 #   scripts/pg-versions.sh install            download and unpack the pinned builds
 #   scripts/pg-versions.sh start [MAJOR…]     install, initdb if needed, configure, start
 #   scripts/pg-versions.sh stop [MAJOR…]      fast shutdown
+#   scripts/pg-versions.sh restart [MAJOR…]   fast restart (fault tests)
+#   scripts/pg-versions.sh crash [MAJOR…]     immediate stop, then start (fault tests)
 #   scripts/pg-versions.sh status [MAJOR…]    one line per major
 #   scripts/pg-versions.sh env                OUTBOX_TEST_PG<MAJOR>_PORT=… (and _BIN) lines
 #
@@ -243,6 +245,15 @@ stop_major() {
   fi
 }
 
+# restart_major MAJOR MODE: pg_ctl restart -m MODE (fast: a clean restart;
+# immediate: a crash, recovered at the next start). For fault tests.
+restart_major() {
+  local major="$1" mode="$2"
+  is_running "$major" || die "Postgres $major is not running from $(data_dir "$major")"
+  as_pg "$(bin_dir "$major")/pg_ctl" restart -D "$(data_dir "$major")" -m "$mode" -w -t 60 \
+    -l "$(log_file "$major")" >/dev/null
+}
+
 status_major() {
   local major="$1" state="missing"
   if [ -f "$(data_dir "$major")/PG_VERSION" ] && [ -x "$(bin_dir "$major")/pg_ctl" ]; then
@@ -273,6 +284,8 @@ case "$cmd" in
     certs
     for m in $majors; do start_major "$m"; done ;;
   stop) for m in $majors; do stop_major "$m"; done ;;
+  restart) for m in $majors; do restart_major "$m" fast; done ;;
+  crash) for m in $majors; do restart_major "$m" immediate; done ;;
   status) for m in $majors; do status_major "$m"; done ;;
   env) print_env ;;
   *)

@@ -37,6 +37,46 @@ pub enum Cluster {
     Test,
     /// The fault cluster (55433): may be restarted or crashed.
     Fault,
+    /// The cluster of one supported major (`scripts/pg-versions.sh`, port
+    /// `OUTBOX_TEST_PG<MAJOR>_PORT`): may be restarted or crashed by the one test of
+    /// this binary that uses it.
+    Version(u32),
+}
+
+impl Cluster {
+    /// Restarts the cluster: `fast`, or `immediate` (a crash).
+    pub async fn restart(self, mode: &str) {
+        match self {
+            Cluster::Test => panic!("the shared test cluster is never restarted"),
+            Cluster::Fault => restart_fault_cluster(mode).await,
+            Cluster::Version(major) => {
+                let verb = if mode == "immediate" {
+                    "crash"
+                } else {
+                    "restart"
+                };
+                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-versions.sh");
+                let out = tokio::process::Command::new("bash")
+                    .args([script, verb, &major.to_string()])
+                    .output()
+                    .await
+                    .unwrap();
+                assert!(
+                    out.status.success(),
+                    "pg-versions.sh {verb} {major}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
+
+/// The port of the cluster of `major` (`scripts/pg-versions.sh`).
+pub fn version_port(major: u32) -> u16 {
+    std::env::var(format!("OUTBOX_TEST_PG{major}_PORT"))
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(55500 + major as u16)
 }
 
 /// Which of the relay's connections go through a proxy.
@@ -74,6 +114,7 @@ impl World {
         let db = match cluster {
             Cluster::Test => TestDb::new("fault"),
             Cluster::Fault => TestDb::new_on_fault_cluster("fault"),
+            Cluster::Version(major) => TestDb::new_at(version_port(major), "fault"),
         };
         db.psql(OUTBOX_DDL);
         let mut broker = testkit::amqp::TestBroker::connect().await;

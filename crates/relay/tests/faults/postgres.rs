@@ -285,10 +285,10 @@ enum PgFault {
     KillWalsender,
 }
 
-async fn inflict(w: &World, fault: PgFault) {
+async fn inflict(w: &World, cluster: Cluster, fault: PgFault) {
     match fault {
-        PgFault::Fast => restart_fault_cluster("fast").await,
-        PgFault::Crash => restart_fault_cluster("immediate").await,
+        PgFault::Fast => cluster.restart("fast").await,
+        PgFault::Crash => cluster.restart("immediate").await,
         PgFault::KillWalsender => {
             let killed = w
                 .sql(&format!(
@@ -317,15 +317,19 @@ async fn preload(w: &World) {
 /// since the slot was created (Postgres 15 brings the slot back to its creation):
 /// nothing is published again, nothing is missing, order is kept.
 async fn backlog_fault(fault: PgFault) {
-    let _broker = BROKER.read().await;
     let _pg = FAULT_PG.lock().await;
+    backlog_fault_on(Cluster::Fault, fault).await;
+}
+
+async fn backlog_fault_on(cluster: Cluster, fault: PgFault) {
+    let _broker = BROKER.read().await;
     const MAX_IN_FLIGHT: usize = 500;
-    let w = World::new(Cluster::Fault, Proxies::default(), MAX_IN_FLIGHT).await;
+    let w = World::new(cluster, Proxies::default(), MAX_IN_FLIGHT).await;
     preload(&w).await;
     let mut relay = start_with_args(&w, &[]);
     w.wait_distinct(BACKLOG as usize / 3, WAIT).await;
     let at_fault = w.consumer.distinct();
-    inflict(&w, fault).await;
+    inflict(&w, cluster, fault).await;
     w.insert_retrying(BACKLOG + 1, 500, 50).await;
     wait_all_running(&w, &mut relay).await;
     let report = w.verify(usize::MAX).await;
@@ -366,16 +370,20 @@ async fn walsender_killed_during_a_backlog_resends_nothing() {
 /// `max_in_flight` (the slot alone would send everything since its creation again).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn relay_killed_and_postgres_crashed_together() {
-    let _broker = BROKER.read().await;
     let _pg = FAULT_PG.lock().await;
+    relay_killed_and_postgres_crashed_on(Cluster::Fault).await;
+}
+
+async fn relay_killed_and_postgres_crashed_on(cluster: Cluster) {
+    let _broker = BROKER.read().await;
     const MAX_IN_FLIGHT: usize = 500;
-    let w = World::new(Cluster::Fault, Proxies::default(), MAX_IN_FLIGHT).await;
+    let w = World::new(cluster, Proxies::default(), MAX_IN_FLIGHT).await;
     preload(&w).await;
     let relay = start_with_args(&w, &[]);
     w.wait_distinct(BACKLOG as usize / 3, WAIT).await;
     relay.kill();
     let at_fault = w.consumer.distinct();
-    restart_fault_cluster("immediate").await;
+    cluster.restart("immediate").await;
     let mut relay = start_with_args(&w, &[]);
     w.insert_retrying(BACKLOG + 1, 500, 50).await;
     wait_all_running(&w, &mut relay).await;
@@ -410,9 +418,13 @@ async fn insert_returning_xid(w: &World, from: u64, to: u64) -> String {
 /// too); so is everything after. `status` shows P beside the slot's position.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stored_position_at_a_commit_end_skips_exactly_what_ended_there() {
+    skip_rule_on(Cluster::Test).await;
+}
+
+async fn skip_rule_on(cluster: Cluster) {
     let _broker = BROKER.read().await;
     const MAX_IN_FLIGHT: usize = 500;
-    let w = World::new(Cluster::Test, Proxies::default(), MAX_IN_FLIGHT).await;
+    let w = World::new(cluster, Proxies::default(), MAX_IN_FLIGHT).await;
     // C (1..50) commits first.
     insert_returning_xid(&w, 1, 50).await;
     // T (101..200) starts, writes half, waits, writes the rest and commits after B.
@@ -586,4 +598,52 @@ async fn connection_cut_inside_a_transaction_publishes_it_once() {
         "the cut ended a session: {log}"
     );
     w.cleanup().await;
+}
+
+// ---------------------------------------------------------------------------------
+// The stored position on every supported Postgres (docs/compatibility.md)
+
+/// One version test at a time: each runs four 20,000-row backlogs with restarts and
+/// crashes of its own cluster; side by side they would starve the rest of the suite.
+static VERSIONS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// On the cluster of `major`: a fast restart, a crash and a walsender kill while a
+/// 20,000-row backlog drains (0 duplicates each), the relay SIGKILLed together with
+/// a crash (at most `max_in_flight`), and the skip rule at a commit end.
+async fn stored_position_on(major: u32) {
+    let _one = VERSIONS.lock().await;
+    let cluster = Cluster::Version(major);
+    for fault in [PgFault::Fast, PgFault::Crash, PgFault::KillWalsender] {
+        eprintln!("postgres {major}: {fault:?} during a backlog");
+        backlog_fault_on(cluster, fault).await;
+    }
+    eprintln!("postgres {major}: relay SIGKILL + crash");
+    relay_killed_and_postgres_crashed_on(cluster).await;
+    eprintln!("postgres {major}: the skip rule at a commit end");
+    skip_rule_on(cluster).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_14_restarts_resend_nothing() {
+    stored_position_on(14).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_15_restarts_resend_nothing() {
+    stored_position_on(15).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_16_restarts_resend_nothing() {
+    stored_position_on(16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_17_restarts_resend_nothing() {
+    stored_position_on(17).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgres_18_restarts_resend_nothing() {
+    stored_position_on(18).await;
 }
