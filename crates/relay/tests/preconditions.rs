@@ -73,21 +73,12 @@ async fn the_role_of_role_sql_is_enough() {
         db: env.db.name.clone(),
     };
     let role_sql = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/role.sql");
-    let out = std::process::Command::new("psql")
-        .args([
-            "-XAtq",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            "127.0.0.1",
-            "-U",
-            "postgres",
-        ])
-        .args(["-p", &pg_port().to_string(), "-d", &env.db.name])
-        .args(["-v", &format!("relay_role={role}"), "-f", role_sql])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "role.sql: {}", text(&out));
+    testkit::psql_file_at(
+        pg_port(),
+        &env.db.name,
+        role_sql,
+        &[("relay_role", role.as_str())],
+    );
     // An administrator creates the publication (sql/outbox.sql does); the role
     // cannot, and need not.
     env.db.psql(&format!(

@@ -102,6 +102,24 @@ pub fn psql(dbname: &str, sql: &str) -> String {
 
 /// [`psql`] on the cluster listening on `port`.
 pub fn psql_at(port: u16, dbname: &str, sql: &str) -> String {
+    psql_run(port, dbname, &["-c", sql])
+}
+
+/// Runs the SQL file `path` with psql variables `vars` (`-v name=value`) on the
+/// cluster listening on `port`; returns stdout, panics with psql's stderr on failure.
+pub fn psql_file_at(port: u16, dbname: &str, path: &str, vars: &[(&str, &str)]) -> String {
+    let mut args: Vec<String> = Vec::new();
+    for (name, value) in vars {
+        args.push("-v".into());
+        args.push(format!("{name}={value}"));
+    }
+    args.push("-f".into());
+    args.push(path.into());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    psql_run(port, dbname, &args)
+}
+
+fn psql_run(port: u16, dbname: &str, what: &[&str]) -> String {
     let out = Command::new("psql")
         .args([
             "-XAtq",
@@ -112,12 +130,13 @@ pub fn psql_at(port: u16, dbname: &str, sql: &str) -> String {
             "-U",
             "postgres",
         ])
-        .args(["-p", &port.to_string(), "-d", dbname, "-c", sql])
+        .args(["-p", &port.to_string(), "-d", dbname])
+        .args(what)
         .output()
         .expect("psql runs");
     assert!(
         out.status.success(),
-        "psql failed on {sql:?}: {}",
+        "psql failed on {what:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).trim_end().to_string()
