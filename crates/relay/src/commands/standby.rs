@@ -9,7 +9,7 @@ use wal_reader::{Lsn, PgConnectOptions};
 
 /// What one standby holds of the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Copy {
+pub enum SlotCopy {
     /// No copy of the slot (yet).
     Missing,
     /// The standby runs a Postgres without failover slots.
@@ -29,7 +29,7 @@ pub enum Copy {
 pub struct Standby {
     /// host:port/database, never a password.
     pub target: String,
-    pub copy: Result<Copy, String>,
+    pub copy: Result<SlotCopy, String>,
 }
 
 /// Asks every standby about its copy of the primary's slot `s`.
@@ -59,14 +59,12 @@ async fn check(url: &str, s: &SlotState) -> Standby {
     Standby { target, copy }
 }
 
-async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<Copy, String> {
-    let version: i32 = client
-        .query_one("SELECT current_setting('server_version_num')::int", &[])
+async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<SlotCopy, String> {
+    let version = wal_reader::admin::server_version_num(client)
         .await
-        .map_err(|e| crate::pipeline::describe_pg_error(&e))?
-        .get(0);
+        .map_err(|e| e.to_string())?;
     if version < 170000 {
-        return Ok(Copy::Unsupported { version });
+        return Ok(SlotCopy::Unsupported { version });
     }
     let row = client
         .query_opt(
@@ -77,7 +75,7 @@ async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<Copy, S
         .await
         .map_err(|e| crate::pipeline::describe_pg_error(&e))?;
     let Some(row) = row else {
-        return Ok(Copy::Missing);
+        return Ok(SlotCopy::Missing);
     };
     let synced: bool = row.get(0);
     let temporary: bool = row.get(1);
@@ -86,7 +84,7 @@ async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<Copy, S
         (Some(primary), Some(copy)) => Some(primary.0.saturating_sub(copy.0)),
         _ => None,
     };
-    Ok(Copy::Present {
+    Ok(SlotCopy::Present {
         synced,
         sync_ready: synced && !temporary,
         confirmed_flush_lsn: confirmed,
@@ -106,17 +104,17 @@ pub fn warnings(standbys: &[Standby], s: &SlotState) -> Vec<String> {
     for sb in standbys {
         match &sb.copy {
             Err(e) => w.push(format!("standby {}: cannot be checked: {e}", sb.target)),
-            Ok(Copy::Unsupported { version }) => w.push(format!(
+            Ok(SlotCopy::Unsupported { version }) => w.push(format!(
                 "standby {} runs Postgres {}, which has no failover slots: a failover to it loses slot {}",
                 sb.target,
                 version / 10000,
                 s.slot_name
             )),
-            Ok(Copy::Missing) if s.failover => w.push(format!(
+            Ok(SlotCopy::Missing) if s.failover => w.push(format!(
                 "standby {} has no copy of slot {}: set sync_replication_slots = on, primary_slot_name and hot_standby_feedback on it (docs/failover.md)",
                 sb.target, s.slot_name
             )),
-            Ok(Copy::Present {
+            Ok(SlotCopy::Present {
                 sync_ready: false, ..
             }) => w.push(format!(
                 "standby {}'s copy of slot {} is not sync-ready yet: a failover now could not continue from it (wait, or call pg_log_standby_snapshot() on the primary)",
@@ -132,15 +130,15 @@ pub fn warnings(standbys: &[Standby], s: &SlotState) -> Vec<String> {
 pub fn describe(sb: &Standby) -> String {
     match &sb.copy {
         Err(e) => format!("{}: cannot be checked ({e})", sb.target),
-        Ok(Copy::Missing) => format!("{}: no copy of the slot", sb.target),
-        Ok(Copy::Unsupported { version }) => {
+        Ok(SlotCopy::Missing) => format!("{}: no copy of the slot", sb.target),
+        Ok(SlotCopy::Unsupported { version }) => {
             format!(
                 "{}: Postgres {} (no failover slots)",
                 sb.target,
                 version / 10000
             )
         }
-        Ok(Copy::Present {
+        Ok(SlotCopy::Present {
             sync_ready,
             confirmed_flush_lsn,
             behind_bytes,
@@ -163,11 +161,11 @@ pub fn describe(sb: &Standby) -> String {
 pub fn to_json(sb: &Standby) -> serde_json::Value {
     match &sb.copy {
         Err(e) => json!({ "target": sb.target, "error": e }),
-        Ok(Copy::Missing) => json!({ "target": sb.target, "copy": null, "sync_ready": false }),
-        Ok(Copy::Unsupported { version }) => json!({
+        Ok(SlotCopy::Missing) => json!({ "target": sb.target, "copy": null, "sync_ready": false }),
+        Ok(SlotCopy::Unsupported { version }) => json!({
             "target": sb.target, "server_version_num": version, "copy": null, "sync_ready": false,
         }),
-        Ok(Copy::Present {
+        Ok(SlotCopy::Present {
             synced,
             sync_ready,
             confirmed_flush_lsn,
@@ -196,15 +194,15 @@ mod tests {
         }
     }
 
-    fn standby(copy: Result<Copy, String>) -> Standby {
+    fn standby(copy: Result<SlotCopy, String>) -> Standby {
         Standby {
             target: "127.0.0.1:5433/app".into(),
             copy,
         }
     }
 
-    fn present(sync_ready: bool) -> Copy {
-        Copy::Present {
+    fn present(sync_ready: bool) -> SlotCopy {
+        SlotCopy::Present {
             synced: true,
             sync_ready,
             confirmed_flush_lsn: Some(Lsn(400)),
@@ -223,15 +221,15 @@ mod tests {
     fn every_copy_that_cannot_take_over_is_a_warning() {
         for (copy, words) in [
             (Ok(present(false)), "not sync-ready"),
-            (Ok(Copy::Missing), "sync_replication_slots"),
-            (Ok(Copy::Unsupported { version: 160004 }), "Postgres 16"),
+            (Ok(SlotCopy::Missing), "sync_replication_slots"),
+            (Ok(SlotCopy::Unsupported { version: 160004 }), "Postgres 16"),
             (Err("refused".to_string()), "cannot be checked"),
         ] {
             let w = warnings(&[standby(copy)], &slot(true));
             assert_eq!(w.len(), 1, "{w:?}");
             assert!(w[0].contains(words), "{w:?}");
         }
-        let w = warnings(&[standby(Ok(Copy::Missing))], &slot(false));
+        let w = warnings(&[standby(Ok(SlotCopy::Missing))], &slot(false));
         assert!(w[0].contains("--failover"), "{w:?}");
         assert!(warnings(&[], &slot(false)).is_empty());
     }
