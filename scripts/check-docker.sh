@@ -91,7 +91,7 @@ except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
     err("outbox-relay.example.toml", f"cannot read the relay's example configuration: {e}")
 ENV_KEYS = {f"OUTBOX_RELAY_{s}_{k}".upper(): v for s, t in example.items() for k, v in t.items()}
 
-# The relay's Prometheus metrics (SPEC §8; the names are final).
+# The relay's Prometheus metrics (docs/design.md §7; the names are final).
 COUNTERS = {
     "outbox_relay_events_published_total", "outbox_relay_events_acked_total",
     "outbox_relay_events_nacked_total", "outbox_relay_events_returned_total",

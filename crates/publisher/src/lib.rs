@@ -71,7 +71,7 @@ use wal_reader::event::{Lsn, WalBatch};
 pub use error::{redact_url, PublishError};
 pub use status::{PoisonMessage, PublisherStatus};
 
-/// Default `max_in_flight` (SPEC §4).
+/// Default `max_in_flight` (docs/design.md §6).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default first retry delay.
 pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
@@ -80,7 +80,7 @@ pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Default bound on the wait for outstanding confirms once the input has closed.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Everything the publisher needs; see SPEC §4 `[rabbitmq]`.
+/// Everything the publisher needs; see docs/design.md §6 `[rabbitmq]`.
 #[derive(Clone)]
 pub struct PublisherConfig {
     /// amqp:// or amqps:// URLs (they contain the password), tried in order.
@@ -108,7 +108,7 @@ pub struct PublisherConfig {
 }
 
 impl PublisherConfig {
-    /// A configuration with SPEC §4's defaults for one URL and exchange.
+    /// A configuration with docs/design.md §6's defaults for one URL and exchange.
     pub fn new(url: impl Into<String>, exchange: impl Into<String>) -> Self {
         Self {
             urls: vec![url.into()],

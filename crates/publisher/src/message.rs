@@ -1,4 +1,4 @@
-//! Turning an [`OutboxEvent`] into the AMQP message of SPEC §5.
+//! Turning an [`OutboxEvent`] into the AMQP message of docs/design.md §5.
 //!
 //! The routing-key template is compiled once ([`RoutingKeyTemplate::parse`]); the
 //! constant header keys and the operator's extra headers are built once
@@ -145,7 +145,7 @@ fn long(value: Option<&Bytes>) -> AMQPValue {
     ))
 }
 
-/// The body of a message: the payload's bytes (SPEC §5). bytea arrives as Postgres'
+/// The body of a message: the payload's bytes (docs/design.md §5). bytea arrives as Postgres'
 /// text form and is decoded to raw bytes; every other type is passed through as is.
 pub fn body(payload_type: u32, payload: Option<&Bytes>) -> Bytes {
     match payload {
@@ -337,7 +337,7 @@ impl MessageBuilder {
         })
     }
 
-    /// The headers table of one event (SPEC §5): the headers column's keys first, so
+    /// The headers table of one event (docs/design.md §5): the headers column's keys first, so
     /// the relay's own headers and the extra headers win on a name clash.
     pub fn headers(&mut self, event: &OutboxEvent) -> FieldTable {
         let mut table = FieldTable::default();

@@ -1,4 +1,4 @@
-//! The replay window's anchor slot (SPEC §7).
+//! The replay window's anchor slot (docs/design.md §7).
 //!
 //! Postgres cannot move a logical slot backwards, and the live slot only moves
 //! forwards as the broker acks. To keep the WAL of the last `[relay] replay_window`

@@ -1,4 +1,4 @@
-//! Command-line interface (SPEC §6), declared with clap's derive API.
+//! Command-line interface (docs/design.md §6), declared with clap's derive API.
 //!
 //! ```text
 //! outbox-relay [--config FILE] [--log-format text|json] <COMMAND>

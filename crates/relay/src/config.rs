@@ -1,4 +1,4 @@
-//! Configuration (SPEC §4): a TOML file overridden by `OUTBOX_RELAY_<SECTION>_<KEY>`
+//! Configuration (docs/design.md §6): a TOML file overridden by `OUTBOX_RELAY_<SECTION>_<KEY>`
 //! environment variables.
 //!
 //! # How a configuration is assembled
@@ -134,7 +134,7 @@ impl fmt::Display for ConfigSource {
     }
 }
 
-/// The whole configuration (SPEC §4).
+/// The whole configuration (docs/design.md §6).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {

@@ -1,4 +1,4 @@
-//! The binary's one error type and its exit codes (SPEC §6).
+//! The binary's one error type and its exit codes (docs/design.md §6).
 //!
 //! ```text
 //!   main ─► run(cli) ─► Result<(), CliError> ─► print "error: <sentence>" ─► exit code

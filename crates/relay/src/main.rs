@@ -1,5 +1,5 @@
 //! `outbox-relay`: relays a transactional outbox from a Postgres logical replication
-//! slot (pgoutput) to RabbitMQ with publisher confirms (SPEC §1).
+//! slot (pgoutput) to RabbitMQ with publisher confirms (docs/design.md §1).
 //!
 //! # Layout
 //!
@@ -10,12 +10,12 @@
 //!        ─► exit code: 0 ok, 1 runtime failure, 2 usage/config/precondition
 //! ```
 //!
-//! - `cli`: the command line (SPEC §6).
-//! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides (SPEC §4).
+//! - `cli`: the command line (docs/design.md §6).
+//! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides (docs/design.md §6).
 //! - `error`: [`error::CliError`], its exit codes and its one-line printing.
 //! - `logging`: the tracing subscriber.
 //!
-//! - `commands`: one module per command (SPEC §6).
+//! - `commands`: one module per command (docs/design.md §6).
 //! - `pipeline`: reader → publisher → LSN feedback, reconnects, clean stop.
 //! - `metrics`: `/metrics`, `/healthz`, `/readyz`.
 

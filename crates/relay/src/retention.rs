@@ -1,4 +1,4 @@
-//! `[retention] keep` (SPEC §8): deletes outbox rows that are older than `keep` *and*
+//! `[retention] keep` (docs/design.md §7): deletes outbox rows that are older than `keep` *and*
 //! whose events are certainly published and confirmed, in small batches, on a timer.
 //!
 //! # Which rows are confirmed
@@ -21,7 +21,7 @@
 //!   `synchronous_commit = off` a commit is visible before its record is written.
 //! - Once the slot's `confirmed_flush_lsn` ≥ `L`, the relay has confirmed to Postgres
 //!   a position past every one of those commits, and it confirms a position only
-//!   after the broker acked every message below it (SPEC §1): their events are
+//!   after the broker acked every message below it (docs/design.md §1): their events are
 //!   published.
 //!
 //! So a row may go when `created_at < now() - keep` and its `xmin` precedes `sx` of

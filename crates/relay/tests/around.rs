@@ -1,4 +1,4 @@
-//! Around the relay, end to end with the real binary: outbox retention (SPEC §8),
+//! Around the relay, end to end with the real binary: outbox retention (docs/design.md §7),
 //! trace correlation in the relay's own logs (§4, §5), a RabbitMQ URL list whose
 //! first node is down (§4), and `slot create --failover` on a server without
 //! failover slots (§7).
@@ -92,7 +92,7 @@ fn broker_url_via(port: u16) -> String {
 }
 
 // ---------------------------------------------------------------------------------
-// Retention (SPEC §8)
+// Retention (docs/design.md §7)
 // ---------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -284,7 +284,7 @@ async fn retention_keeps_an_old_row_until_it_is_published_and_confirmed() {
     let exchange = env.exchange.clone();
     env.broker.declare_exchange(&exchange, "topic").await;
     // Only "ok.*" is routable: a "held.*" message is returned, and without a
-    // dead-letter exchange the relay retries it forever (SPEC §5).
+    // dead-letter exchange the relay retries it forever (docs/design.md §5).
     let q_ok = env.broker.queue_bound(&exchange, "ok.#").await;
     let got_ok = env.broker.consume(&q_ok).await;
     let relay = start(
@@ -437,7 +437,7 @@ async fn retention_without_delete_privilege_is_refused_with_the_grant() {
 }
 
 // ---------------------------------------------------------------------------------
-// Trace correlation (SPEC §4, §5)
+// Trace correlation (docs/design.md §6, §5)
 // ---------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -488,7 +488,7 @@ async fn debug_logs_carry_the_message_id_and_commit_lsn_of_each_published_messag
 }
 
 // ---------------------------------------------------------------------------------
-// RabbitMQ cluster: a list of nodes (SPEC §4)
+// RabbitMQ cluster: a list of nodes (docs/design.md §6)
 // ---------------------------------------------------------------------------------
 
 #[tokio::test]
@@ -555,7 +555,7 @@ async fn a_url_list_whose_first_node_is_down_connects_and_reconnects_to_the_next
 }
 
 // ---------------------------------------------------------------------------------
-// Failover slots (SPEC §7)
+// Failover slots (docs/design.md §7)
 // ---------------------------------------------------------------------------------
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! real RabbitMQ, judged only by what consumers received and where the slot is:
 //!
 //! - routable and unroutable rows mixed in the same transactions, with a
-//!   dead-letter exchange (SPEC §5: every unroutable message in the DLQ with its
+//!   dead-letter exchange (docs/design.md §5: every unroutable message in the DLQ with its
 //!   `x-outbox-error` headers, every routable one in the main queue, nothing lost,
 //!   no duplicates, the slot past the end);
 //! - the same without a dead-letter exchange (the relay must not move the slot past
@@ -221,7 +221,7 @@ struct Tally {
 }
 
 /// Counts `recs` against `expected`. `may_be_overtaken(d)` says which messages the
-/// spec allows to arrive after later ones (SPEC §1.2: only a message the broker
+/// spec allows to arrive after later ones (docs/design.md §1.2: only a message the broker
 /// refused: a nack, or a return without a dead-letter exchange).
 fn tally(
     recs: &[Delivery],
@@ -488,7 +488,7 @@ fn stop(relay: Relay) -> Option<i32> {
 // ---------------------------------------------------------------------------------
 // Tests
 
-/// SPEC §5, with `dead_letter_exchange`: 20,000 rows in transactions of 200 from two
+/// docs/design.md §5, with `dead_letter_exchange`: 20,000 rows in transactions of 200 from two
 /// connections (interleaved commits), every 9th row unroutable (aggregate_type
 /// `bad`: nothing is bound to `bad.tick`). The main queue must receive exactly the
 /// routable rows and the DLQ exactly the unroutable ones, each once, in commit order,
@@ -644,7 +644,7 @@ async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
     eprintln!("took {:?}", started.elapsed());
 }
 
-/// SPEC §5, no dead-letter exchange: an unroutable message is retried, never
+/// docs/design.md §5, no dead-letter exchange: an unroutable message is retried, never
 /// dropped, and the slot never moves past it. 500 routable rows (10 transactions),
 /// then 2,000 rows in transactions of 50 with every 9th row unroutable (the first at
 /// seq 504). After ~10 s the slot must be past the routable prefix and before the
@@ -804,12 +804,12 @@ async fn unroutable_rows_without_a_dead_letter_exchange_hold_the_slot() {
     env.cleanup().await;
 }
 
-/// SPEC §5 nacks: the only queue bound to the exchange holds 50 messages and
+/// docs/design.md §5 nacks: the only queue bound to the exchange holds 50 messages and
 /// rejects publishes beyond that (`x-overflow = reject-publish`), and its consumer
 /// drains it slowly for 8 s (10 msgs/s), then fast. 1,000 rows in transactions of
 /// 10, `max_in_flight = 100`. Every row must arrive, the slot must reach the end,
 /// and `outbox_relay_events_nacked_total` must show the storm. Order: a nacked
-/// message may be overtaken by later ones already on the wire (SPEC §1.2), never by
+/// message may be overtaken by later ones already on the wire (docs/design.md §1.2), never by
 /// more than the window; the number of first occurrences out of order is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nack_storm_from_a_full_reject_publish_queue() {

@@ -1,4 +1,4 @@
-//! The built binary's command line, configuration errors and exit codes (SPEC §4, §6).
+//! The built binary's command line, configuration errors and exit codes (docs/design.md §6).
 //! No services needed: everything here fails or finishes before connecting.
 
 #![allow(clippy::unwrap_used)]

@@ -1,5 +1,5 @@
 //! End-to-end: the real binary between the test Postgres cluster and RabbitMQ, with a
-//! consumer asserting what arrived (SPEC §1, §3, §5, §6).
+//! consumer asserting what arrived (docs/design.md §1, §3, §5, §6).
 #![allow(clippy::unwrap_used)]
 
 mod scenarios;

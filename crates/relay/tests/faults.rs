@@ -1,5 +1,5 @@
 //! Fault injection: the real relay binary between Postgres and RabbitMQ while things
-//! break, with a consumer that checks what arrived (SPEC §1): every committed row
+//! break, with a consumer that checks what arrived (docs/design.md §1): every committed row
 //! present, first occurrences in commit order, duplicates within the bound, rolled
 //! back rows absent, and — sampled throughout — the slot's `confirmed_flush_lsn`
 //! never past a message the broker had not acked (see `harness::Sampler`).

@@ -1,4 +1,4 @@
-//! Operating the relay (SPEC §6, §8): `/metrics` against what a consumer received,
+//! Operating the relay (docs/design.md §6, §8): `/metrics` against what a consumer received,
 //! `/readyz` and `/healthz` across a broker cut, `status` and `peek` on a known slot,
 //! and no password in any log line at trace level.
 #![allow(clippy::unwrap_used)]
@@ -232,7 +232,7 @@ async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
         sample(b, "outbox_relay_ready", "") == Some(0.0)
     })
     .await;
-    // Events committed during the outage wait, and the outbox lag (SPEC §8: age of
+    // Events committed during the outage wait, and the outbox lag (docs/design.md §7: age of
     // the oldest unacked event) grows meanwhile, although the publisher takes no
     // input while it reconnects: the reader tracks what it read until it is acked.
     env.insert_seq(11, 10, 5);

@@ -1,5 +1,5 @@
 //! Every unmet precondition stops `check` and `run` with exit code 2 and one sentence
-//! that names the fix; secrets never appear in any output (SPEC §6, §8).
+//! that names the fix; secrets never appear in any output (docs/design.md §6, §8).
 #![allow(clippy::unwrap_used)]
 
 mod support;

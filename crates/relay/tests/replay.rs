@@ -1,4 +1,4 @@
-//! Recovery and replay (SPEC §7): `run --start-lsn`, the replay window's anchor slot,
+//! Recovery and replay (docs/design.md §7): `run --start-lsn`, the replay window's anchor slot,
 //! `replay --from-lsn/--to-lsn`, `replay --from-table`, and restart safety.
 #![allow(clippy::unwrap_used)]
 

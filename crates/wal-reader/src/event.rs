@@ -12,7 +12,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 pub use pgoutput::Lsn;
 
-/// Postgres type OIDs the relay treats specially (SPEC §5).
+/// Postgres type OIDs the relay treats specially (docs/design.md §5).
 pub mod oid {
     pub const BYTEA: u32 = 17;
     pub const TEXT: u32 = 25;

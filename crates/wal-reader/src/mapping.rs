@@ -1,4 +1,4 @@
-//! Which outbox columns carry which message field (SPEC §4 `[mapping]`).
+//! Which outbox columns carry which message field (docs/design.md §6 `[mapping]`).
 
 /// Column names of the outbox table. `headers` and `correlation_id` are optional:
 /// `None` means the table has no such column.

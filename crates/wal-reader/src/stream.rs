@@ -122,7 +122,7 @@ pub struct WalReader {
     flushed_tx: watch::Sender<Lsn>,
     status_buf: BytesMut,
     /// Commit LSN and time of each transaction with events sent but not yet acked,
-    /// oldest first: the source of the outbox lag (SPEC §8).
+    /// oldest first: the source of the outbox lag (docs/design.md §7).
     unacked: VecDeque<(Lsn, i64)>,
     progress: ReaderProgress,
     /// The open transaction's events, held back until its Commit
@@ -177,7 +177,7 @@ pub fn parse_pg_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
-/// The name of the replay window's anchor slot for `slot` (`<slot>_anchor`, SPEC §7).
+/// The name of the replay window's anchor slot for `slot` (`<slot>_anchor`, docs/design.md §7).
 pub fn anchor_slot_name(slot: &str) -> String {
     format!("{slot}_anchor")
 }

@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS side_effects (
     applied_at   timestamptz NOT NULL DEFAULT now()
 );";
 
-/// The fields of a delivery the consumer uses (SPEC §5 message format).
+/// The fields of a delivery the consumer uses (docs/design.md §5 message format).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Message {
     /// The `message_id` property: the outbox row id, stable across redeliveries.

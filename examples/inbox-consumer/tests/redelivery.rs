@@ -57,7 +57,7 @@ async fn publisher(broker: &TestBroker) -> Channel {
     channel
 }
 
-/// Publishes `events` with the properties and headers outbox-relay sets (SPEC §5),
+/// Publishes `events` with the properties and headers outbox-relay sets (docs/design.md §5),
 /// waiting for every broker confirm.
 async fn publish(channel: &Channel, exchange: &str, events: &[Event]) {
     let mut confirms = Vec::new();

@@ -1,4 +1,4 @@
-//! The commands of SPEC §6, each over the loaded [`Config`].
+//! The commands of docs/design.md §6, each over the loaded [`Config`].
 
 pub mod check;
 pub mod peek;

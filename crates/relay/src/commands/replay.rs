@@ -1,5 +1,5 @@
 //! `replay --from-lsn X [--to-lsn Y]` and `replay --from-table [--since] [--until]`
-//! (SPEC §7): re-publish past events with the header `replay = true` and their
+//! (docs/design.md §7): re-publish past events with the header `replay = true` and their
 //! original `message_id`, with publisher confirms, while a live relay keeps running.
 //!
 //! # From the WAL

@@ -10,7 +10,7 @@ use crate::harness::*;
 
 const OUTAGE: Duration = Duration::from_secs(20);
 
-/// SPEC §1.1: the proxy between relay and broker closes every connection and
+/// docs/design.md §1.1: the proxy between relay and broker closes every connection and
 /// refuses new ones for 20 s; the relay reconnects and republishes from the oldest
 /// unacked message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -38,7 +38,7 @@ async fn broker_connection_cut_for_20s() {
     w.cleanup().await;
 }
 
-/// SPEC §1.1: `rabbitmqctl stop_app` for 20 s, then `start_app`.
+/// docs/design.md §1.1: `rabbitmqctl stop_app` for 20 s, then `start_app`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_app_stopped_for_20s() {
     let _broker = BROKER.write().await;
@@ -68,7 +68,7 @@ async fn broker_app_stopped_for_20s() {
     again.cleanup().await;
 }
 
-/// SPEC §1.1: the memory alarm blocks every publisher for 20 s
+/// docs/design.md §1.1: the memory alarm blocks every publisher for 20 s
 /// (`set_vm_memory_high_watermark 0`, the old value restored on drop).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn broker_blocks_publishers_for_20s() {
@@ -139,7 +139,7 @@ async fn broker_side_network_stall() {
     w.cleanup().await;
 }
 
-/// SPEC §5: unroutable (returned) messages and nacked messages while others flow:
+/// docs/design.md §5: unroutable (returned) messages and nacked messages while others flow:
 /// the relay does not move past them, retries in order, drops nothing. Rows of type
 /// `odd` have no binding until one is added; rows of type `nack` go to a queue that
 /// rejects every publish (`x-max-length 0`, `reject-publish`) until it is deleted.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::harness::*;
 
-/// SPEC §1.1, §1.3: kill -9 the relay at random points of a 100k-event stream,
+/// docs/design.md §1.1, §1.3: kill -9 the relay at random points of a 100k-event stream,
 /// several times in a row; nothing lost, order kept, at most `max_in_flight` (plus
 /// the transaction straddling the window) published again per kill.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -48,7 +48,7 @@ async fn sigkill_at_random_points_of_a_100k_stream() {
     w.cleanup().await;
 }
 
-/// SPEC §7 HA: a second relay on the same slot stands by while the slot is in use
+/// docs/design.md §7 HA: a second relay on the same slot stands by while the slot is in use
 /// and takes over when the active one is killed; nothing lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn standby_takes_over_when_the_active_relay_is_killed() {
@@ -81,7 +81,7 @@ async fn standby_takes_over_when_the_active_relay_is_killed() {
     w.cleanup().await;
 }
 
-/// SPEC §1.3, the duplicate bound of one relay crash: a message is in flight from its
+/// docs/design.md §1.3, the duplicate bound of one relay crash: a message is in flight from its
 /// publish until a position past it has been sent to Postgres as flushed, and at most
 /// `max_in_flight` (1000) are in flight, or one transaction larger than that. 20,000
 /// preloaded rows in transactions of `per_tx`; SIGKILL when the consumer has received

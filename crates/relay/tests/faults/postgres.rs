@@ -64,13 +64,13 @@ async fn restart_mid_stream(mode: &str) {
     w.cleanup().await;
 }
 
-/// SPEC §1.1: `pg_ctlcluster … restart -m fast` mid-stream.
+/// docs/design.md §1.1: `pg_ctlcluster … restart -m fast` mid-stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_restarted_mid_stream() {
     restart_mid_stream("fast").await;
 }
 
-/// SPEC §1.1, §1.3: `pg_ctlcluster … restart -m immediate` (a crash) mid-stream.
+/// docs/design.md §1.1, §1.3: `pg_ctlcluster … restart -m immediate` (a crash) mid-stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres_crashed_mid_stream() {
     restart_mid_stream("immediate").await;
@@ -347,19 +347,19 @@ async fn backlog_fault_on(cluster: Cluster, fault: PgFault) {
     w.cleanup().await;
 }
 
-/// SPEC §1.6: a fast restart while a backlog drains re-sends nothing.
+/// docs/design.md §1.5: a fast restart while a backlog drains re-sends nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fast_restart_during_a_backlog_resends_nothing() {
     backlog_fault(PgFault::Fast).await;
 }
 
-/// SPEC §1.6: a crash (`-m immediate`) while a backlog drains re-sends nothing.
+/// docs/design.md §1.5: a crash (`-m immediate`) while a backlog drains re-sends nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn crash_during_a_backlog_resends_nothing() {
     backlog_fault(PgFault::Crash).await;
 }
 
-/// SPEC §1.6: the walsender killed while a backlog drains re-sends nothing.
+/// docs/design.md §1.5: the walsender killed while a backlog drains re-sends nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn walsender_killed_during_a_backlog_resends_nothing() {
     backlog_fault(PgFault::KillWalsender).await;

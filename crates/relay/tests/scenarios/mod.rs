@@ -207,7 +207,7 @@ pub async fn sigkill_restart(port: u16) {
 }
 
 /// With traffic only on an unpublished table and in another database, the slot's
-/// confirmed_flush_lsn follows the server's WAL within seconds (SPEC §1 item 4).
+/// confirmed_flush_lsn follows the server's WAL within seconds (docs/design.md §1.4).
 pub async fn idle_wal(port: u16) {
     let mut env = Env::with_port(port).await;
     env.db

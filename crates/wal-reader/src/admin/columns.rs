@@ -5,7 +5,7 @@
 //! before streaming the relay checks every required mapped column (`id`,
 //! `aggregate_type`, `aggregate_id`, `event_type`, `payload`) exists, and reports
 //! which optional ones do: a missing `headers` column means "no extra headers"
-//! (SPEC §4); a `correlation_id` column that is configured but missing is an error,
+//! (docs/design.md §6); a `correlation_id` column that is configured but missing is an error,
 //! because it was configured on purpose and is most likely misspelled. On Postgres
 //! 15+ a publication can also publish only some columns (a column list), which
 //! [`check_published_columns`] verifies.
