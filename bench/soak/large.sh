@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bash scripts/test-services.sh >/dev/null
-cargo test -p outbox-relay --test faults large::heavy_ -- --ignored --nocapture --test-threads 1 2>&1 \
+cargo test -p outbox-relay-tests --test faults large::heavy_ -- --ignored --nocapture --test-threads 1 2>&1 \
     | tee "${LARGE_LOG:-/tmp/outbox-relay-large.log}" \
     | grep -E 'peak RSS|tx/s|^test |report:|panicked' || true
 grep -q 'test result: ok' "${LARGE_LOG:-/tmp/outbox-relay-large.log}"

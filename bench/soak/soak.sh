@@ -14,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 MINUTES="${1:-10}"
 bash scripts/test-services.sh >/dev/null
-SOAK_MINUTES="$MINUTES" cargo test -p outbox-relay --test faults soak::chaos_soak \
+SOAK_MINUTES="$MINUTES" cargo test -p outbox-relay-tests --test faults soak::chaos_soak \
     -- --ignored --exact --nocapture 2>&1 | tee "${SOAK_LOG:-/tmp/outbox-relay-soak.log}" \
     | grep -E '^(SOAK REPORT|soak:|test |report:)|panicked|violation' || true
 grep -q '^SOAK REPORT' "${SOAK_LOG:-/tmp/outbox-relay-soak.log}"

@@ -6,8 +6,7 @@
 //! fails, never skips, when its cluster is not running.
 #![allow(clippy::unwrap_used)]
 
-mod scenarios;
-mod support;
+use support::scenarios;
 
 use std::future::Future;
 use std::process::Command;

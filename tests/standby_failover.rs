@@ -12,8 +12,7 @@
 //! them afterwards; it fails (never skips) when the builds are not installed.
 #![allow(clippy::unwrap_used)]
 
-mod scenarios;
-mod support;
+use support::scenarios;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;

@@ -4,10 +4,11 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
+
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::bin;
 
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
 const SECRET: &str = "hunter2-s3cret";
 
 /// A fresh directory, removed on drop.
@@ -38,7 +39,7 @@ impl Drop for TempDir {
 /// after 3 s (`run` waiting for an unreachable Postgres, as a service should) is
 /// killed; its output so far is returned.
 fn relay(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     cmd.current_dir(cwd).args(args).env_remove("RUST_LOG");
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("OUTBOX_RELAY_") {
@@ -66,7 +67,7 @@ fn stderr(o: &Output) -> String {
 }
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../outbox-relay.example.toml")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../outbox-relay.example.toml")
 }
 
 #[test]

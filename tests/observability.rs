@@ -3,8 +3,6 @@
 //! and no password in any log line at trace level.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::net::SocketAddr;
 use std::process::Output;
 use std::time::Duration;

@@ -8,8 +8,6 @@
 //! drop, so nothing else on the broker is disturbed.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::HashSet;
 use std::process::Command;
 use std::sync::{Arc, Mutex};

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use testkit::unique_name;
 
 use crate::harness::*;
-use crate::support::{Relay, BIN};
+use support::{bin, Relay};
 
 /// Restarts (`fast`) or crashes (`immediate`) the fault cluster mid-stream.
 ///
@@ -142,7 +142,7 @@ async fn column_added_mid_stream() {
 /// The relay binary to run: `BASELINE_RELAY_BIN` (an older build, to measure
 /// what a change fixed) or this build.
 fn relay_bin() -> String {
-    std::env::var("BASELINE_RELAY_BIN").unwrap_or_else(|_| BIN.to_string())
+    std::env::var("BASELINE_RELAY_BIN").unwrap_or_else(|_| bin().display().to_string())
 }
 
 /// Starts `outbox-relay run <args>` with the world's config.
@@ -467,7 +467,7 @@ async fn skip_rule_on(cluster: Cluster) {
     .await;
 
     let cli = |args: &[&str]| {
-        Command::new(BIN)
+        Command::new(bin())
             .arg("--config")
             .arg(w.config())
             .args(args)

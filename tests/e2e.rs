@@ -2,8 +2,7 @@
 //! consumer asserting what arrived (docs/design.md §1, §3, §5, §6).
 #![allow(clippy::unwrap_used)]
 
-mod scenarios;
-mod support;
+use support::scenarios;
 
 use std::time::Duration;
 

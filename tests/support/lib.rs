@@ -1,17 +1,60 @@
 //! End-to-end harness: a fresh database with an outbox, the real `outbox-relay`
 //! binary run as a child process with its own config file, and a RabbitMQ consumer
-//! recording what arrives.
-#![allow(dead_code, clippy::unwrap_used)]
+//! recording what arrives. Shared by every black-box test of the binary in tests/.
+#![allow(clippy::unwrap_used)]
+
+pub mod scenarios;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use testkit::amqp::{Msg, Received, TestBroker};
 use testkit::{unique_name, TestDb};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+/// The `outbox-relay` binary the tests run: `OUTBOX_RELAY_BIN` when set (e.g. a
+/// release build), else the workspace's build of it, brought up to date once per
+/// test process with `cargo build` (the same profile as the tests).
+pub fn bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| match std::env::var_os("OUTBOX_RELAY_BIN") {
+        Some(path) => PathBuf::from(path),
+        None => build_relay(),
+    })
+}
+
+fn build_relay() -> PathBuf {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../Cargo.toml");
+    let mut cmd = Command::new(cargo);
+    cmd.args(["build", "-p", "outbox-relay", "--bin", "outbox-relay"])
+        .args([
+            "--message-format=json-render-diagnostics",
+            "--manifest-path",
+        ])
+        .arg(&manifest)
+        .stderr(Stdio::inherit());
+    let release = std::env::current_exe()
+        .map(|exe| exe.components().any(|c| c.as_os_str() == "release"))
+        .unwrap_or(false);
+    if release {
+        cmd.arg("--release");
+    }
+    let out = cmd
+        .output()
+        .expect("run cargo build for the outbox-relay binary");
+    assert!(out.status.success(), "cargo build -p outbox-relay failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|msg| {
+            msg["reason"] == "compiler-artifact" && msg["target"]["name"] == "outbox-relay"
+        })
+        .find_map(|msg| msg["executable"].as_str().map(PathBuf::from))
+        .expect("cargo build reported the outbox-relay executable")
+}
 
 pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
     id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -98,7 +141,7 @@ impl Env {
     /// Runs a one-shot command (`slot create`, `check`, …) and returns its output.
     pub fn cli(&self, args: &[&str]) -> Output {
         let config = self.config();
-        Command::new(BIN)
+        Command::new(bin())
             .arg("--config")
             .arg(&config)
             .args(args)
@@ -111,7 +154,7 @@ impl Env {
     /// `cli` with extra environment variables (e.g. `OUTBOX_RELAY_RELAY_REPLAY_WINDOW`).
     pub fn cli_env(&self, args: &[&str], env: &[(&str, &str)]) -> Output {
         let config = self.config();
-        Command::new(BIN)
+        Command::new(bin())
             .arg("--config")
             .arg(&config)
             .args(args)
@@ -126,7 +169,7 @@ impl Env {
     pub fn start_env(&self, extra_args: &[&str], env: &[(&str, &str)]) -> Relay {
         let config = self.config();
         let log = self.dir.join(format!("{}.log", unique_name("relay")));
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("--config")
             .arg(&config)
             .arg("run")
@@ -164,7 +207,7 @@ impl Env {
     pub fn start(&self, extra_args: &[&str]) -> Relay {
         let config = self.config();
         let log = self.dir.join(format!("{}.log", unique_name("relay")));
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("--config")
             .arg(&config)
             .arg("run")
@@ -246,7 +289,7 @@ impl Env {
 
     /// Runs a one-shot command with `config` and `RUST_LOG=rust_log`.
     pub fn cli_with(&self, config: &std::path::Path, rust_log: &str, args: &[&str]) -> Output {
-        Command::new(BIN)
+        Command::new(bin())
             .arg("--config")
             .arg(config)
             .args(args)
@@ -265,7 +308,7 @@ impl Env {
         global_args: &[&str],
     ) -> Relay {
         let log = self.dir.join(format!("{}.log", unique_name("relay")));
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("--config")
             .arg(config)
             .args(global_args)

@@ -2,8 +2,6 @@
 //! that names the fix; secrets never appear in any output (docs/design.md §6, §8).
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::process::Output;
 use std::time::Duration;
 
@@ -72,7 +70,7 @@ async fn the_role_of_role_sql_is_enough() {
         role: role.clone(),
         db: env.db.name.clone(),
     };
-    let role_sql = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/role.sql");
+    let role_sql = concat!(env!("CARGO_MANIFEST_DIR"), "/../sql/role.sql");
     testkit::psql_file_at(
         pg_port(),
         &env.db.name,
@@ -191,13 +189,13 @@ async fn wal_level_not_logical() {
     }
     let env = Env::new().await;
     let config = env.config_with("postgresql://postgres@127.0.0.1:5432/postgres");
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .args(["--config", config.to_str().unwrap(), "check"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert_one_error_line(&text(&out), "wal_level");
-    let out = std::process::Command::new(BIN)
+    let out = std::process::Command::new(bin())
         .args(["--config", config.to_str().unwrap(), "slot", "create"])
         .output()
         .unwrap();
@@ -230,7 +228,7 @@ async fn wrong_passwords_exit_2_and_never_show_secrets() {
         &["status"][..],
         &["slot", "create"][..],
     ] {
-        let out = std::process::Command::new(BIN)
+        let out = std::process::Command::new(bin())
             .arg("--config")
             .arg(&config)
             .args(args)
@@ -252,7 +250,7 @@ async fn wrong_passwords_exit_2_and_never_show_secrets() {
     let path = env.dir.join("badmq.toml");
     std::fs::write(&path, toml).unwrap();
     for args in [&["check"][..], &["run"][..]] {
-        let out = std::process::Command::new(BIN)
+        let out = std::process::Command::new(bin())
             .arg("--config")
             .arg(&path)
             .args(args)

@@ -14,8 +14,6 @@
 //! assertions name the numbers (missing, unexpected, duplicates, reordered).
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};

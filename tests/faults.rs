@@ -10,8 +10,6 @@
 //! docs/reliability.md maps each guarantee to the test that proves it.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 #[path = "faults/harness.rs"]
 mod harness;
 

@@ -22,7 +22,7 @@ use testkit::proxy::Proxy;
 use testkit::{unique_name, TestDb};
 use tokio::sync::RwLock;
 
-use crate::support::{Env, Relay, BIN, OUTBOX_DDL};
+use support::{bin, Env, Relay, OUTBOX_DDL};
 
 /// Broker-changing tests (stop_app, memory alarm) take it for writing, every other
 /// test for reading, so they never overlap inside this binary.
@@ -55,7 +55,7 @@ impl Cluster {
                 } else {
                     "restart"
                 };
-                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/pg-versions.sh");
+                let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/pg-versions.sh");
                 let out = tokio::process::Command::new("bash")
                     .args([script, verb, &major.to_string()])
                     .output()
@@ -204,7 +204,7 @@ impl World {
     }
 
     fn create_slot(&self) {
-        let out = Command::new(BIN)
+        let out = Command::new(bin())
             .arg("--config")
             .arg(self.config())
             .args(["slot", "create"])
@@ -221,7 +221,7 @@ impl World {
     pub fn start(&self) -> Relay {
         let config = self.config();
         let log = self.env.dir.join(format!("{}.log", unique_name("relay")));
-        let child = Command::new(BIN)
+        let child = Command::new(bin())
             .arg("--config")
             .arg(&config)
             .arg("run")

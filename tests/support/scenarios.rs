@@ -2,7 +2,6 @@
 //! port): `e2e.rs` and `replay.rs` run some of them on the tests' own cluster,
 //! `versions.rs` runs every one of them on each supported major
 //! (docs/compatibility.md). Each scenario has its own database, slot and exchange.
-#![allow(dead_code, clippy::unwrap_used)]
 
 use std::collections::HashSet;
 use std::process::Output;
@@ -11,7 +10,7 @@ use std::time::{Duration, Instant};
 use testkit::amqp::{Msg, Received};
 use testkit::TestDb;
 
-use crate::support::*;
+use crate::*;
 
 pub const WAIT: Duration = Duration::from_secs(60);
 pub const WINDOW_ENV: &str = "OUTBOX_RELAY_RELAY_REPLAY_WINDOW";

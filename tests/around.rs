@@ -4,8 +4,6 @@
 //! failover slots (§7).
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -22,7 +20,7 @@ const RETENTION_2S: &str = "[retention]\nkeep = \"2s\"\n";
 fn start(env: &Env, global: &[&str], vars: &[(&str, &str)]) -> Relay {
     let config = env.config();
     let log = env.dir.join(format!("{}.log", unique_name("relay")));
-    let child = Command::new(BIN)
+    let child = Command::new(bin())
         .arg("--config")
         .arg(&config)
         .args(global)

@@ -2,8 +2,7 @@
 //! `replay --from-lsn/--to-lsn`, `replay --from-table`, and restart safety.
 #![allow(clippy::unwrap_used)]
 
-mod scenarios;
-mod support;
+use support::scenarios;
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -444,7 +443,7 @@ async fn a_killed_replay_leaves_no_slot_after_the_next_command() {
     let path = env.dir.join("stalled.toml");
     std::fs::write(&path, config).unwrap();
     let stalled = || {
-        Command::new(BIN)
+        Command::new(bin())
             .arg("--config")
             .arg(&path)
             .args(["replay", "--from-lsn", &lsn_text(start)])

@@ -13,10 +13,10 @@
 #![allow(clippy::unwrap_used)]
 
 use std::path::{Path, PathBuf};
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_outbox-relay");
+use support::bin;
 
 /// Passwords made of letters that rarely occur together in the relay's output, so
 /// that a 3-character window found in the output can only come from the password.
@@ -214,7 +214,7 @@ fn config(dir: &Path, name: &str, pw: &str, failure: Failure) -> PathBuf {
 
 /// Runs the binary; a command still running after `limit` is killed.
 fn relay(config: &Path, format: &str, args: &[&str], limit: Duration) -> (Option<i32>, String) {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = Command::new(bin());
     for (k, _) in std::env::vars_os() {
         let k = k.to_string_lossy().into_owned();
         if k.starts_with("OUTBOX_RELAY_") || k.starts_with("PG") {
