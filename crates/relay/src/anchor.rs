@@ -91,7 +91,7 @@ pub fn spawn(
     stop: watch::Receiver<bool>,
 ) -> Option<JoinHandle<()>> {
     let window = cfg.replay_window()?;
-    let opts = crate::commands::pg_options(cfg).ok()?;
+    let opts = cfg.pg_options().ok()?;
     let slot = cfg.postgres.slot.clone();
     Some(tokio::spawn(async move {
         let mut task = Anchor::new(slot, window);
@@ -109,7 +109,7 @@ pub fn spawn(
                 }
             }
             if client.as_ref().is_none_or(|c| c.is_closed()) {
-                match crate::pipeline::connect_sql(&opts).await {
+                match crate::sql::connect(&opts).await {
                     Ok(c) => client = Some(c),
                     Err(e) => {
                         debug!(error = %e, "anchor: cannot connect to postgres");

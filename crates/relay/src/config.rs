@@ -42,6 +42,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Deserializer};
 use wal_reader::{ColumnMapping, TableName};
 
+mod components;
 mod env;
 mod error;
 mod validate;

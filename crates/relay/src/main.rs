@@ -30,6 +30,7 @@ mod metrics;
 mod pipeline;
 mod retention;
 mod slot_metrics;
+mod sql;
 mod state;
 
 use std::io::Write;

@@ -46,9 +46,7 @@ use std::time::Duration;
 use publisher::{Publisher, PublisherConfig, PublisherStatus};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
-use wal_reader::{
-    Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalItem, WalReader,
-};
+use wal_reader::{Lsn, ReaderConfig, ReaderError, ReaderProgress, WalItem, WalReader};
 
 use crate::error::CliError;
 use crate::state::{self, Resume, StateError};
@@ -217,7 +215,7 @@ pub async fn run(
 
 fn reader_error(e: ReaderError) -> Result<SessionEnd, CliError> {
     if e.is_precondition() {
-        Err(CliError::Precondition(e.to_string()))
+        Err(e.into())
     } else if e.is_transient() {
         Ok(SessionEnd::Retry(Side::Postgres, e.to_string()))
     } else {
@@ -337,7 +335,8 @@ async fn session(
         Err(e) if e.is_transient() || carried.broker_connected => {
             return Ok(SessionEnd::Retry(Side::Rabbitmq, e.to_string()))
         }
-        Err(e) => return Err(CliError::Precondition(e.to_string())),
+        // Not transient: a refusal (exit 2).
+        Err(e) => return Err(e.into()),
     };
     carried.broker_connected = true;
     health.set_publisher(Some(publisher.status()));
@@ -488,7 +487,7 @@ async fn stored_position(
     carried: &mut Carried,
 ) -> Result<Found, String> {
     if client.as_ref().is_none_or(|c| c.is_closed()) {
-        *client = match tokio::time::timeout(STATE_TIMEOUT, connect_sql(&cfg.conn)).await {
+        *client = match tokio::time::timeout(STATE_TIMEOUT, crate::sql::connect(&cfg.conn)).await {
             Ok(Ok(c)) => Some(c),
             Ok(Err(e)) => return Err(format!("cannot connect to Postgres: {e}")),
             Err(_) => {
@@ -739,7 +738,7 @@ async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool, String> {
         return Ok(true);
     }
     let parse = |v: Option<String>| v.and_then(|s| s.parse::<Lsn>().ok());
-    let client = match tokio::time::timeout(SAVE_TIMEOUT, connect_sql(&cfg.conn)).await {
+    let client = match tokio::time::timeout(SAVE_TIMEOUT, crate::sql::connect(&cfg.conn)).await {
         Ok(Ok(c)) => c,
         Ok(Err(e)) => return Err(format!("cannot connect to Postgres: {e}")),
         Err(_) => {
@@ -811,33 +810,5 @@ async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool, String> {
             debug!(timeout = ?SAVE_TIMEOUT, "saving the acked position timed out");
             Ok(false)
         }
-    }
-}
-
-/// An ordinary SQL connection under the replication connection's rules
-/// (docs/security.md): TLS per `sslmode`, no cleartext or md5 password over a plain
-/// link unless `sslmode=disable` is explicit, a size cap before login.
-pub async fn connect_sql(opts: &PgConnectOptions) -> Result<tokio_postgres::Client, String> {
-    let (client, conn) = wal_reader::tls::connect_sql(opts)
-        .await
-        .map_err(|e| match e {
-            wal_reader::tls::SqlConnectError::Postgres(e) => describe_pg_error(&e),
-            other => other.to_string(),
-        })?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(client)
-}
-
-/// tokio-postgres prints "error connecting to server" or "db error" alone: add the
-/// cause (the server's own message for a server error).
-pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{}: {}", db.severity(), db.message());
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
     }
 }

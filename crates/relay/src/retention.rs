@@ -121,8 +121,7 @@ pub async fn preflight(cfg: &Config, client: &Client) -> Result<(), CliError> {
                   WHERE n.nspname = $1 AND c.relname = $2",
                 &[&table.schema, &table.name, &CREATED_AT],
             )
-            .await
-            .map_err(crate::commands::sql_error)?;
+            .await?;
         let Some(row) = row else {
             return Err(CliError::Precondition(format!(
                 "outbox table {table} does not exist: create it or fix [postgres] tables"
@@ -178,7 +177,7 @@ pub fn spawn(
     stop: watch::Receiver<bool>,
 ) -> Option<JoinHandle<()>> {
     let keep = cfg.retention_keep()?;
-    let conn = match crate::commands::pg_options(cfg) {
+    let conn = match cfg.pg_options() {
         Ok(c) => c,
         Err(e) => {
             // Cannot happen after the preflight, which parsed the same URL.
@@ -277,7 +276,9 @@ impl Retention {
     }
 
     async fn connect(&self) -> Result<Client, String> {
-        let client = crate::pipeline::connect_sql(&self.conn).await?;
+        let client = crate::sql::connect(&self.conn)
+            .await
+            .map_err(|e| e.to_string())?;
         client
             .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
             .await

@@ -19,7 +19,8 @@ use tracing::Instrument;
 use wal_reader::{admin, PgConnectOptions};
 
 use crate::config::Config;
-use crate::pipeline::{connect_sql, Health};
+use crate::pipeline::Health;
+use crate::sql;
 
 /// How often the slot is sampled.
 pub const INTERVAL: Duration = Duration::from_secs(5);
@@ -36,7 +37,7 @@ pub fn spawn(
     stop: watch::Receiver<bool>,
 ) -> Option<JoinHandle<()>> {
     cfg.metrics_listen()?;
-    let opts = crate::commands::pg_options(cfg).ok()?;
+    let opts = cfg.pg_options().ok()?;
     let slot = cfg.postgres.slot.clone();
     let span = tracing::info_span!("slot_metrics", slot = %slot);
     Some(tokio::spawn(sample(opts, slot, stop).instrument(span)))
@@ -60,7 +61,7 @@ async fn sample(opts: PgConnectOptions, slot: String, mut stop: watch::Receiver<
             return;
         }
         if client.as_ref().is_none_or(|c| c.is_closed()) {
-            match connect_sql(&opts).await {
+            match sql::connect(&opts).await {
                 Ok(c) => client = Some(c),
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot connect for slot metrics; retrying");

@@ -2,14 +2,13 @@
 
 use wal_reader::admin::{CheckStatus, Preflight};
 
-use super::{publisher_config, sql_client};
 use crate::config::Config;
 use crate::error::CliError;
 
 /// Runs the Postgres preconditions, printing one line each. Returns the first
 /// failure as an unmet precondition (exit code 2) after printing all of them.
 pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
-    let client = match sql_client(cfg).await {
+    let client = match crate::sql::connect_for_command(cfg).await {
         Ok(c) => {
             println!("ok    postgres connection: logged in");
             superuser_line(&c).await;
@@ -37,8 +36,7 @@ pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
     }
     let retention = crate::retention::check(cfg, &client).await;
     match first_failure {
-        Some(e) if e.is_precondition() => Err(CliError::Precondition(e.to_string())),
-        Some(e) => Err(CliError::Runtime(e.to_string())),
+        Some(e) => Err(e.into()),
         None => retention,
     }
 }
@@ -65,7 +63,7 @@ async fn superuser_line(client: &tokio_postgres::Client) {
 /// Connects to the broker as `run` would (declaring the exchange when
 /// `declare_exchange` is on) and prints one line.
 pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
-    match publisher::Publisher::connect(publisher_config(cfg)).await {
+    match publisher::Publisher::connect(cfg.publisher_config()).await {
         Ok(p) => {
             println!(
                 "ok    rabbitmq: connected; exchange {} is usable",
@@ -76,11 +74,7 @@ pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
         }
         Err(e) => {
             println!("FAIL  rabbitmq: {e}");
-            if e.is_transient() {
-                Err(CliError::Runtime(e.to_string()))
-            } else {
-                Err(CliError::Precondition(e.to_string()))
-            }
+            Err(e.into())
         }
     }
 }

@@ -55,9 +55,8 @@ use tokio_postgres::Client;
 use tracing::{info, warn};
 use wal_reader::admin::{self, ident};
 use wal_reader::event::{CommitMarker, OutboxEvent, OutboxTable, WalBatch, WalItem};
-use wal_reader::{Lsn, ReaderError, WalReader};
+use wal_reader::{Lsn, WalReader};
 
-use super::{admin_error, publisher_config, reader_config, sql_client};
 use crate::anchor::anchor_slot_name;
 use crate::cli::{ReplayArgs, ReplaySource};
 use crate::config::Config;
@@ -92,8 +91,7 @@ pub async fn replay_slots(c: &Client, slot: &str) -> Result<Vec<(String, bool)>,
               WHERE left(slot_name::text, length($1)) = $1",
             &[&prefix],
         )
-        .await
-        .map_err(super::sql_error)?;
+        .await?;
     let mut out = Vec::new();
     for r in rows {
         let name: String = r.get(0);
@@ -125,7 +123,7 @@ async fn drop_stale(c: &Client, slot: &str) -> Result<(), CliError> {
 
 /// The replay connection's publisher: the relay's, plus `replay = true`.
 fn replay_publisher_config(cfg: &Config) -> PublisherConfig {
-    let mut p = publisher_config(cfg);
+    let mut p = cfg.publisher_config();
     p.extra_headers = vec![("replay".into(), "true".into())];
     p.connection_name = format!("outbox-relay replay {}", cfg.postgres.slot);
     p
@@ -134,21 +132,7 @@ fn replay_publisher_config(cfg: &Config) -> PublisherConfig {
 async fn connect_publisher(cfg: &Config) -> Result<Publisher, CliError> {
     Publisher::connect(replay_publisher_config(cfg))
         .await
-        .map_err(|e| {
-            if e.is_transient() {
-                CliError::Runtime(e.to_string())
-            } else {
-                CliError::Precondition(e.to_string())
-            }
-        })
-}
-
-fn reader_error(e: ReaderError) -> CliError {
-    if e.is_precondition() {
-        CliError::Precondition(e.to_string())
-    } else {
-        CliError::Runtime(e.to_string())
-    }
+        .map_err(CliError::from)
 }
 
 /// Checks what the publisher reports at the end.
@@ -172,13 +156,12 @@ fn check_report(
 // ---------------------------------------------------------------------------------
 
 async fn from_wal(cfg: &Config, from: Lsn, to: Option<Lsn>) -> Result<(), CliError> {
-    let client = sql_client(cfg).await?;
+    let client = crate::sql::connect_for_command(cfg).await?;
     let slot = &cfg.postgres.slot;
     drop_stale(&client, slot).await?;
     let anchor_name = anchor_slot_name(slot);
     let anchor = admin::slot_state(&client, &anchor_name)
-        .await
-        .map_err(admin_error)?
+        .await?
         .ok_or_else(|| {
             CliError::Precondition(format!(
                 "no replay window is kept (slot {anchor_name} does not exist): set [relay] replay_window and run `outbox-relay slot create --if-not-exists` to keep one from now on; re-publish older events with `outbox-relay replay --from-table`"
@@ -189,9 +172,7 @@ async fn from_wal(cfg: &Config, from: Lsn, to: Option<Lsn>) -> Result<(), CliErr
             "the replay window's anchor slot {anchor_name} was invalidated and its WAL is gone: re-publish with `outbox-relay replay --from-table`, then drop the anchor (the relay recreates it) and raise max_slot_wal_keep_size"
         )));
     }
-    let live = admin::require_slot(&client, slot)
-        .await
-        .map_err(admin_error)?;
+    let live = admin::require_slot(&client, slot).await?;
     let start = anchor.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
     let end = live.confirmed_flush_lsn.unwrap_or(live.current_wal_lsn);
     if from < start || from > end {
@@ -275,9 +256,7 @@ async fn replay_copy(
     stop: Lsn,
     end: Lsn,
 ) -> Result<(u64, PublisherReport), CliError> {
-    let copy = admin::require_slot(client, tmp)
-        .await
-        .map_err(admin_error)?;
+    let copy = admin::require_slot(client, tmp).await?;
     let copied_at = copy.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
     if copied_at > from {
         // The anchor moved on since we looked.
@@ -292,9 +271,9 @@ async fn replay_copy(
             .await
             .map_err(|e| CliError::Runtime(format!("cannot advance {tmp} to {from}: {e}")))?;
     }
-    let mut rcfg = reader_config(cfg, None)?;
+    let mut rcfg = cfg.reader_config(None)?;
     rcfg.slot = tmp.to_string();
-    let reader = WalReader::start(rcfg).await.map_err(reader_error)?;
+    let reader = WalReader::start(rcfg).await?;
     let publisher = connect_publisher(cfg).await?;
 
     let (wal_tx, mut wal_rx) = mpsc::channel::<WalBatch>(64);
@@ -358,7 +337,7 @@ async fn replay_copy(
             "the replication stream ended before the end of the range: run the same replay again"
                 .into(),
         )),
-        Ok(Err(e)) if !passed => return Err(reader_error(e)),
+        Ok(Err(e)) if !passed => return Err(e.into()),
         Ok(Err(e)) => warn!(error = %e, "replay stream ended with an error after the range"),
         Err(e) => return Err(CliError::Runtime(format!("the reader task failed: {e}"))),
     }
@@ -374,14 +353,12 @@ async fn from_table(
     since: Option<SystemTime>,
     until: Option<SystemTime>,
 ) -> Result<(), CliError> {
-    let client = sql_client(cfg).await?;
+    let client = crate::sql::connect_for_command(cfg).await?;
     drop_stale(&client, &cfg.postgres.slot).await?;
     let mapping = cfg.mapping();
     let mut plans = Vec::new();
     for table in cfg.tables() {
-        let cols = admin::check_columns(&client, &table, &mapping)
-            .await
-            .map_err(admin_error)?;
+        let cols = admin::check_columns(&client, &table, &mapping).await?;
         plans.push(TablePlan::new(&client, cols).await?);
     }
     let since = since.map(|t| humantime::format_rfc3339_micros(t).to_string());
@@ -391,15 +368,10 @@ async fn from_table(
     for p in &plans {
         let n: i64 = client
             .query_one(&p.count_sql, &[&since, &until])
-            .await
-            .map_err(super::sql_error)?
+            .await?
             .get(0);
         total += n as u64;
-        let nulls: i64 = client
-            .query_one(&p.null_count_sql, &[])
-            .await
-            .map_err(super::sql_error)?
-            .get(0);
+        let nulls: i64 = client.query_one(&p.null_count_sql, &[]).await?.get(0);
         if nulls > 0 {
             warn!(table = %p.table.qualified_name, rows = nulls,
                 "rows with NULL {CREATED_AT} cannot be ordered and are not replayed");
@@ -426,7 +398,7 @@ async fn from_table(
             let rows = match client.query(&p.page_sql, &params).await {
                 Ok(r) => r,
                 Err(e) => {
-                    failed = Some(super::sql_error(e));
+                    failed = Some(CliError::from(e));
                     break 'tables;
                 }
             };
@@ -527,8 +499,7 @@ impl TablePlan {
                   WHERE attrelid = $1 AND attname = $2 AND NOT attisdropped",
                 &[&cols.table_oid, &CREATED_AT],
             )
-            .await
-            .map_err(super::sql_error)?;
+            .await?;
         if created.is_none() {
             return Err(CliError::Precondition(format!(
                 "table {} has no {CREATED_AT} column, which `replay --from-table` orders by: add one (timestamptz NOT NULL DEFAULT now())",
@@ -537,8 +508,7 @@ impl TablePlan {
         }
         let id_type: String = c
             .query_one("SELECT format_type($1, NULL)", &[&cols.id.type_oid])
-            .await
-            .map_err(super::sql_error)?
+            .await?
             .get(0);
         let q = |name: &str| ident::quote_ident(name);
         let text_col = |c: Option<&admin::ColumnInfo>| match c {

@@ -6,7 +6,6 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 use wal_reader::admin::{CheckStatus, Preflight};
 
-use super::{publisher_config, reader_config, sql_client};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::CliError;
@@ -39,8 +38,8 @@ pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
         }
     }
     let pcfg = PipelineConfig {
-        reader: reader_config(cfg, args.start_lsn)?,
-        publisher: publisher_config(cfg),
+        reader: cfg.reader_config(args.start_lsn)?,
+        publisher: cfg.publisher_config(),
         shutdown_timeout: cfg.shutdown_timeout(),
     };
     let tasks = crate::background::spawn(cfg, &health, &stop_rx);
@@ -56,7 +55,7 @@ pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
 /// The Postgres preconditions, failing on the first unmet one. A slot held by
 /// another relay is not a failure: `run` stands by.
 async fn preflight(cfg: &Config) -> Result<(), CliError> {
-    let client = sql_client(cfg).await?;
+    let client = crate::sql::connect_for_command(cfg).await?;
     let tables = cfg.tables();
     let mapping = cfg.mapping();
     let checks = Preflight {
@@ -67,11 +66,7 @@ async fn preflight(cfg: &Config) -> Result<(), CliError> {
     };
     for result in checks.run(&client).await {
         if let CheckStatus::Failed(e) = result.status {
-            return Err(if e.is_precondition() {
-                CliError::Precondition(e.to_string())
-            } else {
-                CliError::Runtime(e.to_string())
-            });
+            return Err(e.into());
         }
     }
     crate::retention::preflight(cfg, &client).await
