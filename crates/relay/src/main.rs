@@ -25,10 +25,12 @@ mod cli;
 mod commands;
 mod config;
 mod error;
+mod health;
 mod logging;
 mod metrics;
 mod pipeline;
 mod retention;
+mod shutdown;
 mod slot_metrics;
 mod sql;
 mod state;
@@ -76,7 +78,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     tracing::debug!(source = %config.source, "configuration loaded");
     match cli.command {
         Command::Check => check(&config).await,
-        Command::Run(args) => commands::run::run(&config, &args).await,
+        Command::Run(args) => commands::run::execute(&config, &args).await,
         Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
         Command::Status(args) => commands::status::status(&config, &args).await,

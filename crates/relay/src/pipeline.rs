@@ -39,16 +39,18 @@
 //! - slot held by another relay: this one is a standby; it waits and takes over
 //!   when the slot is released.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use publisher::{Publisher, PublisherConfig, PublisherStatus};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
-use wal_reader::{Lsn, ReaderConfig, ReaderError, ReaderProgress, WalItem, WalReader};
+use wal_reader::{Lsn, ReaderConfig, ReaderError, WalItem, WalReader};
 
 use crate::error::CliError;
+use crate::health::Health;
+use crate::shutdown::Shutdown;
 use crate::state::{self, Resume, StateError};
 
 /// Batches buffered between reader and publisher (each is one socket read).
@@ -64,64 +66,6 @@ const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
 const STATE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often the state writer looks at the watermark and the window.
 const STATE_POLL: Duration = Duration::from_millis(20);
-
-/// Live state for `/readyz` and metrics.
-#[derive(Clone, Default)]
-pub struct Health {
-    streaming: Arc<AtomicBool>,
-    publisher: Arc<std::sync::Mutex<Option<PublisherStatus>>>,
-    reader: Arc<std::sync::Mutex<Option<ReaderProgress>>>,
-}
-
-impl Health {
-    /// True while the reader streams and the publisher is connected and unblocked.
-    pub fn ready(&self) -> bool {
-        self.streaming.load(Ordering::Relaxed)
-            && self
-                .publisher
-                .lock()
-                .map(|p| p.as_ref().is_some_and(|s| s.ready()))
-                .unwrap_or(false)
-    }
-
-    /// The current session's publisher status, if a session runs.
-    pub fn publisher(&self) -> Option<PublisherStatus> {
-        self.publisher.lock().ok().and_then(|p| p.clone())
-    }
-
-    /// Commit time (µs since the Unix epoch) of the oldest event read but not yet
-    /// acked, including events still queued towards the publisher.
-    pub fn oldest_unacked_commit_micros(&self) -> Option<i64> {
-        let reader = self
-            .reader
-            .lock()
-            .ok()
-            .and_then(|r| r.as_ref().and_then(|r| r.oldest_unacked_commit_micros()));
-        let publisher = self
-            .publisher()
-            .and_then(|p| p.oldest_unacked_commit_micros());
-        match (reader, publisher) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    fn set_reader(&self, r: Option<ReaderProgress>) {
-        if let Ok(mut p) = self.reader.lock() {
-            *p = r;
-        }
-    }
-
-    fn set_streaming(&self, v: bool) {
-        self.streaming.store(v, Ordering::Relaxed);
-    }
-
-    fn set_publisher(&self, s: Option<PublisherStatus>) {
-        if let Ok(mut p) = self.publisher.lock() {
-            *p = s;
-        }
-    }
-}
 
 /// Everything a pipeline needs.
 #[derive(Debug, Clone)]
@@ -173,18 +117,18 @@ struct Carried {
     state_warned: bool,
 }
 
-/// Runs sessions until `shutdown` turns true. Returns an error only for problems
-/// that retrying cannot fix (exit code 2) or a bug (exit code 1).
-pub async fn run(
+/// Runs sessions, one after another, until a stop is requested. Returns an error
+/// only for problems that retrying cannot fix (exit code 2) or a bug (exit code 1).
+pub async fn run_sessions(
     cfg: PipelineConfig,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: Shutdown,
     health: Health,
 ) -> Result<(), CliError> {
     let mut backoff = BACKOFF_INITIAL;
     let mut standby_logged = false;
     let mut carried = Carried::default();
     loop {
-        if *shutdown.borrow() {
+        if shutdown.is_requested() {
             return Ok(());
         }
         match session(
@@ -205,7 +149,7 @@ pub async fn run(
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.changed() => {}
+                    _ = shutdown.requested() => {}
                 }
             }
             Err(e) => return Err(e),
@@ -227,7 +171,7 @@ fn reader_error(e: ReaderError) -> Result<SessionEnd, CliError> {
 
 async fn session(
     cfg: &PipelineConfig,
-    shutdown: &mut watch::Receiver<bool>,
+    shutdown: &mut Shutdown,
     health: &Health,
     standby_logged: &mut bool,
     carried: &mut Carried,
@@ -285,7 +229,7 @@ async fn session(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(STANDBY_POLL) => continue,
-                    _ = shutdown.changed() => return Ok(SessionEnd::Stopped),
+                    _ = shutdown.requested() => return Ok(SessionEnd::Stopped),
                 }
             }
             // The slot moved past the stored position since it was read (another
@@ -390,7 +334,7 @@ async fn session(
     let mut reader_task = reader_task;
     let mut publisher_task = publisher_task;
     let outcome = tokio::select! {
-        _ = wait_true(shutdown) => {
+        _ = shutdown.requested() => {
             info!(timeout = ?cfg.shutdown_timeout, "stopping: finishing the open transaction and awaiting confirms");
             let _ = stop_tx.send(true);
             let both = async {
@@ -413,6 +357,8 @@ async fn session(
                 }
                 Err(_) => {
                     warn!("shutdown timed out; the open transaction will be published again after restart");
+                    // The bounded wait is over: abort is the point of the bound. What
+                    // is acked is carried; the rest is published again after restart.
                     reader_task.abort();
                     publisher_task.abort();
                 }
@@ -438,6 +384,8 @@ async fn session(
             // so whatever it refuses now is retried with a new session.
             let _ = stop_tx.send(true);
             let _ = tokio::time::timeout(Duration::from_secs(10), &mut reader_task).await;
+            // Only a reader still running after that bounded wait is aborted: the
+            // next session's reader starts over from the acked position anyway.
             reader_task.abort();
             let why = match p {
                 Ok(Ok(_)) => "publisher ended".to_string(),
@@ -699,18 +647,6 @@ fn jitter() -> f64 {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     0.5 + f64::from(nanos % 1000) / 2000.0
-}
-
-async fn wait_true(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            // Sender gone: nobody can ask us to stop any more; run on.
-            std::future::pending::<()>().await;
-        }
-    }
 }
 
 /// What [`save_position`] found.

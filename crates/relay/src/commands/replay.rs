@@ -329,7 +329,7 @@ async fn replay_copy(
     drop(pub_tx);
     let report = check_report(pub_task.await);
     let reader_result = reader_task.await;
-    progress.finish();
+    progress.finish().await;
     let report = report?;
     match reader_result {
         Ok(Ok(_)) if passed => {}
@@ -448,7 +448,7 @@ async fn from_table(
     }
     drop(pub_tx);
     let report = check_report(pub_task.await);
-    progress.finish();
+    progress.finish().await;
     if let Some(e) = failed {
         return Err(e);
     }
@@ -565,8 +565,17 @@ struct Progress {
 }
 
 impl Progress {
-    fn finish(self) {
-        self.task.abort();
+    /// Called once the publisher has returned: its watermark sender is gone, so the
+    /// task shows the last count and ends. The wait is bounded all the same; past it,
+    /// aborting loses nothing but a progress line.
+    async fn finish(self) {
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(1), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
         if let Some(bar) = self.bar {
             bar.finish();
         }

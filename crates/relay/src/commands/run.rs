@@ -2,20 +2,21 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tracing::{info, warn};
 use wal_reader::admin::{CheckStatus, Preflight};
 
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::CliError;
-use crate::pipeline::{self, Health, PipelineConfig};
+use crate::health::Health;
+use crate::pipeline::{self, PipelineConfig};
+use crate::shutdown::Shutdown;
 
 /// Runs the relay until a signal asks it to stop; exits 0 after a clean stop.
-pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
+pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
     crate::background::validate(cfg)?;
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    spawn_signal_handler(stop_tx)?;
+    let mut shutdown = Shutdown::new();
+    spawn_signal_handler(shutdown.clone())?;
     let health = Health::default();
     if let Some(addr) = cfg.metrics_listen() {
         crate::metrics::serve(addr, health.clone()).await?;
@@ -30,7 +31,7 @@ pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
                 warn!(error = %e, retry_in = ?wait, "postgres not ready");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = stop_rx.changed() => return Ok(()),
+                    _ = shutdown.requested() => return Ok(()),
                 }
                 wait = (wait * 2).min(Duration::from_secs(10));
             }
@@ -42,13 +43,11 @@ pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
         publisher: cfg.publisher_config(),
         shutdown_timeout: cfg.shutdown_timeout(),
     };
-    let tasks = crate::background::spawn(cfg, &health, &stop_rx);
+    let background = crate::background::spawn(cfg, &shutdown);
     info!(slot = %cfg.postgres.slot, exchange = %cfg.rabbitmq.exchange,
         brokers = ?cfg.amqp_urls_redacted(), "relay starting");
-    let result = pipeline::run(pcfg, stop_rx, health).await;
-    for t in tasks {
-        t.abort();
-    }
+    let result = pipeline::run_sessions(pcfg, shutdown, health).await;
+    background.stop().await;
     result
 }
 
@@ -73,7 +72,7 @@ async fn preflight(cfg: &Config) -> Result<(), CliError> {
 }
 
 /// SIGTERM or SIGINT asks for a clean stop; a second one exits at once.
-fn spawn_signal_handler(stop: watch::Sender<bool>) -> Result<(), CliError> {
+fn spawn_signal_handler(stop: Shutdown) -> Result<(), CliError> {
     use tokio::signal::unix::{signal, SignalKind};
     let err = |e: std::io::Error| CliError::Runtime(format!("cannot install signal handlers: {e}"));
     let mut term = signal(SignalKind::terminate()).map_err(err)?;
@@ -91,7 +90,7 @@ fn spawn_signal_handler(stop: watch::Sender<bool>) -> Result<(), CliError> {
             }
             stopping = true;
             info!("signal received: stopping at the next transaction boundary");
-            let _ = stop.send(true);
+            stop.request();
         }
     });
     Ok(())
