@@ -35,7 +35,6 @@ mod slot_metrics;
 mod sql;
 mod state;
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -66,18 +65,18 @@ fn main() -> ExitCode {
             .report()
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(execute_command(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report(),
     }
 }
 
-/// Loads the configuration and runs one command.
-async fn run(cli: Cli) -> Result<(), CliError> {
+/// Loads the configuration and executes the one command the command line names.
+async fn execute_command(cli: Cli) -> Result<(), CliError> {
     let config = Config::load(cli.config.as_deref())?;
     tracing::debug!(source = %config.source, "configuration loaded");
     match cli.command {
-        Command::Check => check(&config).await,
+        Command::Check => commands::check::execute(&config).await,
         Command::Run(args) => commands::run::execute(&config, &args).await,
         Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
@@ -85,23 +84,4 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Peek(args) => commands::peek::peek(&config, &args).await,
         Command::Replay(args) => commands::replay::replay(&config, &args).await,
     }
-}
-
-/// `check`: one line per precondition on stdout. A failure is the error line on
-/// stderr with exit code 2; configuration errors never get here (`run` loads first).
-async fn check(config: &Config) -> Result<(), CliError> {
-    let mut out = std::io::stdout().lock();
-    let write_err = |e: std::io::Error| CliError::Runtime(format!("cannot write to stdout: {e}"));
-    writeln!(out, "ok   config: {}", config.source).map_err(write_err)?;
-    out.flush().map_err(write_err)?;
-    drop(out);
-    check_environment(config).await
-}
-
-/// Hook for the database and broker preconditions of `check` (wal_level, slot,
-/// publication, tables and mapped columns, authentication, broker reachable). Each
-/// check prints `ok   <what>: <detail>` on stdout, or returns
-/// `CliError::Precondition` naming the fix.
-async fn check_environment(config: &Config) -> Result<(), CliError> {
-    commands::check::environment(config).await
 }

@@ -1,9 +1,23 @@
 //! `check`: every precondition, one line each (`ok`, `warn` or `FAIL` with the fix).
 
+use std::io::Write;
+
 use wal_reader::admin::{CheckStatus, Preflight};
 
 use crate::config::Config;
 use crate::error::CliError;
+
+/// `check`: one line per precondition on stdout, the configuration first. A failure
+/// is the error line on stderr with exit code 2; configuration errors never get here
+/// (the configuration is loaded before any command runs).
+pub async fn execute(config: &Config) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    let write_err = |e: std::io::Error| CliError::Runtime(format!("cannot write to stdout: {e}"));
+    writeln!(out, "ok   config: {}", config.source).map_err(write_err)?;
+    out.flush().map_err(write_err)?;
+    drop(out);
+    environment(config).await
+}
 
 /// Runs the Postgres preconditions, printing one line each. Returns the first
 /// failure as an unmet precondition (exit code 2) after printing all of them.
@@ -79,8 +93,10 @@ pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
     }
 }
 
-/// Everything after the configuration: Postgres, then the broker. Both are run so
-/// one `check` lists every problem; the first failure decides the exit code.
+/// The database and broker preconditions (wal_level, slot, publication, tables and
+/// mapped columns, authentication, broker reachable): Postgres, then the broker.
+/// Both are run so one `check` lists every problem; the first failure decides the
+/// exit code.
 pub async fn environment(cfg: &Config) -> Result<(), CliError> {
     let pg = postgres(cfg).await;
     let mq = rabbitmq(cfg).await;
