@@ -1,7 +1,7 @@
 //! The binary's one error type and its exit codes (docs/design.md §6).
 //!
 //! ```text
-//!   main ─► run(cli) ─► Result<(), CliError> ─► print "error: <sentence>" ─► exit code
+//!   main ─► execute_command(cli) ─► Result<(), CliError> ─► print "error: <sentence>" ─► exit code
 //! ```
 //!
 //! | variant        | exit | meaning                                                   |
@@ -11,9 +11,9 @@
 //! | `Precondition` | 2    | the environment is not ready: wal_level, slot, table, auth |
 //! | `Runtime`      | 1    | anything that went wrong while doing the work             |
 //!
-//! Clap's own usage errors exit 2 before `run` is reached. Every message is printed
-//! as one line through [`crate::config::redact_url`], so no password reaches stderr even
-//! if a lower layer quoted a URL.
+//! Clap's own usage errors exit 2 before `execute_command` is reached. Every
+//! message is printed as one line through [`crate::config::redact_url`], so no
+//! password reaches stderr even if a lower layer quoted a URL.
 
 use std::process::ExitCode;
 

@@ -6,18 +6,30 @@
 //! ```text
 //!   main ─► Cli::parse (clap: bad usage exits 2)
 //!        ─► logging::init (RUST_LOG, --log-format)
-//!        ─► run(cli): Config::load ─► one command ─► Result<(), CliError>
+//!        ─► execute_command(cli): Config::load ─► one command ─► Result<(), CliError>
 //!        ─► exit code: 0 ok, 1 runtime failure, 2 usage/config/precondition
 //! ```
 //!
+//! The process:
 //! - `cli`: the command line (docs/design.md §6).
-//! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides (docs/design.md §6).
-//! - `error`: [`error::CliError`], its exit codes and its one-line printing.
+//! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides, and each component's
+//!   configuration built from them (docs/design.md §6).
+//! - `error`: [`error::CliError`], its exit codes, its one-line printing and the
+//!   conversions from the lower layers' errors.
 //! - `logging`: the tracing subscriber.
+//! - `commands`: one module per command (docs/design.md §6): `check`, `run`, `slot`,
+//!   `status` (with `standby`), `peek`, `replay`.
 //!
-//! - `commands`: one module per command (docs/design.md §6).
+//! What `run` runs:
 //! - `pipeline`: reader → publisher → LSN feedback, reconnects, clean stop.
+//! - `state`: the stored acked position (the table `outbox_relay_state`).
+//! - `health`: the live state `/readyz` and the metrics read.
+//! - `shutdown`: the clean-stop request shared by everything `run` starts.
+//! - `background`: the tasks beside the pipeline: `anchor` (the replay window's
+//!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges).
 //! - `metrics`: `/metrics`, `/healthz`, `/readyz`.
+//!
+//! Shared: `sql`, the one way to open an ordinary SQL connection.
 
 mod anchor;
 mod background;
