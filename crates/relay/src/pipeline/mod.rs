@@ -42,6 +42,9 @@
 //! Files: this one runs the sessions; `stored.rs` reads and writes the stored
 //! position; `slot_advance.rs` saves the carried position to the slot.
 
+mod slot_advance;
+mod stored;
+
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,9 +53,6 @@ use publisher::{Publisher, PublisherConfig};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
 use wal_reader::{Lsn, ReaderConfig, ReaderError, WalReader};
-
-mod slot_advance;
-mod stored;
 
 use slot_advance::save_position;
 use stored::{min_of, stored_position, tap_events, warn_state, StateWriter, STATE_TIMEOUT};
