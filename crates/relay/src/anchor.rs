@@ -24,7 +24,6 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{debug, info, warn};
@@ -33,7 +32,7 @@ use wal_reader::Lsn;
 
 use crate::config::Config;
 use crate::error::CliError;
-use crate::pipeline::Health;
+use crate::shutdown::Shutdown;
 
 /// The gauge of WAL bytes the anchor slot retains.
 pub const REPLAY_WINDOW_RETAINED_WAL: &str = "outbox_relay_replay_window_retained_wal_bytes";
@@ -85,13 +84,9 @@ pub async fn create(c: &Client, slot: &str) -> Result<Option<Lsn>, admin::AdminE
 }
 
 /// Starts the task that advances the anchor slot (none without a window).
-pub fn spawn(
-    cfg: &Config,
-    _health: &Health,
-    stop: watch::Receiver<bool>,
-) -> Option<JoinHandle<()>> {
+pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
     let window = cfg.replay_window()?;
-    let opts = crate::commands::pg_options(cfg).ok()?;
+    let opts = cfg.pg_options().ok()?;
     let slot = cfg.postgres.slot.clone();
     Some(tokio::spawn(async move {
         let mut task = Anchor::new(slot, window);
@@ -102,14 +97,15 @@ pub fn spawn(
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                res = stop.changed() => {
-                    if res.is_err() || *stop.borrow() {
-                        return;
-                    }
-                }
+                _ = stop.requested() => return,
             }
             if client.as_ref().is_none_or(|c| c.is_closed()) {
-                match crate::pipeline::connect_sql(&opts).await {
+                // A connection attempt is dropped on a stop request; a step is not.
+                let connected = tokio::select! {
+                    r = crate::sql::connect(&opts) => r,
+                    _ = stop.requested() => return,
+                };
+                match connected {
                     Ok(c) => client = Some(c),
                     Err(e) => {
                         debug!(error = %e, "anchor: cannot connect to postgres");

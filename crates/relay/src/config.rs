@@ -4,7 +4,8 @@
 //! # How a configuration is assembled
 //!
 //! ```text
-//!   serde defaults (DEFAULT_* constants)
+//!   serde defaults (DEFAULT_* constants; the mapping, routing key and
+//!                   max_in_flight are the reader's and the publisher's own)
 //!        ▲ overridden by
 //!   TOML file: --config FILE, else ./outbox-relay.toml if present
 //!        ▲ overridden by
@@ -30,6 +31,11 @@
 //! `tables`, durations and socket addresses are checked at load time, so the accessors
 //! that return typed values ([`Config::tables`], [`Config::replay_window`], ...) cannot
 //! fail afterwards.
+//!
+//! Files: this one holds the keys and their defaults and loads them; `env.rs` the
+//! environment overrides, `de.rs` the value deserializers, `validate.rs` the checks,
+//! `access.rs` the typed accessors and each component's configuration, `error.rs`
+//! [`ConfigError`].
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -38,21 +44,23 @@ use std::time::Duration;
 
 use figment::providers::{Format, Toml};
 use figment::Figment;
+use publisher::PublisherConfig;
 use secrecy::{ExposeSecret, SecretString};
-use serde::{Deserialize, Deserializer};
-use wal_reader::{ColumnMapping, TableName};
+use serde::Deserialize;
+use wal_reader::ColumnMapping;
 
+mod access;
+mod de;
 mod env;
 mod error;
 mod validate;
 
 pub use error::ConfigError;
-pub use validate::validate_routing_key;
 pub use wal_reader::redact::redact_url;
 
+use de::{de_duration, de_secret, de_secret_list, de_socket_addr};
 use env::EnvOverrides;
 use error::{describe_origin, from_figment};
-use validate::{validate_amqp_url, validate_identifier, validate_pg_url};
 
 /// The file read when `--config` is not given, if it exists in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "outbox-relay.toml";
@@ -68,21 +76,6 @@ pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
 /// Default `postgres.tables`.
 pub const DEFAULT_TABLES: &[&str] = &["public.outbox"];
 
-/// Default `mapping.id`.
-pub const DEFAULT_MAPPING_ID: &str = "id";
-/// Default `mapping.aggregate_type`.
-pub const DEFAULT_MAPPING_AGGREGATE_TYPE: &str = "aggregate_type";
-/// Default `mapping.aggregate_id`.
-pub const DEFAULT_MAPPING_AGGREGATE_ID: &str = "aggregate_id";
-/// Default `mapping.event_type`.
-pub const DEFAULT_MAPPING_EVENT_TYPE: &str = "event_type";
-/// Default `mapping.payload`.
-pub const DEFAULT_MAPPING_PAYLOAD: &str = "payload";
-/// Default `mapping.headers`.
-pub const DEFAULT_MAPPING_HEADERS: &str = "headers";
-/// Default `mapping.correlation_id` (none).
-pub const DEFAULT_MAPPING_CORRELATION_ID: &str = "";
-
 /// Default `rabbitmq.url`.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Default `rabbitmq.exchange`.
@@ -91,10 +84,6 @@ pub const DEFAULT_EXCHANGE: &str = "outbox";
 pub const DEFAULT_EXCHANGE_TYPE: ExchangeType = ExchangeType::Topic;
 /// Default `rabbitmq.declare_exchange`.
 pub const DEFAULT_DECLARE_EXCHANGE: bool = true;
-/// Default `rabbitmq.routing_key`.
-pub const DEFAULT_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
-/// Default `rabbitmq.max_in_flight`.
-pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
 /// Default `rabbitmq.dead_letter_exchange` (none).
 pub const DEFAULT_DEAD_LETTER_EXCHANGE: &str = "";
 /// Default `rabbitmq.ca_file` (system roots).
@@ -212,15 +201,18 @@ pub struct MappingConfig {
 }
 
 impl Default for MappingConfig {
+    /// The reader's default mapping ([`ColumnMapping::default`]), a missing optional
+    /// column written as `""`.
     fn default() -> MappingConfig {
+        let m = ColumnMapping::default();
         MappingConfig {
-            id: DEFAULT_MAPPING_ID.to_string(),
-            aggregate_type: DEFAULT_MAPPING_AGGREGATE_TYPE.to_string(),
-            aggregate_id: DEFAULT_MAPPING_AGGREGATE_ID.to_string(),
-            event_type: DEFAULT_MAPPING_EVENT_TYPE.to_string(),
-            payload: DEFAULT_MAPPING_PAYLOAD.to_string(),
-            headers: DEFAULT_MAPPING_HEADERS.to_string(),
-            correlation_id: DEFAULT_MAPPING_CORRELATION_ID.to_string(),
+            id: m.id,
+            aggregate_type: m.aggregate_type,
+            aggregate_id: m.aggregate_id,
+            event_type: m.event_type,
+            payload: m.payload,
+            headers: m.headers.unwrap_or_default(),
+            correlation_id: m.correlation_id.unwrap_or_default(),
         }
     }
 }
@@ -283,8 +275,9 @@ impl Default for RabbitMqConfig {
             exchange: DEFAULT_EXCHANGE.to_string(),
             exchange_type: DEFAULT_EXCHANGE_TYPE,
             declare_exchange: DEFAULT_DECLARE_EXCHANGE,
-            routing_key: DEFAULT_ROUTING_KEY.to_string(),
-            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            // The publisher's defaults (one source for both).
+            routing_key: PublisherConfig::new("", "").routing_key,
+            max_in_flight: publisher::DEFAULT_MAX_IN_FLIGHT,
             dead_letter_exchange: DEFAULT_DEAD_LETTER_EXCHANGE.to_string(),
             ca_file: DEFAULT_CA_FILE.to_string(),
             heartbeat_secs: DEFAULT_HEARTBEAT_SECS,
@@ -348,63 +341,6 @@ pub struct RetentionConfig {
     /// Delete confirmed outbox rows older than this, e.g. `"7d"`; `""` = keep all.
     #[serde(deserialize_with = "de_duration")]
     pub keep: Option<Duration>,
-}
-
-fn de_secret<'de, D: Deserializer<'de>>(d: D) -> Result<SecretString, D::Error> {
-    String::deserialize(d).map(SecretString::from)
-}
-
-/// A string or a list of strings, each a secret.
-fn de_secret_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<SecretString>, D::Error> {
-    struct V;
-    impl<'de> serde::de::Visitor<'de> for V {
-        type Value = Vec<SecretString>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a URL or a list of URLs")
-        }
-        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(vec![SecretString::from(v)])
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut seq: A,
-        ) -> Result<Self::Value, A::Error> {
-            let mut out = Vec::new();
-            while let Some(s) = seq.next_element::<String>()? {
-                out.push(SecretString::from(s));
-            }
-            Ok(out)
-        }
-    }
-    d.deserialize_any(V)
-}
-
-fn de_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let s = String::deserialize(d)?;
-    if s.trim().is_empty() {
-        return Ok(None);
-    }
-    match humantime::parse_duration(s.trim()) {
-        Ok(d) if d.is_zero() => Err(serde::de::Error::custom(
-            "a zero duration is not allowed: use \"\" to turn it off",
-        )),
-        Ok(d) => Ok(Some(d)),
-        Err(e) => Err(serde::de::Error::custom(format!(
-            "{s:?} is not a duration ({e}): use a value like \"30min\", \"1h\" or \"7d\", or \"\" for none"
-        ))),
-    }
-}
-
-fn de_socket_addr<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SocketAddr>, D::Error> {
-    let s = String::deserialize(d)?;
-    if s.trim().is_empty() {
-        return Ok(None);
-    }
-    s.trim().parse().map(Some).map_err(|_| {
-        serde::de::Error::custom(format!(
-            "{s:?} is not a socket address: use IP:PORT like \"127.0.0.1:9187\" or \"[::]:9187\", or \"\" to disable"
-        ))
-    })
 }
 
 /// Warns (once: [`Config::load`] runs once per process) when `file` holds a password
@@ -509,194 +445,6 @@ impl Config {
             other => other,
         })?;
         Ok(config)
-    }
-
-    /// Checks the values serde cannot: ranges, names, the routing key template, the
-    /// URLs' schemes. The error names the first offending key.
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let pg = &self.postgres;
-        validate_pg_url(pg.url.expose_secret())?;
-        validate_identifier("postgres.slot", &pg.slot, true)?;
-        validate_identifier("postgres.publication", &pg.publication, false)?;
-        if pg.tables.is_empty() {
-            return Err(ConfigError::invalid(
-                "postgres.tables",
-                "the list is empty: name at least one outbox table, e.g. [\"public.outbox\"]",
-            ));
-        }
-        for t in &pg.tables {
-            if TableName::parse(t).is_none() {
-                return Err(ConfigError::invalid(
-                    "postgres.tables",
-                    format!("{t:?} is not a table name: use \"schema.table\" or \"table\""),
-                ));
-            }
-        }
-
-        let m = &self.mapping;
-        for (key, column) in [
-            ("mapping.id", &m.id),
-            ("mapping.aggregate_type", &m.aggregate_type),
-            ("mapping.aggregate_id", &m.aggregate_id),
-            ("mapping.event_type", &m.event_type),
-            ("mapping.payload", &m.payload),
-        ] {
-            if column.trim().is_empty() {
-                return Err(ConfigError::invalid(
-                    key,
-                    "the column name is empty: name the outbox column that holds this field",
-                ));
-            }
-        }
-
-        let r = &self.rabbitmq;
-        if r.url.is_empty() {
-            return Err(ConfigError::invalid(
-                "rabbitmq.url",
-                "the list is empty: give at least one amqp:// or amqps:// URL",
-            ));
-        }
-        for (i, u) in r.url.iter().enumerate() {
-            validate_amqp_url(u.expose_secret(), i, r.heartbeat_secs)?;
-        }
-        if r.declare_exchange && r.exchange.is_empty() {
-            return Err(ConfigError::invalid(
-                "rabbitmq.exchange",
-                "the default exchange \"\" cannot be declared: name an exchange, or set declare_exchange = false to publish to the default exchange",
-            ));
-        }
-        validate_routing_key(&r.routing_key)?;
-        if r.max_in_flight < 1 {
-            return Err(ConfigError::invalid(
-                "rabbitmq.max_in_flight",
-                "must be at least 1: set it to the number of unconfirmed messages to allow, e.g. 10000",
-            ));
-        }
-        if !r.ca_file.is_empty() && !Path::new(&r.ca_file).is_file() {
-            return Err(ConfigError::invalid(
-                "rabbitmq.ca_file",
-                format!(
-                    "{:?} is not a file: name a PEM file of CA certificates, or \"\" for the system roots",
-                    r.ca_file
-                ),
-            ));
-        }
-        if r.heartbeat_secs > u64::from(u16::MAX) {
-            return Err(ConfigError::invalid(
-                "rabbitmq.heartbeat_secs",
-                format!(
-                    "{} is too large: use at most 65535 (seconds), or 0 for the broker's value",
-                    r.heartbeat_secs
-                ),
-            ));
-        }
-
-        if self.relay.status_interval_ms < MIN_STATUS_INTERVAL_MS {
-            return Err(ConfigError::invalid(
-                "relay.status_interval_ms",
-                format!(
-                    "{} is too small: use at least {MIN_STATUS_INTERVAL_MS} (milliseconds)",
-                    self.relay.status_interval_ms
-                ),
-            ));
-        }
-        Ok(())
-    }
-
-    /// The Postgres URL or conninfo, password included. Do not log it.
-    pub fn postgres_url_exposed(&self) -> &str {
-        self.postgres.url.expose_secret()
-    }
-
-    /// The AMQP URLs in order, passwords included, with `heartbeat=N` added when
-    /// `rabbitmq.heartbeat_secs` is set. Do not log them.
-    pub fn expose_amqp_urls(&self) -> Vec<String> {
-        let hb = self.rabbitmq.heartbeat_secs;
-        self.rabbitmq
-            .url
-            .iter()
-            .map(|u| {
-                let u = u.expose_secret();
-                if hb == 0 {
-                    u.to_string()
-                } else if u.contains('?') {
-                    format!("{u}&heartbeat={hb}")
-                } else {
-                    format!("{u}?heartbeat={hb}")
-                }
-            })
-            .collect()
-    }
-
-    /// The AMQP URLs with passwords replaced by `***`, for logs.
-    pub fn amqp_urls_redacted(&self) -> Vec<String> {
-        self.rabbitmq
-            .url
-            .iter()
-            .map(|u| redact_url(u.expose_secret()))
-            .collect()
-    }
-
-    /// The column mapping for the reader: `headers = ""` and `correlation_id = ""`
-    /// mean no such column.
-    pub fn mapping(&self) -> ColumnMapping {
-        let m = &self.mapping;
-        let optional = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
-        ColumnMapping {
-            id: m.id.clone(),
-            aggregate_type: m.aggregate_type.clone(),
-            aggregate_id: m.aggregate_id.clone(),
-            event_type: m.event_type.clone(),
-            payload: m.payload.clone(),
-            headers: optional(&m.headers),
-            correlation_id: optional(&m.correlation_id),
-        }
-    }
-
-    /// The outbox tables (validated at load).
-    pub fn tables(&self) -> Vec<TableName> {
-        self.postgres
-            .tables
-            .iter()
-            .filter_map(|t| TableName::parse(t))
-            .collect()
-    }
-
-    /// `rabbitmq.dead_letter_exchange`, `None` when `""`.
-    pub fn dead_letter_exchange(&self) -> Option<&str> {
-        Some(self.rabbitmq.dead_letter_exchange.as_str()).filter(|s| !s.is_empty())
-    }
-
-    /// `rabbitmq.ca_file`, `None` when `""` (system roots).
-    pub fn ca_file(&self) -> Option<&Path> {
-        Some(self.rabbitmq.ca_file.as_str())
-            .filter(|s| !s.is_empty())
-            .map(Path::new)
-    }
-
-    /// `relay.status_interval_ms`.
-    pub fn status_interval(&self) -> Duration {
-        Duration::from_millis(self.relay.status_interval_ms)
-    }
-
-    /// `relay.shutdown_timeout_ms`.
-    pub fn shutdown_timeout(&self) -> Duration {
-        Duration::from_millis(self.relay.shutdown_timeout_ms)
-    }
-
-    /// `relay.metrics_listen`, `None` when disabled.
-    pub fn metrics_listen(&self) -> Option<SocketAddr> {
-        self.relay.metrics_listen
-    }
-
-    /// `relay.replay_window`, `None` when there is none.
-    pub fn replay_window(&self) -> Option<Duration> {
-        self.relay.replay_window
-    }
-
-    /// `retention.keep`, `None` when retention is off.
-    pub fn retention_keep(&self) -> Option<Duration> {
-        self.retention.keep
     }
 }
 

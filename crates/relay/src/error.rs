@@ -1,7 +1,7 @@
 //! The binary's one error type and its exit codes (docs/design.md §6).
 //!
 //! ```text
-//!   main ─► run(cli) ─► Result<(), CliError> ─► print "error: <sentence>" ─► exit code
+//!   main ─► execute_command(cli) ─► Result<(), CliError> ─► print "error: <sentence>" ─► exit code
 //! ```
 //!
 //! | variant        | exit | meaning                                                   |
@@ -11,11 +11,13 @@
 //! | `Precondition` | 2    | the environment is not ready: wal_level, slot, table, auth |
 //! | `Runtime`      | 1    | anything that went wrong while doing the work             |
 //!
-//! Clap's own usage errors exit 2 before `run` is reached. Every message is printed
-//! as one line through [`crate::config::redact_url`], so no password reaches stderr even
-//! if a lower layer quoted a URL.
+//! Clap's own usage errors exit 2 before `execute_command` is reached. Every
+//! message is printed as one line through [`crate::config::redact_url`], so no
+//! password reaches stderr even if a lower layer quoted a URL.
 
 use std::process::ExitCode;
+
+use tokio_postgres::error::SqlState;
 
 use crate::config::{redact_url, ConfigError};
 
@@ -66,6 +68,75 @@ impl CliError {
     pub fn report(&self) -> ExitCode {
         eprintln!("{}", self.to_line());
         ExitCode::from(self.exit_code())
+    }
+}
+
+// The conversions below classify a lower layer's error once: whatever it calls a
+// precondition (or, for the broker, not transient) exits 2, the rest 1.
+
+impl From<wal_reader::admin::AdminError> for CliError {
+    /// A slot or catalog check: its preconditions exit 2, the rest 1.
+    fn from(e: wal_reader::admin::AdminError) -> CliError {
+        if e.is_precondition() {
+            CliError::Precondition(e.to_string())
+        } else {
+            CliError::Runtime(e.to_string())
+        }
+    }
+}
+
+impl From<wal_reader::ReaderError> for CliError {
+    /// The replication stream: its preconditions exit 2, the rest 1.
+    fn from(e: wal_reader::ReaderError) -> CliError {
+        if e.is_precondition() {
+            CliError::Precondition(e.to_string())
+        } else {
+            CliError::Runtime(e.to_string())
+        }
+    }
+}
+
+impl From<publisher::PublishError> for CliError {
+    /// The broker: a transient failure exits 1, a refusal (login, vhost, exchange,
+    /// configuration) 2.
+    fn from(e: publisher::PublishError) -> CliError {
+        if e.is_transient() {
+            CliError::Runtime(e.to_string())
+        } else {
+            CliError::Precondition(e.to_string())
+        }
+    }
+}
+
+impl From<wal_reader::conninfo::ConnInfoError> for CliError {
+    /// The `[postgres] url` cannot be parsed (the message names the key, never the
+    /// password).
+    fn from(e: wal_reader::conninfo::ConnInfoError) -> CliError {
+        CliError::Precondition(e.to_string())
+    }
+}
+
+impl From<tokio_postgres::Error> for CliError {
+    /// A failure of an SQL connection or statement: authentication and unknown
+    /// database are unmet preconditions (exit 2), the rest runtime failures.
+    fn from(e: tokio_postgres::Error) -> CliError {
+        // tokio-postgres prints a server error as a bare "db error": use the server's
+        // own message.
+        let text = match e.as_db_error() {
+            Some(db) => db.message().to_string(),
+            None => e.to_string(),
+        };
+        match e.code() {
+            Some(c) if *c == SqlState::INVALID_PASSWORD || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION => {
+                CliError::Precondition(format!(
+                    "Postgres refused the login ({text}): check the user and password in [postgres] url and the server's pg_hba.conf"
+                ))
+            }
+            Some(c) if *c == SqlState::INVALID_CATALOG_NAME => CliError::Precondition(format!(
+                "{text}: fix the database name in [postgres] url"
+            )),
+            _ => CliError::Runtime(format!("Postgres: {text}")),
+        }
     }
 }
 

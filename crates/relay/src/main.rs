@@ -6,18 +6,30 @@
 //! ```text
 //!   main ─► Cli::parse (clap: bad usage exits 2)
 //!        ─► logging::init (RUST_LOG, --log-format)
-//!        ─► run(cli): Config::load ─► one command ─► Result<(), CliError>
+//!        ─► execute_command(cli): Config::load ─► one command ─► Result<(), CliError>
 //!        ─► exit code: 0 ok, 1 runtime failure, 2 usage/config/precondition
 //! ```
 //!
+//! The process:
 //! - `cli`: the command line (docs/design.md §6).
-//! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides (docs/design.md §6).
-//! - `error`: [`error::CliError`], its exit codes and its one-line printing.
+//! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides, and each component's
+//!   configuration built from them (docs/design.md §6).
+//! - `error`: [`error::CliError`], its exit codes, its one-line printing and the
+//!   conversions from the lower layers' errors.
 //! - `logging`: the tracing subscriber.
+//! - `commands`: one module per command (docs/design.md §6): `check`, `run`, `slot`,
+//!   `status` (with `standby`), `peek`, `replay`.
 //!
-//! - `commands`: one module per command (docs/design.md §6).
+//! What `run` runs:
 //! - `pipeline`: reader → publisher → LSN feedback, reconnects, clean stop.
+//! - `state`: the stored acked position (the table `outbox_relay_state`).
+//! - `health`: the live state `/readyz` and the metrics read.
+//! - `shutdown`: the clean-stop request shared by everything `run` starts.
+//! - `background`: the tasks beside the pipeline: `anchor` (the replay window's
+//!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges).
 //! - `metrics`: `/metrics`, `/healthz`, `/readyz`.
+//!
+//! Shared: `sql`, the one way to open an ordinary SQL connection.
 
 mod anchor;
 mod background;
@@ -25,14 +37,16 @@ mod cli;
 mod commands;
 mod config;
 mod error;
+mod health;
 mod logging;
 mod metrics;
 mod pipeline;
 mod retention;
+mod shutdown;
 mod slot_metrics;
+mod sql;
 mod state;
 
-use std::io::Write;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -63,42 +77,23 @@ fn main() -> ExitCode {
             .report()
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(execute_command(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => e.report(),
     }
 }
 
-/// Loads the configuration and runs one command.
-async fn run(cli: Cli) -> Result<(), CliError> {
+/// Loads the configuration and executes the one command the command line names.
+async fn execute_command(cli: Cli) -> Result<(), CliError> {
     let config = Config::load(cli.config.as_deref())?;
     tracing::debug!(source = %config.source, "configuration loaded");
     match cli.command {
-        Command::Check => check(&config).await,
-        Command::Run(args) => commands::run::run(&config, &args).await,
+        Command::Check => commands::check::execute(&config).await,
+        Command::Run(args) => commands::run::execute(&config, &args).await,
         Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
         Command::Status(args) => commands::status::status(&config, &args).await,
         Command::Peek(args) => commands::peek::peek(&config, &args).await,
         Command::Replay(args) => commands::replay::replay(&config, &args).await,
     }
-}
-
-/// `check`: one line per precondition on stdout. A failure is the error line on
-/// stderr with exit code 2; configuration errors never get here (`run` loads first).
-async fn check(config: &Config) -> Result<(), CliError> {
-    let mut out = std::io::stdout().lock();
-    let write_err = |e: std::io::Error| CliError::Runtime(format!("cannot write to stdout: {e}"));
-    writeln!(out, "ok   config: {}", config.source).map_err(write_err)?;
-    out.flush().map_err(write_err)?;
-    drop(out);
-    check_environment(config).await
-}
-
-/// Hook for the database and broker preconditions of `check` (wal_level, slot,
-/// publication, tables and mapped columns, authentication, broker reachable). Each
-/// check prints `ok   <what>: <detail>` on stdout, or returns
-/// `CliError::Precondition` naming the fix.
-async fn check_environment(config: &Config) -> Result<(), CliError> {
-    commands::check::environment(config).await
 }

@@ -9,7 +9,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::Instrument;
 
 use crate::error::CliError;
-use crate::pipeline::Health;
+use crate::health::Health;
 
 /// Buckets of the commit → ack latency histogram, in seconds.
 const LATENCY_BUCKETS: &[f64] = &[

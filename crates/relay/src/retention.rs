@@ -71,7 +71,6 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{debug, info, warn, Instrument};
@@ -80,7 +79,7 @@ use wal_reader::{Lsn, PgConnectOptions, TableName};
 
 use crate::config::Config;
 use crate::error::CliError;
-use crate::pipeline::Health;
+use crate::shutdown::Shutdown;
 
 /// The column that tells old rows from new ones (not configurable).
 pub const CREATED_AT: &str = "created_at";
@@ -121,8 +120,7 @@ pub async fn preflight(cfg: &Config, client: &Client) -> Result<(), CliError> {
                   WHERE n.nspname = $1 AND c.relname = $2",
                 &[&table.schema, &table.name, &CREATED_AT],
             )
-            .await
-            .map_err(crate::commands::sql_error)?;
+            .await?;
         let Some(row) = row else {
             return Err(CliError::Precondition(format!(
                 "outbox table {table} does not exist: create it or fix [postgres] tables"
@@ -172,13 +170,9 @@ pub async fn check(cfg: &Config, client: &Client) -> Result<(), CliError> {
 }
 
 /// Starts the retention task (none without `keep`). It stops when `stop` turns true.
-pub fn spawn(
-    cfg: &Config,
-    _health: &Health,
-    stop: watch::Receiver<bool>,
-) -> Option<JoinHandle<()>> {
+pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
     let keep = cfg.retention_keep()?;
-    let conn = match crate::commands::pg_options(cfg) {
+    let conn = match cfg.pg_options() {
         Ok(c) => c,
         Err(e) => {
             // Cannot happen after the preflight, which parsed the same URL.
@@ -197,7 +191,7 @@ pub fn spawn(
         metrics::counter!(DELETED_ROWS, "table" => t.qualified()).increment(0);
     }
     let span = tracing::info_span!("retention", keep = %humantime::format_duration(keep));
-    Some(tokio::spawn(task.run(stop).instrument(span)))
+    Some(tokio::spawn(task.run_until_stopped(stop).instrument(span)))
 }
 
 /// How often markers are taken and old rows deleted.
@@ -228,7 +222,8 @@ enum End {
 }
 
 impl Retention {
-    async fn run(self, mut stop: watch::Receiver<bool>) {
+    /// Connects, and reconnects with backoff after a failure, until stopped.
+    async fn run_until_stopped(self, mut stop: Shutdown) {
         let mut backoff = self.tick;
         let mut markers = VecDeque::new();
         loop {
@@ -238,7 +233,7 @@ impl Retention {
                     warn!(error = %e, retry_in = ?backoff, "retention pass failed");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
-                        _ = stop.changed() => return,
+                        _ = stop.requested() => return,
                     }
                     backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
@@ -247,12 +242,13 @@ impl Retention {
     }
 
     /// One connection: a marker and a deletion pass per tick until stopped or failed.
-    async fn connected(
-        &self,
-        stop: &mut watch::Receiver<bool>,
-        markers: &mut VecDeque<Marker>,
-    ) -> End {
-        let client = match self.connect().await {
+    async fn connected(&self, stop: &mut Shutdown, markers: &mut VecDeque<Marker>) -> End {
+        // A connection attempt is dropped on a stop request; a pass is not.
+        let connected = tokio::select! {
+            r = self.connect() => r,
+            _ = stop.requested() => return End::Stopped,
+        };
+        let client = match connected {
             Ok(c) => c,
             Err(e) => return End::Failed(e),
         };
@@ -261,9 +257,9 @@ impl Retention {
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = stop.changed() => return End::Stopped,
+                _ = stop.requested() => return End::Stopped,
             }
-            if *stop.borrow() {
+            if stop.is_requested() {
                 return End::Stopped;
             }
             match self.pass(&client, stop, markers).await {
@@ -277,7 +273,9 @@ impl Retention {
     }
 
     async fn connect(&self) -> Result<Client, String> {
-        let client = crate::pipeline::connect_sql(&self.conn).await?;
+        let client = crate::sql::connect(&self.conn)
+            .await
+            .map_err(|e| e.to_string())?;
         client
             .batch_execute(&format!("SET lock_timeout = '{LOCK_TIMEOUT}'"))
             .await
@@ -290,7 +288,7 @@ impl Retention {
     async fn pass(
         &self,
         client: &Client,
-        stop: &watch::Receiver<bool>,
+        stop: &Shutdown,
         markers: &mut VecDeque<Marker>,
     ) -> Result<bool, tokio_postgres::Error> {
         let confirmed = slot_confirmed(client, &self.slot).await?;
@@ -314,7 +312,7 @@ impl Retention {
         for table in &self.tables {
             let mut total = 0u64;
             loop {
-                if *stop.borrow() {
+                if stop.is_requested() {
                     return Ok(false);
                 }
                 let n = delete_batch(client, table, self.keep, usable.xmin).await?;

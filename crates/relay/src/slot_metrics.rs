@@ -13,13 +13,13 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 use wal_reader::{admin, PgConnectOptions};
 
 use crate::config::Config;
-use crate::pipeline::{connect_sql, Health};
+use crate::shutdown::Shutdown;
+use crate::sql;
 
 /// How often the slot is sampled.
 pub const INTERVAL: Duration = Duration::from_secs(5);
@@ -30,37 +30,30 @@ pub const SLOT_SAFE_WAL: &str = "outbox_relay_slot_safe_wal_bytes";
 
 /// Starts the task that samples the slot for metrics; `None` when metrics are off
 /// or the URL cannot be parsed (`run` reports that itself).
-pub fn spawn(
-    cfg: &Config,
-    _health: &Health,
-    stop: watch::Receiver<bool>,
-) -> Option<JoinHandle<()>> {
+pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
     cfg.metrics_listen()?;
-    let opts = crate::commands::pg_options(cfg).ok()?;
+    let opts = cfg.pg_options().ok()?;
     let slot = cfg.postgres.slot.clone();
     let span = tracing::info_span!("slot_metrics", slot = %slot);
     Some(tokio::spawn(sample(opts, slot, stop).instrument(span)))
 }
 
-async fn sample(opts: PgConnectOptions, slot: String, mut stop: watch::Receiver<bool>) {
+async fn sample(opts: PgConnectOptions, slot: String, mut stop: Shutdown) {
     let mut client: Option<tokio_postgres::Client> = None;
     let mut tick = tokio::time::interval(INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            r = stop.changed() => {
-                if r.is_err() || *stop.borrow() {
-                    return;
-                }
-                continue;
-            }
-        }
-        if *stop.borrow() {
-            return;
+            _ = stop.requested() => return,
         }
         if client.as_ref().is_none_or(|c| c.is_closed()) {
-            match connect_sql(&opts).await {
+            // A connection attempt is dropped on a stop request.
+            let connected = tokio::select! {
+                r = sql::connect(&opts) => r,
+                _ = stop.requested() => return,
+            };
+            match connected {
                 Ok(c) => client = Some(c),
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot connect for slot metrics; retrying");

@@ -1,15 +1,28 @@
 //! `check`: every precondition, one line each (`ok`, `warn` or `FAIL` with the fix).
 
+use std::io::Write;
+
 use wal_reader::admin::{CheckStatus, Preflight};
 
-use super::{publisher_config, sql_client};
 use crate::config::Config;
 use crate::error::CliError;
+
+/// `check`: one line per precondition on stdout, the configuration first. A failure
+/// is the error line on stderr with exit code 2; configuration errors never get here
+/// (the configuration is loaded before any command runs).
+pub async fn execute(config: &Config) -> Result<(), CliError> {
+    let mut out = std::io::stdout().lock();
+    let write_err = |e: std::io::Error| CliError::Runtime(format!("cannot write to stdout: {e}"));
+    writeln!(out, "ok   config: {}", config.source).map_err(write_err)?;
+    out.flush().map_err(write_err)?;
+    drop(out);
+    environment(config).await
+}
 
 /// Runs the Postgres preconditions, printing one line each. Returns the first
 /// failure as an unmet precondition (exit code 2) after printing all of them.
 pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
-    let client = match sql_client(cfg).await {
+    let client = match crate::sql::connect_for_command(cfg).await {
         Ok(c) => {
             println!("ok    postgres connection: logged in");
             superuser_line(&c).await;
@@ -37,8 +50,7 @@ pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
     }
     let retention = crate::retention::check(cfg, &client).await;
     match first_failure {
-        Some(e) if e.is_precondition() => Err(CliError::Precondition(e.to_string())),
-        Some(e) => Err(CliError::Runtime(e.to_string())),
+        Some(e) => Err(e.into()),
         None => retention,
     }
 }
@@ -65,7 +77,7 @@ async fn superuser_line(client: &tokio_postgres::Client) {
 /// Connects to the broker as `run` would (declaring the exchange when
 /// `declare_exchange` is on) and prints one line.
 pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
-    match publisher::Publisher::connect(publisher_config(cfg)).await {
+    match publisher::Publisher::connect(cfg.publisher_config()).await {
         Ok(p) => {
             println!(
                 "ok    rabbitmq: connected; exchange {} is usable",
@@ -76,17 +88,15 @@ pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
         }
         Err(e) => {
             println!("FAIL  rabbitmq: {e}");
-            if e.is_transient() {
-                Err(CliError::Runtime(e.to_string()))
-            } else {
-                Err(CliError::Precondition(e.to_string()))
-            }
+            Err(e.into())
         }
     }
 }
 
-/// Everything after the configuration: Postgres, then the broker. Both are run so
-/// one `check` lists every problem; the first failure decides the exit code.
+/// The database and broker preconditions (wal_level, slot, publication, tables and
+/// mapped columns, authentication, broker reachable): Postgres, then the broker.
+/// Both are run so one `check` lists every problem; the first failure decides the
+/// exit code.
 pub async fn environment(cfg: &Config) -> Result<(), CliError> {
     let pg = postgres(cfg).await;
     let mq = rabbitmq(cfg).await;

@@ -25,7 +25,6 @@ use wal_reader::admin::{self, ident::quote_ident};
 use wal_reader::assemble::Assembler;
 use wal_reader::{Lsn, OutboxEvent, WalItem};
 
-use super::{admin_error, sql_client};
 use crate::cli::PeekArgs;
 use crate::config::Config;
 use crate::error::CliError;
@@ -50,12 +49,9 @@ struct Pending {
 
 /// Prints up to `--limit` pending events, oldest first.
 pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
-    let routing = RoutingKeyTemplate::parse(&cfg.rabbitmq.routing_key)
-        .map_err(|e| CliError::Precondition(e.to_string()))?;
-    let client = sql_client(cfg).await?;
-    let slot = admin::require_slot(&client, &cfg.postgres.slot)
-        .await
-        .map_err(admin_error)?;
+    let routing = RoutingKeyTemplate::parse(&cfg.rabbitmq.routing_key)?;
+    let client = crate::sql::connect_for_command(cfg).await?;
+    let slot = admin::require_slot(&client, &cfg.postgres.slot).await?;
     if let Some(pid) = slot.holder() {
         return Err(slot_active(&cfg.postgres.slot, &pid.to_string()));
     }
@@ -114,7 +110,7 @@ async fn read_pending(
                 .handle(Bytes::from(data), &mut items)
                 .map_err(|e| {
                     if e.is_precondition() {
-                        CliError::Precondition(e.to_string())
+                        CliError::from(e)
                     } else {
                         CliError::Runtime(format!("cannot decode the slot's changes: {e}"))
                     }

@@ -2,21 +2,21 @@
 
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tracing::{info, warn};
 use wal_reader::admin::{CheckStatus, Preflight};
 
-use super::{publisher_config, reader_config, sql_client};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::CliError;
-use crate::pipeline::{self, Health, PipelineConfig};
+use crate::health::Health;
+use crate::pipeline::{self, PipelineConfig};
+use crate::shutdown::Shutdown;
 
 /// Runs the relay until a signal asks it to stop; exits 0 after a clean stop.
-pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
+pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
     crate::background::validate(cfg)?;
-    let (stop_tx, mut stop_rx) = watch::channel(false);
-    spawn_signal_handler(stop_tx)?;
+    let mut shutdown = Shutdown::new();
+    spawn_signal_handler(shutdown.clone())?;
     let health = Health::default();
     if let Some(addr) = cfg.metrics_listen() {
         crate::metrics::serve(addr, health.clone()).await?;
@@ -31,7 +31,7 @@ pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
                 warn!(error = %e, retry_in = ?wait, "postgres not ready");
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = stop_rx.changed() => return Ok(()),
+                    _ = shutdown.requested() => return Ok(()),
                 }
                 wait = (wait * 2).min(Duration::from_secs(10));
             }
@@ -39,24 +39,22 @@ pub async fn run(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
         }
     }
     let pcfg = PipelineConfig {
-        reader: reader_config(cfg, args.start_lsn)?,
-        publisher: publisher_config(cfg),
+        reader: cfg.reader_config(args.start_lsn)?,
+        publisher: cfg.publisher_config(),
         shutdown_timeout: cfg.shutdown_timeout(),
     };
-    let tasks = crate::background::spawn(cfg, &health, &stop_rx);
+    let background = crate::background::spawn(cfg, &shutdown);
     info!(slot = %cfg.postgres.slot, exchange = %cfg.rabbitmq.exchange,
         brokers = ?cfg.amqp_urls_redacted(), "relay starting");
-    let result = pipeline::run(pcfg, stop_rx, health).await;
-    for t in tasks {
-        t.abort();
-    }
+    let result = pipeline::run_sessions(pcfg, shutdown, health).await;
+    background.stop().await;
     result
 }
 
 /// The Postgres preconditions, failing on the first unmet one. A slot held by
 /// another relay is not a failure: `run` stands by.
 async fn preflight(cfg: &Config) -> Result<(), CliError> {
-    let client = sql_client(cfg).await?;
+    let client = crate::sql::connect_for_command(cfg).await?;
     let tables = cfg.tables();
     let mapping = cfg.mapping();
     let checks = Preflight {
@@ -67,18 +65,14 @@ async fn preflight(cfg: &Config) -> Result<(), CliError> {
     };
     for result in checks.run(&client).await {
         if let CheckStatus::Failed(e) = result.status {
-            return Err(if e.is_precondition() {
-                CliError::Precondition(e.to_string())
-            } else {
-                CliError::Runtime(e.to_string())
-            });
+            return Err(e.into());
         }
     }
     crate::retention::preflight(cfg, &client).await
 }
 
 /// SIGTERM or SIGINT asks for a clean stop; a second one exits at once.
-fn spawn_signal_handler(stop: watch::Sender<bool>) -> Result<(), CliError> {
+fn spawn_signal_handler(stop: Shutdown) -> Result<(), CliError> {
     use tokio::signal::unix::{signal, SignalKind};
     let err = |e: std::io::Error| CliError::Runtime(format!("cannot install signal handlers: {e}"));
     let mut term = signal(SignalKind::terminate()).map_err(err)?;
@@ -96,7 +90,7 @@ fn spawn_signal_handler(stop: watch::Sender<bool>) -> Result<(), CliError> {
             }
             stopping = true;
             info!("signal received: stopping at the next transaction boundary");
-            let _ = stop.send(true);
+            stop.request();
         }
     });
     Ok(())

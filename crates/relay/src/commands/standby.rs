@@ -52,9 +52,9 @@ async fn check(url: &str, s: &SlotState) -> Standby {
         }
     };
     let target = opts.display_target();
-    let copy = match crate::pipeline::connect_sql(&opts).await {
+    let copy = match crate::sql::connect(&opts).await {
         Ok(client) => query(&client, s).await,
-        Err(e) => Err(wal_reader::redact::redact_url(&e)),
+        Err(e) => Err(wal_reader::redact::redact_url(&e.to_string())),
     };
     Standby { target, copy }
 }
@@ -73,7 +73,7 @@ async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<SlotCop
             &[&s.slot_name],
         )
         .await
-        .map_err(|e| crate::pipeline::describe_pg_error(&e))?;
+        .map_err(|e| crate::sql::describe_pg_error(&e))?;
     let Some(row) = row else {
         return Ok(SlotCopy::Missing);
     };

@@ -4,7 +4,6 @@ use serde_json::json;
 use wal_reader::admin::{self, SlotState};
 use wal_reader::Lsn;
 
-use super::{admin_error, sql_client};
 use crate::cli::StatusArgs;
 use crate::config::Config;
 use crate::error::CliError;
@@ -65,18 +64,14 @@ fn human_bytes(b: i64) -> String {
 
 /// Prints the slot's state.
 pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
-    let client = sql_client(cfg).await?;
-    let s = admin::require_slot(&client, &cfg.postgres.slot)
-        .await
-        .map_err(admin_error)?;
+    let client = crate::sql::connect_for_command(cfg).await?;
+    let s = admin::require_slot(&client, &cfg.postgres.slot).await?;
     let pending = s
         .confirmed_flush_lsn
         .map(|c| s.current_wal_lsn.0.saturating_sub(c.0) as i64);
     let mut warns = warnings(&s);
     let anchor_name = crate::anchor::anchor_slot_name(&cfg.postgres.slot);
-    let anchor = admin::slot_state(&client, &anchor_name)
-        .await
-        .map_err(admin_error)?;
+    let anchor = admin::slot_state(&client, &anchor_name).await?;
     let window = cfg.replay_window();
     match (&anchor, window) {
         (None, Some(_)) => warns.push(format!(

@@ -4,8 +4,10 @@
 
 use super::env::{env_var_name, Kind, KEYS};
 use super::error::closest;
+use super::validate::validate_routing_key;
 use super::*;
 use std::io::Write as _;
+use wal_reader::TableName;
 
 const NO_ENV: [(&str, &str); 0] = [];
 

@@ -1,8 +1,108 @@
-//! Checks of single values that serde cannot express: names, URL schemes, the routing
-//! key template. Each error names its key and never quotes a URL.
+//! Checks of the values that serde cannot express: [`Config::validate`] and the
+//! checks of single values (names, URL schemes, the routing key template) it uses.
+//! Each error names its key and never quotes a URL.
+
+use std::path::Path;
+
+use secrecy::ExposeSecret;
+use wal_reader::TableName;
 
 use super::error::closest;
-use super::{ConfigError, ROUTING_KEY_PLACEHOLDERS};
+use super::{Config, ConfigError, MIN_STATUS_INTERVAL_MS, ROUTING_KEY_PLACEHOLDERS};
+
+impl Config {
+    /// Checks the values serde cannot: ranges, names, the routing key template, the
+    /// URLs' schemes. The error names the first offending key.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let pg = &self.postgres;
+        validate_pg_url(pg.url.expose_secret())?;
+        validate_identifier("postgres.slot", &pg.slot, true)?;
+        validate_identifier("postgres.publication", &pg.publication, false)?;
+        if pg.tables.is_empty() {
+            return Err(ConfigError::invalid(
+                "postgres.tables",
+                "the list is empty: name at least one outbox table, e.g. [\"public.outbox\"]",
+            ));
+        }
+        for t in &pg.tables {
+            if TableName::parse(t).is_none() {
+                return Err(ConfigError::invalid(
+                    "postgres.tables",
+                    format!("{t:?} is not a table name: use \"schema.table\" or \"table\""),
+                ));
+            }
+        }
+
+        let m = &self.mapping;
+        for (key, column) in [
+            ("mapping.id", &m.id),
+            ("mapping.aggregate_type", &m.aggregate_type),
+            ("mapping.aggregate_id", &m.aggregate_id),
+            ("mapping.event_type", &m.event_type),
+            ("mapping.payload", &m.payload),
+        ] {
+            if column.trim().is_empty() {
+                return Err(ConfigError::invalid(
+                    key,
+                    "the column name is empty: name the outbox column that holds this field",
+                ));
+            }
+        }
+
+        let r = &self.rabbitmq;
+        if r.url.is_empty() {
+            return Err(ConfigError::invalid(
+                "rabbitmq.url",
+                "the list is empty: give at least one amqp:// or amqps:// URL",
+            ));
+        }
+        for (i, u) in r.url.iter().enumerate() {
+            validate_amqp_url(u.expose_secret(), i, r.heartbeat_secs)?;
+        }
+        if r.declare_exchange && r.exchange.is_empty() {
+            return Err(ConfigError::invalid(
+                "rabbitmq.exchange",
+                "the default exchange \"\" cannot be declared: name an exchange, or set declare_exchange = false to publish to the default exchange",
+            ));
+        }
+        validate_routing_key(&r.routing_key)?;
+        if r.max_in_flight < 1 {
+            return Err(ConfigError::invalid(
+                "rabbitmq.max_in_flight",
+                "must be at least 1: set it to the number of unconfirmed messages to allow, e.g. 10000",
+            ));
+        }
+        if !r.ca_file.is_empty() && !Path::new(&r.ca_file).is_file() {
+            return Err(ConfigError::invalid(
+                "rabbitmq.ca_file",
+                format!(
+                    "{:?} is not a file: name a PEM file of CA certificates, or \"\" for the system roots",
+                    r.ca_file
+                ),
+            ));
+        }
+        if r.heartbeat_secs > u64::from(u16::MAX) {
+            return Err(ConfigError::invalid(
+                "rabbitmq.heartbeat_secs",
+                format!(
+                    "{} is too large: use at most 65535 (seconds), or 0 for the broker's value",
+                    r.heartbeat_secs
+                ),
+            ));
+        }
+
+        if self.relay.status_interval_ms < MIN_STATUS_INTERVAL_MS {
+            return Err(ConfigError::invalid(
+                "relay.status_interval_ms",
+                format!(
+                    "{} is too small: use at least {MIN_STATUS_INTERVAL_MS} (milliseconds)",
+                    self.relay.status_interval_ms
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
 
 pub(super) fn validate_pg_url(url: &str) -> Result<(), ConfigError> {
     const KEY: &str = "postgres.url";

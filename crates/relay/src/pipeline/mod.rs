@@ -38,20 +38,29 @@
 //!   stops with exit code 2 and a sentence that names the fix.
 //! - slot held by another relay: this one is a standby; it waits and takes over
 //!   when the slot is released.
+//!
+//! Files: this one runs the sessions; `stored.rs` reads and writes the stored
+//! position; `slot_advance.rs` saves the carried position to the slot.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+mod slot_advance;
+mod stored;
+
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
-use publisher::{Publisher, PublisherConfig, PublisherStatus};
+use publisher::{Publisher, PublisherConfig};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
-use wal_reader::{
-    Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalItem, WalReader,
-};
+use wal_reader::{Lsn, ReaderConfig, ReaderError, WalReader};
+
+use slot_advance::save_position;
+use stored::{min_of, stored_position, tap_events, warn_state, StateWriter, STATE_TIMEOUT};
 
 use crate::error::CliError;
-use crate::state::{self, Resume, StateError};
+use crate::health::Health;
+use crate::shutdown::Shutdown;
+use crate::state;
 
 /// Batches buffered between reader and publisher (each is one socket read).
 const CHANNEL_BATCHES: usize = 64;
@@ -59,71 +68,6 @@ const BACKOFF_INITIAL: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// How often a standby checks whether the slot was released.
 const STANDBY_POLL: Duration = Duration::from_secs(1);
-/// Bound on saving the acked position to the slot (the advance decodes the WAL
-/// between the slot's position and the acked one).
-const SAVE_TIMEOUT: Duration = Duration::from_secs(60);
-/// Bound on one statement on the state table.
-const STATE_TIMEOUT: Duration = Duration::from_secs(5);
-/// How often the state writer looks at the watermark and the window.
-const STATE_POLL: Duration = Duration::from_millis(20);
-
-/// Live state for `/readyz` and metrics.
-#[derive(Clone, Default)]
-pub struct Health {
-    streaming: Arc<AtomicBool>,
-    publisher: Arc<std::sync::Mutex<Option<PublisherStatus>>>,
-    reader: Arc<std::sync::Mutex<Option<ReaderProgress>>>,
-}
-
-impl Health {
-    /// True while the reader streams and the publisher is connected and unblocked.
-    pub fn ready(&self) -> bool {
-        self.streaming.load(Ordering::Relaxed)
-            && self
-                .publisher
-                .lock()
-                .map(|p| p.as_ref().is_some_and(|s| s.ready()))
-                .unwrap_or(false)
-    }
-
-    /// The current session's publisher status, if a session runs.
-    pub fn publisher(&self) -> Option<PublisherStatus> {
-        self.publisher.lock().ok().and_then(|p| p.clone())
-    }
-
-    /// Commit time (µs since the Unix epoch) of the oldest event read but not yet
-    /// acked, including events still queued towards the publisher.
-    pub fn oldest_unacked_commit_micros(&self) -> Option<i64> {
-        let reader = self
-            .reader
-            .lock()
-            .ok()
-            .and_then(|r| r.as_ref().and_then(|r| r.oldest_unacked_commit_micros()));
-        let publisher = self
-            .publisher()
-            .and_then(|p| p.oldest_unacked_commit_micros());
-        match (reader, publisher) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    fn set_reader(&self, r: Option<ReaderProgress>) {
-        if let Ok(mut p) = self.reader.lock() {
-            *p = r;
-        }
-    }
-
-    fn set_streaming(&self, v: bool) {
-        self.streaming.store(v, Ordering::Relaxed);
-    }
-
-    fn set_publisher(&self, s: Option<PublisherStatus>) {
-        if let Ok(mut p) = self.publisher.lock() {
-            *p = s;
-        }
-    }
-}
 
 /// Everything a pipeline needs.
 #[derive(Debug, Clone)]
@@ -175,18 +119,18 @@ struct Carried {
     state_warned: bool,
 }
 
-/// Runs sessions until `shutdown` turns true. Returns an error only for problems
-/// that retrying cannot fix (exit code 2) or a bug (exit code 1).
-pub async fn run(
+/// Runs sessions, one after another, until a stop is requested. Returns an error
+/// only for problems that retrying cannot fix (exit code 2) or a bug (exit code 1).
+pub async fn run_sessions(
     cfg: PipelineConfig,
-    mut shutdown: watch::Receiver<bool>,
+    mut shutdown: Shutdown,
     health: Health,
 ) -> Result<(), CliError> {
     let mut backoff = BACKOFF_INITIAL;
     let mut standby_logged = false;
     let mut carried = Carried::default();
     loop {
-        if *shutdown.borrow() {
+        if shutdown.is_requested() {
             return Ok(());
         }
         match session(
@@ -207,7 +151,7 @@ pub async fn run(
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
-                    _ = shutdown.changed() => {}
+                    _ = shutdown.requested() => {}
                 }
             }
             Err(e) => return Err(e),
@@ -217,7 +161,7 @@ pub async fn run(
 
 fn reader_error(e: ReaderError) -> Result<SessionEnd, CliError> {
     if e.is_precondition() {
-        Err(CliError::Precondition(e.to_string()))
+        Err(e.into())
     } else if e.is_transient() {
         Ok(SessionEnd::Retry(Side::Postgres, e.to_string()))
     } else {
@@ -229,7 +173,7 @@ fn reader_error(e: ReaderError) -> Result<SessionEnd, CliError> {
 
 async fn session(
     cfg: &PipelineConfig,
-    shutdown: &mut watch::Receiver<bool>,
+    shutdown: &mut Shutdown,
     health: &Health,
     standby_logged: &mut bool,
     carried: &mut Carried,
@@ -287,7 +231,7 @@ async fn session(
                 }
                 tokio::select! {
                     _ = tokio::time::sleep(STANDBY_POLL) => continue,
-                    _ = shutdown.changed() => return Ok(SessionEnd::Stopped),
+                    _ = shutdown.requested() => return Ok(SessionEnd::Stopped),
                 }
             }
             // The slot moved past the stored position since it was read (another
@@ -337,7 +281,8 @@ async fn session(
         Err(e) if e.is_transient() || carried.broker_connected => {
             return Ok(SessionEnd::Retry(Side::Rabbitmq, e.to_string()))
         }
-        Err(e) => return Err(CliError::Precondition(e.to_string())),
+        // Not transient: a refusal (exit 2).
+        Err(e) => return Err(e.into()),
     };
     carried.broker_connected = true;
     health.set_publisher(Some(publisher.status()));
@@ -374,7 +319,7 @@ async fn session(
             };
             let task = tokio::spawn(
                 writer
-                    .run(finish_rx)
+                    .write_until_finished(finish_rx)
                     .instrument(tracing::info_span!("state")),
             );
             (rx, min_of(flushed, stored_rx), Some((finish_tx, task)))
@@ -391,7 +336,7 @@ async fn session(
     let mut reader_task = reader_task;
     let mut publisher_task = publisher_task;
     let outcome = tokio::select! {
-        _ = wait_true(shutdown) => {
+        _ = shutdown.requested() => {
             info!(timeout = ?cfg.shutdown_timeout, "stopping: finishing the open transaction and awaiting confirms");
             let _ = stop_tx.send(true);
             let both = async {
@@ -414,6 +359,8 @@ async fn session(
                 }
                 Err(_) => {
                     warn!("shutdown timed out; the open transaction will be published again after restart");
+                    // The bounded wait is over: abort is the point of the bound. What
+                    // is acked is carried; the rest is published again after restart.
                     reader_task.abort();
                     publisher_task.abort();
                 }
@@ -439,6 +386,8 @@ async fn session(
             // so whatever it refuses now is retried with a new session.
             let _ = stop_tx.send(true);
             let _ = tokio::time::timeout(Duration::from_secs(10), &mut reader_task).await;
+            // Only a reader still running after that bounded wait is aborted: the
+            // next session's reader starts over from the acked position anyway.
             reader_task.abort();
             let why = match p {
                 Ok(Ok(_)) => "publisher ended".to_string(),
@@ -470,229 +419,6 @@ async fn session(
     outcome
 }
 
-/// Where the stored position says to start, and what is stored.
-struct Found {
-    /// Start here (past the slot's position), unless `run --start-lsn` names a start.
-    resume: Option<Lsn>,
-    /// The stored position (`None`: no row, or the table is not usable).
-    stored: Option<Lsn>,
-}
-
-/// Reads the slot and the stored position, creating the table if missing; keeps the
-/// connection in `client` for the session's writes (`None` when the table is not
-/// usable). Errors only when the server cannot be reached: the session waits rather
-/// than starting from an older position.
-async fn stored_position(
-    cfg: &ReaderConfig,
-    client: &mut Option<tokio_postgres::Client>,
-    carried: &mut Carried,
-) -> Result<Found, String> {
-    if client.as_ref().is_none_or(|c| c.is_closed()) {
-        *client = match tokio::time::timeout(STATE_TIMEOUT, connect_sql(&cfg.conn)).await {
-            Ok(Ok(c)) => Some(c),
-            Ok(Err(e)) => return Err(format!("cannot connect to Postgres: {e}")),
-            Err(_) => {
-                return Err(format!(
-                    "connecting to Postgres timed out after {STATE_TIMEOUT:?}"
-                ))
-            }
-        };
-    }
-    let c = client.as_ref().expect("connected");
-    let parse = |v: Option<String>| v.and_then(|s| s.parse::<Lsn>().ok());
-    let res = async {
-        let slot = c
-            .query_opt(
-                "SELECT confirmed_flush_lsn::text, restart_lsn::text, \
-                        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                              ELSE pg_current_wal_lsn() END)::text \
-                   FROM pg_replication_slots WHERE slot_name = $1",
-                &[&cfg.slot],
-            )
-            .await
-            .map_err(StateError::Other)?;
-        state::ensure_table(c).await?;
-        let stored = state::read(c, &cfg.slot).await?;
-        Ok::<_, StateError>((slot, stored))
-    };
-    let (slot, stored) = match tokio::time::timeout(STATE_TIMEOUT, res).await {
-        Ok(Ok(v)) => v,
-        Ok(Err(e)) if e.is_closed() => {
-            *client = None;
-            return Err(format!("connection to Postgres lost: {e}"));
-        }
-        Ok(Err(e)) => {
-            warn_state(carried, &e);
-            *client = None;
-            return Ok(Found {
-                resume: None,
-                stored: None,
-            });
-        }
-        Err(_) => {
-            *client = None;
-            return Err(format!(
-                "reading the stored position timed out after {STATE_TIMEOUT:?}"
-            ));
-        }
-    };
-    // No slot: the reader says so.
-    let Some(slot) = slot else {
-        return Ok(Found {
-            resume: None,
-            stored: None,
-        });
-    };
-    let confirmed = parse(slot.get(0)).unwrap_or(Lsn::ZERO);
-    let mut stored_lsn = stored.as_ref().map(|s| s.acked).unwrap_or(Lsn::ZERO);
-    let resume = match state::resume(
-        stored.as_ref(),
-        confirmed,
-        parse(slot.get(1)),
-        parse(slot.get(2)),
-    ) {
-        Resume::Stored(l) => Some(l),
-        Resume::Slot => None,
-        Resume::Ignored(why) => {
-            stored_lsn = confirmed;
-            warn!(slot = %cfg.slot, slot_confirmed = %confirmed, "{why}; resuming from the slot's position and storing that");
-            // Void it so that the session's writes start from the slot's position.
-            if let Err(e) = state::reset(c, &cfg.slot, confirmed).await {
-                warn_state(carried, &e);
-            }
-            None
-        }
-    };
-    Ok(Found {
-        resume,
-        stored: Some(stored_lsn),
-    })
-}
-
-/// One warning per process when the state table cannot be used, naming the cost.
-fn warn_state(carried: &mut Carried, e: &StateError) {
-    if !carried.state_warned {
-        carried.state_warned = true;
-        warn!(error = %e, table = state::TABLE, "cannot keep the acked position in Postgres: {}", state::COST);
-    } else {
-        debug!(error = %e, "state table not usable");
-    }
-}
-
-/// Forwards the reader's batches to the publisher, noting the end LSN of the last
-/// transaction that had outbox events (only those make a stored position worth
-/// writing: an idle outbox would otherwise write one row per interval forever, each
-/// write moving the WAL the next keepalive confirms).
-fn tap_events(
-    mut rx: mpsc::Receiver<wal_reader::WalBatch>,
-    last_event_end: Arc<AtomicU64>,
-) -> mpsc::Receiver<wal_reader::WalBatch> {
-    let (tx, out) = mpsc::channel(4);
-    tokio::spawn(async move {
-        while let Some(batch) = rx.recv().await {
-            for item in &batch {
-                if let WalItem::Commit(c) = item {
-                    if c.events > 0 {
-                        last_event_end.store(c.end_lsn.0, Ordering::Relaxed);
-                    }
-                }
-            }
-            if tx.send(batch).await.is_err() {
-                break;
-            }
-        }
-    });
-    out
-}
-
-/// `min(a, b)`, updated as either moves; `b` gone counts as no bound. Ends with `a`.
-fn min_of(mut a: watch::Receiver<Lsn>, mut b: watch::Receiver<Lsn>) -> watch::Receiver<Lsn> {
-    let initial = (*a.borrow()).min(*b.borrow());
-    let (tx, out) = watch::channel(initial);
-    tokio::spawn(async move {
-        let mut b_open = true;
-        loop {
-            let bound = if b_open {
-                *b.borrow_and_update()
-            } else {
-                Lsn(u64::MAX)
-            };
-            let v = (*a.borrow_and_update()).min(bound);
-            tx.send_if_modified(|cur| {
-                let changed = *cur != v;
-                *cur = v;
-                changed
-            });
-            tokio::select! {
-                r = a.changed() => if r.is_err() { return },
-                r = b.changed(), if b_open => if r.is_err() { b_open = false },
-            }
-        }
-    });
-    out
-}
-
-/// Writes the acked watermark to the state table (docs/design.md §3): once per status
-/// interval while outbox events were acked since the last write, sooner when half of
-/// `max_in_flight` waits for it, and once more when the session ends.
-struct StateWriter {
-    client: tokio_postgres::Client,
-    slot: String,
-    acked: watch::Receiver<Lsn>,
-    last_event_end: Arc<AtomicU64>,
-    status: PublisherStatus,
-    max_in_flight: usize,
-    interval: Duration,
-    written: Lsn,
-    /// What is stored; `Lsn(u64::MAX)` once writing failed (no bound any more).
-    stored: watch::Sender<Lsn>,
-}
-
-impl StateWriter {
-    async fn run(mut self, mut finish: watch::Receiver<bool>) -> Result<Lsn, StateError> {
-        let mut last_write = tokio::time::Instant::now();
-        let mut tick = tokio::time::interval(STATE_POLL.min(self.interval));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let finishing = tokio::select! {
-                _ = tick.tick() => *finish.borrow(),
-                r = finish.changed() => r.is_err() || *finish.borrow(),
-            };
-            let acked = *self.acked.borrow();
-            let events = Lsn(self.last_event_end.load(Ordering::Relaxed));
-            let due = finishing
-                || last_write.elapsed() >= self.interval
-                || self.status.in_flight() >= (self.max_in_flight / 2).max(1);
-            if due && acked > self.written && events > self.written {
-                last_write = tokio::time::Instant::now();
-                let res = tokio::time::timeout(
-                    STATE_TIMEOUT,
-                    state::save(&self.client, &self.slot, acked),
-                )
-                .await;
-                match res {
-                    Ok(Ok(())) => {
-                        self.written = acked;
-                        self.stored.send_replace(acked);
-                    }
-                    Ok(Err(e)) => {
-                        // Never hold the publisher on a table that cannot be written.
-                        self.stored.send_replace(Lsn(u64::MAX));
-                        return Err(e);
-                    }
-                    Err(_) => {
-                        self.stored.send_replace(Lsn(u64::MAX));
-                        return Err(StateError::Timeout(STATE_TIMEOUT));
-                    }
-                }
-            }
-            if finishing {
-                return Ok(self.written);
-            }
-        }
-    }
-}
-
 /// A factor in [0.5, 1.0) for backoff jitter (no need for a random number crate).
 fn jitter() -> f64 {
     let nanos = std::time::SystemTime::now()
@@ -700,144 +426,4 @@ fn jitter() -> f64 {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     0.5 + f64::from(nanos % 1000) / 2000.0
-}
-
-async fn wait_true(rx: &mut watch::Receiver<bool>) {
-    loop {
-        if *rx.borrow_and_update() {
-            return;
-        }
-        if rx.changed().await.is_err() {
-            // Sender gone: nobody can ask us to stop any more; run on.
-            std::future::pending::<()>().await;
-        }
-    }
-}
-
-/// What [`save_position`] found.
-enum Saved {
-    /// The slot was advanced from this position.
-    Advanced(Option<Lsn>),
-    /// The slot is already there, or missing (the reader reports that).
-    NotNeeded,
-    /// A walsender still holds the slot (ours, not yet gone, or another relay's).
-    Busy,
-    /// The server's WAL (current, or replayed on a standby) is behind the position.
-    PastWal(Option<Lsn>),
-}
-
-/// Before a session streams, saves the previous session's acked watermark to the slot
-/// on whichever server the URL reaches now, so that nothing the broker acked is
-/// published again. The previous server may have died before it saved the slot
-/// (Postgres 15 writes a slot's confirmed position only at checkpoints, so a crash
-/// brings it back); only the relay still knows the position. It is not applied
-/// when the server's WAL does not reach it (a failover to a server that lacks it:
-/// it means nothing there). Returns whether it is done (false: the slot is still
-/// held, try again before the next attempt), or why the server cannot be reached.
-async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool, String> {
-    if acked == Lsn::ZERO {
-        return Ok(true);
-    }
-    let parse = |v: Option<String>| v.and_then(|s| s.parse::<Lsn>().ok());
-    let client = match tokio::time::timeout(SAVE_TIMEOUT, connect_sql(&cfg.conn)).await {
-        Ok(Ok(c)) => c,
-        Ok(Err(e)) => return Err(format!("cannot connect to Postgres: {e}")),
-        Err(_) => {
-            return Err(format!(
-                "connecting to Postgres timed out after {SAVE_TIMEOUT:?}"
-            ))
-        }
-    };
-    let res = async {
-        let Some(row) = client
-            .query_opt(
-                "SELECT confirmed_flush_lsn::text, active, \
-                        (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                              ELSE pg_current_wal_lsn() END)::text \
-                   FROM pg_replication_slots WHERE slot_name = $1",
-                &[&cfg.slot],
-            )
-            .await?
-        else {
-            return Ok(Saved::NotNeeded);
-        };
-        let confirmed = parse(row.get(0));
-        let active: bool = row.get(1);
-        let server_wal = parse(row.get(2));
-        if confirmed.is_some_and(|c| c >= acked) {
-            return Ok(Saved::NotNeeded);
-        }
-        if active {
-            return Ok(Saved::Busy);
-        }
-        if server_wal.is_none_or(|w| w < acked) {
-            return Ok(Saved::PastWal(server_wal));
-        }
-        let n = client
-            .execute(
-                "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) \
-                   FROM pg_replication_slots \
-                  WHERE slot_name = $1 AND NOT active AND confirmed_flush_lsn < $2::text::pg_lsn",
-                &[&cfg.slot, &acked.to_string()],
-            )
-            .await?;
-        Ok::<_, tokio_postgres::Error>(if n > 0 {
-            Saved::Advanced(confirmed)
-        } else {
-            Saved::Busy
-        })
-    };
-    match tokio::time::timeout(SAVE_TIMEOUT, res).await {
-        Ok(Ok(Saved::Advanced(from))) => {
-            let from = from.map(|l| l.to_string()).unwrap_or_default();
-            info!(lsn = %acked, %from, "saved the acked position to the slot");
-            Ok(true)
-        }
-        Ok(Ok(Saved::NotNeeded)) => Ok(true),
-        Ok(Ok(Saved::Busy)) => Ok(false),
-        Ok(Ok(Saved::PastWal(server_wal))) => {
-            let server_wal = server_wal.map(|l| l.to_string()).unwrap_or_default();
-            warn!(acked = %acked, %server_wal,
-                "the acked position is past this server's WAL (a failover?); resuming from the slot's position");
-            Ok(true)
-        }
-        Ok(Err(e)) if e.is_closed() => Err(format!("connection to Postgres lost: {e}")),
-        Ok(Err(e)) => {
-            warn!(error = %e, lsn = %acked,
-                "could not save the acked position to the slot; resuming from the slot's position");
-            Ok(true)
-        }
-        Err(_) => {
-            debug!(timeout = ?SAVE_TIMEOUT, "saving the acked position timed out");
-            Ok(false)
-        }
-    }
-}
-
-/// An ordinary SQL connection under the replication connection's rules
-/// (docs/security.md): TLS per `sslmode`, no cleartext or md5 password over a plain
-/// link unless `sslmode=disable` is explicit, a size cap before login.
-pub async fn connect_sql(opts: &PgConnectOptions) -> Result<tokio_postgres::Client, String> {
-    let (client, conn) = wal_reader::tls::connect_sql(opts)
-        .await
-        .map_err(|e| match e {
-            wal_reader::tls::SqlConnectError::Postgres(e) => describe_pg_error(&e),
-            other => other.to_string(),
-        })?;
-    tokio::spawn(async move {
-        let _ = conn.await;
-    });
-    Ok(client)
-}
-
-/// tokio-postgres prints "error connecting to server" or "db error" alone: add the
-/// cause (the server's own message for a server error).
-pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{}: {}", db.severity(), db.message());
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
-    }
 }

@@ -1,0 +1,241 @@
+//! `replay --from-table [--since] [--until]`: re-publish the rows still in the
+//! outbox tables (docs/design.md §7).
+//!
+//! Rows still in each outbox table, in `(created_at, id)` order, read in batches by
+//! keyset pagination (never the whole table), turned into the same events the WAL
+//! would give (text form of every mapped column), one commit marker per batch. The
+//! publisher's watermark then counts confirmed rows. Rows have no commit LSN: their
+//! `commit_lsn` header is `0/0`, `xid` 0 and the timestamp is `created_at`.
+//!
+//! Rows whose `created_at` is NULL have no place in that order (a keyset
+//! comparison `(NULL, id) > (t, i)` is never true) and no time for
+//! `--since`/`--until`: every query leaves them out, and the replay says how many
+//! it skipped, whatever the window (a NULL row may belong to any).
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Client;
+use tracing::warn;
+use wal_reader::admin::{self, ident};
+use wal_reader::event::{CommitMarker, OutboxEvent, OutboxTable, WalBatch, WalItem};
+use wal_reader::Lsn;
+
+use super::{check_report, connect_publisher, drop_stale, spawn_progress};
+use crate::config::Config;
+use crate::error::CliError;
+
+/// Rows read per query (and confirmed as one batch).
+pub const TABLE_BATCH: i64 = 1000;
+/// Column `--from-table` orders and filters by, with the id column.
+pub const CREATED_AT: &str = "created_at";
+
+/// Replays the rows whose `created_at` is in `[since, until)`.
+pub(super) async fn replay(
+    cfg: &Config,
+    since: Option<SystemTime>,
+    until: Option<SystemTime>,
+) -> Result<(), CliError> {
+    let client = crate::sql::connect_for_command(cfg).await?;
+    drop_stale(&client, &cfg.postgres.slot).await?;
+    let mapping = cfg.mapping();
+    let mut plans = Vec::new();
+    for table in cfg.tables() {
+        let cols = admin::check_columns(&client, &table, &mapping).await?;
+        plans.push(TablePlan::new(&client, cols).await?);
+    }
+    let since = since.map(|t| humantime::format_rfc3339_micros(t).to_string());
+    let until = until.map(|t| humantime::format_rfc3339_micros(t).to_string());
+    let mut total = 0u64;
+    let mut skipped = Vec::new();
+    for p in &plans {
+        let n: i64 = client
+            .query_one(&p.count_sql, &[&since, &until])
+            .await?
+            .get(0);
+        total += n as u64;
+        let nulls: i64 = client.query_one(&p.null_count_sql, &[]).await?.get(0);
+        if nulls > 0 {
+            warn!(table = %p.table.qualified_name, rows = nulls,
+                "rows with NULL {CREATED_AT} cannot be ordered and are not replayed");
+            skipped.push((p.table.qualified_name.clone(), nulls as u64));
+        }
+    }
+    let publisher = connect_publisher(cfg).await?;
+    let (pub_tx, pub_rx) = mpsc::channel::<WalBatch>(4);
+    let (wm_tx, wm_rx) = watch::channel(Lsn::ZERO);
+    let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx));
+    let progress = spawn_progress(wm_rx, total, "rows", |l| l.0);
+
+    // The watermark is the number of rows sent: each batch's marker carries it.
+    let mut sent = 0u64;
+    let mut failed = None;
+    'tables: for p in &plans {
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let (ac, ai) = match &after {
+                Some((c, i)) => (Some(c.clone()), Some(i.clone())),
+                None => (None, None),
+            };
+            let params: [&(dyn ToSql + Sync); 5] = [&since, &until, &ac, &ai, &TABLE_BATCH];
+            let rows = match client.query(&p.page_sql, &params).await {
+                Ok(r) => r,
+                Err(e) => {
+                    failed = Some(CliError::from(e));
+                    break 'tables;
+                }
+            };
+            if rows.is_empty() {
+                break;
+            }
+            let mut batch = Vec::with_capacity(rows.len() + 1);
+            let mut last_micros = 0;
+            for r in &rows {
+                let text = |i: usize| r.get::<_, Option<String>>(i).map(Bytes::from);
+                // Never NULL: the page query leaves NULL created_at out.
+                last_micros = r.get::<_, Option<i64>>(9).unwrap_or(0);
+                batch.push(WalItem::Event(OutboxEvent {
+                    table: p.table.clone(),
+                    xid: 0,
+                    commit_lsn: Lsn::ZERO,
+                    commit_time_micros: last_micros,
+                    // Rows have no transaction here: a running number keeps
+                    // (commit_lsn, tx_index) unique, which returns are matched by.
+                    index: sent + batch.len() as u64,
+                    id: text(0),
+                    aggregate_type: text(1),
+                    aggregate_id: text(2),
+                    event_type: text(3),
+                    payload: text(4),
+                    headers: text(5),
+                    correlation_id: text(6),
+                }));
+            }
+            let last = &rows[rows.len() - 1];
+            after = Some((last.get(7), last.get(8)));
+            sent += rows.len() as u64;
+            batch.push(WalItem::Commit(CommitMarker {
+                xid: 0,
+                commit_lsn: Lsn(sent),
+                end_lsn: Lsn(sent),
+                commit_time_micros: last_micros,
+                events: rows.len() as u64,
+            }));
+            if pub_tx.send(batch).await.is_err() {
+                break 'tables;
+            }
+            if (rows.len() as i64) < TABLE_BATCH {
+                break;
+            }
+        }
+    }
+    drop(pub_tx);
+    let report = check_report(pub_task.await);
+    progress.finish().await;
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    let report = report?;
+    if report.watermark < Lsn(sent) {
+        return Err(CliError::Runtime(format!(
+            "only {} of {sent} rows were confirmed by the broker: check RabbitMQ and run the same replay again",
+            report.watermark.0
+        )));
+    }
+    for (table, n) in &skipped {
+        let one = if plans.len() > 1 {
+            format!(" in {table}")
+        } else {
+            String::new()
+        };
+        println!(
+            "skipped {n} rows with NULL {CREATED_AT}{one} (they cannot be ordered; re-publish them by id)"
+        );
+    }
+    println!(
+        "replayed {sent} rows from {} with header replay = true",
+        plans
+            .iter()
+            .map(|p| p.table.qualified_name.clone())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+/// The queries and event metadata for one outbox table.
+struct TablePlan {
+    table: Arc<OutboxTable>,
+    count_sql: String,
+    /// Rows with a NULL created_at, which no page returns (no params).
+    null_count_sql: String,
+    /// Params: since, until (text timestamps or NULL), last created_at and id (text
+    /// or NULL for the first page), limit.
+    page_sql: String,
+}
+
+impl TablePlan {
+    async fn new(c: &Client, cols: admin::TableColumns) -> Result<TablePlan, CliError> {
+        let created = c
+            .query_opt(
+                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+                  WHERE attrelid = $1 AND attname = $2 AND NOT attisdropped",
+                &[&cols.table_oid, &CREATED_AT],
+            )
+            .await?;
+        if created.is_none() {
+            return Err(CliError::Precondition(format!(
+                "table {} has no {CREATED_AT} column, which `replay --from-table` orders by: add one (timestamptz NOT NULL DEFAULT now())",
+                cols.table
+            )));
+        }
+        let id_type: String = c
+            .query_one("SELECT format_type($1, NULL)", &[&cols.id.type_oid])
+            .await?
+            .get(0);
+        let q = |name: &str| ident::quote_ident(name);
+        let text_col = |c: Option<&admin::ColumnInfo>| match c {
+            Some(c) => format!("{}::text", q(&c.name)),
+            None => "NULL::text".into(),
+        };
+        let id = q(&cols.id.name);
+        let ca = q(CREATED_AT);
+        let table = ident::quote_table(&cols.table);
+        let filter = format!(
+            "{ca} IS NOT NULL AND ($1::text IS NULL OR {ca} >= $1::text::timestamptz) AND ($2::text IS NULL OR {ca} < $2::text::timestamptz)"
+        );
+        let page_sql = format!(
+            "SELECT {id}::text, {}, {}, {}, {}, {}, {}, {ca}::text, {id}::text, \
+                    (extract(epoch FROM {ca}) * 1000000)::int8 \
+               FROM {table} \
+              WHERE {filter} \
+                AND ($3::text IS NULL OR ({ca}, {id}) > ($3::text::timestamptz, $4::text::{id_type})) \
+              ORDER BY {ca}, {id} LIMIT $5",
+            text_col(Some(&cols.aggregate_type)),
+            text_col(Some(&cols.aggregate_id)),
+            text_col(Some(&cols.event_type)),
+            text_col(Some(&cols.payload)),
+            text_col(cols.headers.as_ref()),
+            text_col(cols.correlation_id.as_ref()),
+        );
+        let count_sql = format!("SELECT count(*) FROM {table} WHERE {filter}");
+        let null_count_sql = format!("SELECT count(*) FROM {table} WHERE {ca} IS NULL");
+        let t = &cols.table;
+        Ok(TablePlan {
+            table: Arc::new(OutboxTable {
+                qualified_name: t.qualified(),
+                schema: t.schema.clone(),
+                name: t.name.clone(),
+                payload_type: cols.payload.type_oid,
+                headers_type: cols.headers.as_ref().map(|h| h.type_oid),
+            }),
+            count_sql,
+            null_count_sql,
+            page_sql,
+        })
+    }
+}

@@ -1,0 +1,184 @@
+//! `replay --from-lsn X [--to-lsn Y]` and `replay --from-table [--since] [--until]`
+//! (docs/design.md §7): re-publish past events with the header `replay = true` and their
+//! original `message_id`, with publisher confirms, while a live relay keeps running.
+//!
+//! The two modes are two files: `from_lsn.rs` (a copy of the anchor slot) and
+//! `from_table.rs` (the rows still in the outbox tables); this one holds what they
+//! share (the replay slots, the publisher, the progress display).
+//!
+//! # Restart safety
+//!
+//! A replay stopped by SIGINT/SIGTERM drops its slot before exiting. Every replay
+//! first drops inactive `<slot>_replay_*` slots, so a replay killed halfway
+//! (SIGKILL, crash) leaves nothing behind after the next one; a replay can simply be
+//! run again (consumers deduplicate on `message_id`).
+
+mod from_lsn;
+mod from_table;
+
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use publisher::{Publisher, PublisherConfig, PublisherReport};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_postgres::Client;
+use tracing::{info, warn};
+use wal_reader::admin;
+use wal_reader::Lsn;
+
+use crate::cli::{ReplayArgs, ReplaySource};
+use crate::config::Config;
+use crate::error::CliError;
+
+/// Interval of the plain progress lines (no terminal).
+const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+/// Runs the replay the arguments ask for.
+pub async fn replay(cfg: &Config, args: &ReplayArgs) -> Result<(), CliError> {
+    match args.source()? {
+        ReplaySource::Wal { from, to } => from_lsn::replay(cfg, from, to).await,
+        ReplaySource::Table { since, until } => from_table::replay(cfg, since, until).await,
+    }
+}
+
+/// The prefix of the temporary replay slots of `slot`.
+pub fn replay_slot_prefix(slot: &str) -> String {
+    format!("{slot}_replay_")
+}
+
+/// Every replay slot of `slot` (`<slot>_replay_<pid>`) with whether it is active.
+pub async fn replay_slots(c: &Client, slot: &str) -> Result<Vec<(String, bool)>, CliError> {
+    let prefix = replay_slot_prefix(slot);
+    let rows = c
+        .query(
+            "SELECT slot_name::text, active FROM pg_replication_slots \
+              WHERE left(slot_name::text, length($1)) = $1",
+            &[&prefix],
+        )
+        .await?;
+    let mut out = Vec::new();
+    for r in rows {
+        let name: String = r.get(0);
+        let active: bool = r.get(1);
+        if name[prefix.len()..].chars().all(|c| c.is_ascii_digit()) {
+            out.push((name, active));
+        }
+    }
+    Ok(out)
+}
+
+/// Drops the replay slots nobody streams from (left by a killed replay).
+pub(super) async fn drop_stale(c: &Client, slot: &str) -> Result<(), CliError> {
+    for (name, active) in replay_slots(c, slot).await? {
+        if active {
+            info!(slot = %name, "another replay is running on its own slot; leaving it");
+            continue;
+        }
+        match admin::drop_slot(c, &name, true, false).await {
+            Ok(true) => {
+                info!(slot = %name, "dropped a replay slot left behind by an earlier replay")
+            }
+            Ok(false) => {}
+            Err(e) => warn!(slot = %name, error = %e, "cannot drop a stale replay slot"),
+        }
+    }
+    Ok(())
+}
+
+/// The replay connection's publisher: the relay's, plus `replay = true`.
+fn replay_publisher_config(cfg: &Config) -> PublisherConfig {
+    let mut p = cfg.publisher_config();
+    p.extra_headers = vec![("replay".into(), "true".into())];
+    p.connection_name = format!("outbox-relay replay {}", cfg.postgres.slot);
+    p
+}
+
+pub(super) async fn connect_publisher(cfg: &Config) -> Result<Publisher, CliError> {
+    Publisher::connect(replay_publisher_config(cfg))
+        .await
+        .map_err(CliError::from)
+}
+
+/// Checks what the publisher reports at the end.
+pub(super) fn check_report(
+    res: Result<Result<PublisherReport, publisher::PublishError>, tokio::task::JoinError>,
+) -> Result<PublisherReport, CliError> {
+    let report = res
+        .map_err(|e| CliError::Runtime(format!("the publisher task failed: {e}")))?
+        .map_err(|e| CliError::Runtime(format!("{e}: fix it and run the same replay again")))?;
+    if report.abandoned > 0 {
+        return Err(CliError::Runtime(format!(
+            "{} replayed messages were not confirmed by the broker in time: check RabbitMQ and run the same replay again",
+            report.abandoned
+        )));
+    }
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------
+// Progress
+// ---------------------------------------------------------------------------------
+
+/// Shows progress from the publisher's watermark: a bar on a terminal, a plain line
+/// every few seconds otherwise (both on stderr).
+pub(super) struct Progress {
+    task: JoinHandle<()>,
+    bar: Option<ProgressBar>,
+}
+
+impl Progress {
+    /// Called once the publisher has returned: its watermark sender is gone, so the
+    /// task shows the last count and ends. The wait is bounded all the same; past it,
+    /// aborting loses nothing but a progress line.
+    pub(super) async fn finish(self) {
+        let mut task = self.task;
+        if tokio::time::timeout(Duration::from_secs(1), &mut task)
+            .await
+            .is_err()
+        {
+            task.abort();
+        }
+        if let Some(bar) = self.bar {
+            bar.finish();
+        }
+    }
+}
+
+pub(super) fn spawn_progress(
+    mut wm: watch::Receiver<Lsn>,
+    total: u64,
+    unit: &'static str,
+    done: impl Fn(Lsn) -> u64 + Send + 'static,
+) -> Progress {
+    let bar = std::io::stderr().is_terminal().then(|| {
+        let bar = ProgressBar::new(total);
+        if let Ok(style) = ProgressStyle::with_template(&format!(
+            "{{spinner}} replay [{{bar:40}}] {{pos}}/{{len}} {unit} confirmed ({{elapsed}})"
+        )) {
+            bar.set_style(style);
+        }
+        bar
+    });
+    let shown = bar.clone();
+    let task = tokio::spawn(async move {
+        let mut last_line = Instant::now();
+        loop {
+            let d = done(*wm.borrow_and_update()).min(total);
+            match &shown {
+                Some(bar) => bar.set_position(d),
+                None if last_line.elapsed() >= PLAIN_PROGRESS_EVERY => {
+                    eprintln!("replay: {d} of {total} {unit} confirmed");
+                    last_line = Instant::now();
+                }
+                None => {}
+            }
+            tokio::select! {
+                res = wm.changed() => if res.is_err() { return },
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    });
+    Progress { task, bar }
+}

@@ -1,0 +1,150 @@
+//! Typed access to the configuration: the accessors (values checked at load, so
+//! they cannot fail), and what each component needs (the Postgres connection
+//! options, the reader's and the publisher's configurations).
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use publisher::PublisherConfig;
+use secrecy::ExposeSecret;
+use wal_reader::conninfo::ConnInfoError;
+use wal_reader::{ColumnMapping, Lsn, PgConnectOptions, ReaderConfig, TableName};
+
+use super::{redact_url, Config};
+
+impl Config {
+    /// The Postgres URL or conninfo, password included. Do not log it.
+    pub fn postgres_url_exposed(&self) -> &str {
+        self.postgres.url.expose_secret()
+    }
+
+    /// The AMQP URLs in order, passwords included, with `heartbeat=N` added when
+    /// `rabbitmq.heartbeat_secs` is set. Do not log them.
+    pub fn expose_amqp_urls(&self) -> Vec<String> {
+        let hb = self.rabbitmq.heartbeat_secs;
+        self.rabbitmq
+            .url
+            .iter()
+            .map(|u| {
+                let u = u.expose_secret();
+                if hb == 0 {
+                    u.to_string()
+                } else if u.contains('?') {
+                    format!("{u}&heartbeat={hb}")
+                } else {
+                    format!("{u}?heartbeat={hb}")
+                }
+            })
+            .collect()
+    }
+
+    /// The AMQP URLs with passwords replaced by `***`, for logs.
+    pub fn amqp_urls_redacted(&self) -> Vec<String> {
+        self.rabbitmq
+            .url
+            .iter()
+            .map(|u| redact_url(u.expose_secret()))
+            .collect()
+    }
+
+    /// The column mapping for the reader: `headers = ""` and `correlation_id = ""`
+    /// mean no such column.
+    pub fn mapping(&self) -> ColumnMapping {
+        let m = &self.mapping;
+        let optional = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        ColumnMapping {
+            id: m.id.clone(),
+            aggregate_type: m.aggregate_type.clone(),
+            aggregate_id: m.aggregate_id.clone(),
+            event_type: m.event_type.clone(),
+            payload: m.payload.clone(),
+            headers: optional(&m.headers),
+            correlation_id: optional(&m.correlation_id),
+        }
+    }
+
+    /// The outbox tables (validated at load).
+    pub fn tables(&self) -> Vec<TableName> {
+        self.postgres
+            .tables
+            .iter()
+            .filter_map(|t| TableName::parse(t))
+            .collect()
+    }
+
+    /// `rabbitmq.dead_letter_exchange`, `None` when `""`.
+    pub fn dead_letter_exchange(&self) -> Option<&str> {
+        Some(self.rabbitmq.dead_letter_exchange.as_str()).filter(|s| !s.is_empty())
+    }
+
+    /// `rabbitmq.ca_file`, `None` when `""` (system roots).
+    pub fn ca_file(&self) -> Option<&Path> {
+        Some(self.rabbitmq.ca_file.as_str())
+            .filter(|s| !s.is_empty())
+            .map(Path::new)
+    }
+
+    /// `relay.status_interval_ms`.
+    pub fn status_interval(&self) -> Duration {
+        Duration::from_millis(self.relay.status_interval_ms)
+    }
+
+    /// `relay.shutdown_timeout_ms`.
+    pub fn shutdown_timeout(&self) -> Duration {
+        Duration::from_millis(self.relay.shutdown_timeout_ms)
+    }
+
+    /// `relay.metrics_listen`, `None` when disabled.
+    pub fn metrics_listen(&self) -> Option<SocketAddr> {
+        self.relay.metrics_listen
+    }
+
+    /// `relay.replay_window`, `None` when there is none.
+    pub fn replay_window(&self) -> Option<Duration> {
+        self.relay.replay_window
+    }
+
+    /// `retention.keep`, `None` when retention is off.
+    pub fn retention_keep(&self) -> Option<Duration> {
+        self.retention.keep
+    }
+
+    /// The parsed `[postgres] url` (a parse error names the key, never the password).
+    pub fn pg_options(&self) -> Result<PgConnectOptions, ConnInfoError> {
+        PgConnectOptions::parse(self.postgres_url_exposed())
+    }
+
+    /// What the reader needs; `start_lsn` is `run --start-lsn`.
+    pub fn reader_config(&self, start_lsn: Option<Lsn>) -> Result<ReaderConfig, ConnInfoError> {
+        Ok(ReaderConfig {
+            conn: self.pg_options()?,
+            slot: self.postgres.slot.clone(),
+            publication: self.postgres.publication.clone(),
+            tables: self.tables(),
+            mapping: self.mapping(),
+            start_lsn,
+            status_interval: self.status_interval(),
+            hold_events: self.rabbitmq.max_in_flight,
+        })
+    }
+
+    /// What the publisher needs.
+    pub fn publisher_config(&self) -> PublisherConfig {
+        let urls = self.expose_amqp_urls();
+        let mut p = PublisherConfig::new(
+            urls.first().cloned().unwrap_or_default(),
+            &self.rabbitmq.exchange,
+        );
+        p.urls = urls;
+        p.ca_file = self.ca_file().map(|p| p.to_path_buf());
+        p.exchange_type = self.rabbitmq.exchange_type.as_str().to_string();
+        p.declare_exchange = self.rabbitmq.declare_exchange;
+        p.routing_key = self.rabbitmq.routing_key.clone();
+        p.max_in_flight = self.rabbitmq.max_in_flight;
+        p.dead_letter_exchange = self.dead_letter_exchange().map(str::to_string);
+        p.shutdown_timeout = self.shutdown_timeout();
+        p.connection_name = format!("outbox-relay {}", self.postgres.slot);
+        p
+    }
+}
