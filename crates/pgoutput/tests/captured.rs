@@ -2,7 +2,7 @@
 //! for the SQL behind each fixture).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use bytes::Bytes;
 use pgoutput::logical::{Column, LogicalMessage as L, Relation, TupleData};
@@ -66,7 +66,7 @@ const V1_TAGS: &str = "BYRIIC BUC BUC BDC BIC BUC BRIC BUC BDC BRIC BRIC BRRTC B
 
 #[test]
 fn v1_text_decodes_every_message_type_of_ordinary_transactions() {
-    let m = common::decode_all(&common::parse(common::V1_TEXT));
+    let m = support::decode_all(&support::parse(support::V1_TEXT));
     assert_eq!(tags(&m), V1_TAGS.replace(' ', ""));
 
     // Begin and Commit agree; the end LSN (the position to confirm) is past the commit.
@@ -231,7 +231,7 @@ fn v1_text_decodes_every_message_type_of_ordinary_transactions() {
 
 #[test]
 fn v1_binary_tuples_are_binary_columns() {
-    let m = common::decode_all(&common::parse(common::V1_BINARY));
+    let m = support::decode_all(&support::parse(support::V1_BINARY));
     assert_eq!(tags(&m), V1_TAGS.replace(' ', ""));
     let bin = |b: &[u8]| Column::Binary(Bytes::copy_from_slice(b));
     let L::Insert(a) = &m[3] else {
@@ -272,7 +272,7 @@ fn v1_binary_tuples_are_binary_columns() {
 
 #[test]
 fn v2_stream_tracks_stream_blocks_commits_and_aborts() {
-    let m = common::decode_all(&common::parse(common::V2_STREAM));
+    let m = support::decode_all(&support::parse(support::V2_STREAM));
     let mut current: Option<u32> = None;
     let mut seen_xids = Vec::new();
     let (mut inserts, mut commits, mut aborts) = (0, Vec::new(), Vec::new());
@@ -360,7 +360,7 @@ fn v2_stream_tracks_stream_blocks_commits_and_aborts() {
 
 #[test]
 fn v3_two_phase_prepare_commit_rollback_and_stream_prepare() {
-    let m = common::decode_all(&common::parse(common::V3_TWOPHASE));
+    let m = support::decode_all(&support::parse(support::V3_TWOPHASE));
     let t = tags(&m);
     assert!(t.starts_with("bRIPKbIPrS"), "{}", &t[..12]);
     assert!(t.ends_with("EpK"), "{}", &t[t.len() - 3..]);
@@ -409,8 +409,8 @@ fn v3_two_phase_prepare_commit_rollback_and_stream_prepare() {
 
 #[test]
 fn captured_messages_decode_inside_xlogdata_frames() {
-    for (name, messages) in common::all() {
-        let plain = common::decode_all(&messages);
+    for (name, messages) in support::all() {
+        let plain = support::decode_all(&messages);
         let mut d = pgoutput::logical::Decoder::new();
         for (msg, want) in messages.iter().zip(&plain) {
             let mut frame = vec![b'w'];

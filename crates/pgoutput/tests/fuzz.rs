@@ -4,7 +4,7 @@
 //! saved under `proptest-regressions/` and must be committed with its fix.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -31,9 +31,9 @@ fn corpus() -> &'static [(Decoder, Bytes)] {
     static CORPUS: OnceLock<Vec<(Decoder, Bytes)>> = OnceLock::new();
     CORPUS.get_or_init(|| {
         let mut out = Vec::new();
-        for (name, messages) in common::all() {
+        for (name, messages) in support::all() {
             let mut per_tag: HashMap<(&str, u8, bool), usize> = HashMap::new();
-            for (d, m) in common::with_states(&messages) {
+            for (d, m) in support::with_states(&messages) {
                 let n = per_tag.entry((name, m[0], d.in_stream())).or_default();
                 *n += 1;
                 if *n <= 3 {
@@ -66,8 +66,8 @@ fn corpus_covers_every_captured_message_type() {
 
 #[test]
 fn every_strict_prefix_of_every_captured_message_is_an_error() {
-    for (name, messages) in common::all() {
-        for (i, (d, m)) in common::with_states(&messages).into_iter().enumerate() {
+    for (name, messages) in support::all() {
+        for (i, (d, m)) in support::with_states(&messages).into_iter().enumerate() {
             for n in 0..m.len() {
                 assert!(
                     !decode_checked(&d, &m[..n]),
