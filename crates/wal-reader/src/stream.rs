@@ -419,7 +419,7 @@ impl WalReader {
         }
     }
 
-    /// Decodes every complete frame in the read buffer into `pending`. Returns true
+    /// Decodes every CopyData payload in the read buffer into `pending`. Returns true
     /// when the server asked for an immediate reply. When `stopping`, stops after the
     /// first Commit that closes the open transaction.
     fn drain_frames(
@@ -428,40 +428,8 @@ impl WalReader {
         stopping: bool,
     ) -> Result<bool, ReaderError> {
         let mut reply = false;
-        while let Some(msg) = self.conn.try_message()? {
-            match msg.tag {
-                b'd' => {}
-                b'E' => {
-                    let e = crate::conn::parse_error(&msg.body);
-                    return Err(ReaderError::from_server(
-                        e,
-                        self.conn.user(),
-                        Some(&self.cfg.slot),
-                    ));
-                }
-                b'c' => {
-                    return Err(ReaderError::Io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "Postgres ended the replication stream (CopyDone)",
-                    )))
-                }
-                // A walsender shutting down (server stop or restart) ends the stream
-                // with CommandComplete, without CopyDone: the same transient end.
-                b'C' => {
-                    return Err(ReaderError::Io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "Postgres ended the replication stream (server shutting down)",
-                    )))
-                }
-                b'N' | b'S' => continue,
-                other => {
-                    return Err(ReaderError::Protocol(format!(
-                        "message {:?} during replication",
-                        other as char
-                    )))
-                }
-            }
-            match parse_copy_data(msg.body)? {
+        while let Some(data) = self.conn.try_copy_data()? {
+            match parse_copy_data(data)? {
                 ReplicationMessage::PrimaryKeepalive(k) => {
                     reply |= k.reply_requested;
                     self.received = self.received.max(k.wal_end);
