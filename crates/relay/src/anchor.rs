@@ -45,7 +45,7 @@ const SAMPLE_MIN: Duration = Duration::from_millis(200);
 
 /// The anchor slot's name for a live slot.
 pub fn anchor_slot_name(slot: &str) -> String {
-    wal_reader::stream::anchor_slot_name(slot)
+    admin::anchor_slot_name(slot)
 }
 
 /// How often the task samples for a window: a tenth of it, within

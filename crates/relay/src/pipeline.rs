@@ -47,7 +47,7 @@ use publisher::{Publisher, PublisherConfig, PublisherStatus};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
 use wal_reader::{
-    Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalItem, WalReader,
+    admin, Lsn, OldestUnacked, PgConnectOptions, ReaderConfig, ReaderError, WalItem, WalReader,
 };
 
 use crate::error::CliError;
@@ -72,7 +72,7 @@ const STATE_POLL: Duration = Duration::from_millis(20);
 pub struct Health {
     streaming: Arc<AtomicBool>,
     publisher: Arc<std::sync::Mutex<Option<PublisherStatus>>>,
-    reader: Arc<std::sync::Mutex<Option<ReaderProgress>>>,
+    reader: Arc<std::sync::Mutex<Option<OldestUnacked>>>,
 }
 
 impl Health {
@@ -108,7 +108,7 @@ impl Health {
         }
     }
 
-    fn set_reader(&self, r: Option<ReaderProgress>) {
+    fn set_reader(&self, r: Option<OldestUnacked>) {
         if let Ok(mut p) = self.reader.lock() {
             *p = r;
         }
@@ -303,7 +303,7 @@ async fn session(
         *standby_logged = false;
     }
     let start = reader.start_info().clone();
-    health.set_reader(Some(reader.progress()));
+    health.set_reader(Some(reader.oldest_unacked()));
     let initial = start.slot_confirmed.max(start.start_lsn);
     carried.acked = Some(initial);
     carried.unsaved = true;
@@ -773,15 +773,8 @@ async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool, String> {
         if server_wal.is_none_or(|w| w < acked) {
             return Ok(Saved::PastWal(server_wal));
         }
-        let n = client
-            .execute(
-                "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) \
-                   FROM pg_replication_slots \
-                  WHERE slot_name = $1 AND NOT active AND confirmed_flush_lsn < $2::text::pg_lsn",
-                &[&cfg.slot, &acked.to_string()],
-            )
-            .await?;
-        Ok::<_, tokio_postgres::Error>(if n > 0 {
+        let advanced = admin::advance_slot(&client, &cfg.slot, acked).await?;
+        Ok::<_, admin::AdminError>(if advanced {
             Saved::Advanced(confirmed)
         } else {
             Saved::Busy
@@ -801,7 +794,9 @@ async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool, String> {
                 "the acked position is past this server's WAL (a failover?); resuming from the slot's position");
             Ok(true)
         }
-        Ok(Err(e)) if e.is_closed() => Err(format!("connection to Postgres lost: {e}")),
+        Ok(Err(admin::AdminError::Sql(e))) if e.is_closed() => {
+            Err(format!("connection to Postgres lost: {e}"))
+        }
         Ok(Err(e)) => {
             warn!(error = %e, lsn = %acked,
                 "could not save the acked position to the slot; resuming from the slot's position");

@@ -54,4 +54,4 @@ pub use conninfo::{PgConnectOptions, SslMode};
 pub use error::{ReaderError, ServerError};
 pub use event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 pub use mapping::{ColumnMapping, TableName};
-pub use stream::{ReaderConfig, ReaderExit, ReaderProgress, StartInfo, WalReader};
+pub use stream::{OldestUnacked, ReaderConfig, ReaderExit, StartInfo, WalReader};
