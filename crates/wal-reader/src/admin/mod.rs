@@ -37,6 +37,7 @@ mod preflight;
 mod publication;
 mod server;
 mod slot;
+mod stream_start;
 
 pub use columns::{check_columns, check_published_columns, ColumnInfo, TableColumns};
 pub use error::AdminError;
@@ -48,5 +49,6 @@ pub use server::{
 };
 pub use slot::{
     advance_slot, anchor_slot_name, check_slot_free, check_usable, create_slot, drop_slot,
-    require_slot, slot_state, SlotCreated, SlotState, StreamStart, FORCE_DROP_TIMEOUT,
+    require_slot, slot_state, SlotCreated, SlotState, FORCE_DROP_TIMEOUT,
 };
+pub use stream_start::StreamStart;

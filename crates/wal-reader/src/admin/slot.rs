@@ -14,7 +14,7 @@ use pgoutput::Lsn;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
 
-use super::ident::{quote_literal, validate_slot_name};
+use super::ident::validate_slot_name;
 use super::server::{check_replication_role, check_wal_level, server_version, Capacity};
 use super::{server_version_num, AdminError};
 
@@ -155,7 +155,7 @@ pub async fn slot_state(c: &Client, slot: &str) -> Result<Option<SlotState>, Adm
 /// The state query for a server version: columns added after Postgres 13 are read
 /// as constants on older servers. `slot` is the slot name as SQL (`$1`, or a quoted
 /// literal for a simple query); `extra` adds columns after the state's 14.
-fn slot_state_sql(version: i32, slot: &str, extra: &str) -> String {
+pub(super) fn slot_state_sql(version: i32, slot: &str, extra: &str) -> String {
     let two_phase = if version >= 140000 {
         "s.two_phase"
     } else {
@@ -182,89 +182,6 @@ fn slot_state_sql(version: i32, slot: &str, extra: &str) -> String {
 /// docs/design.md §7).
 pub fn anchor_slot_name(slot: &str) -> String {
     format!("{slot}_anchor")
-}
-
-/// What the reader checks before `START_REPLICATION`, read over the replication
-/// connection with [`StreamStart::sql`]: the slot's state, the connected database,
-/// and the replay window's start.
-#[derive(Debug, Clone)]
-pub struct StreamStart {
-    pub state: SlotState,
-    /// `current_database()`.
-    pub database: String,
-    /// The anchor slot's `confirmed_flush_lsn`, if a replay window is kept.
-    pub replay_window: Option<Lsn>,
-}
-
-impl StreamStart {
-    /// One simple query (a replication connection takes no bind parameters: the
-    /// validated name is quoted as a literal); no row means no such slot.
-    pub fn sql(version: i32, slot: &str) -> Result<String, AdminError> {
-        validate_slot_name(slot)?;
-        let extra = format!(
-            ", current_database()::text, \
-               (SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = {})",
-            quote_literal(&anchor_slot_name(slot))
-        );
-        Ok(slot_state_sql(version, &quote_literal(slot), &extra))
-    }
-
-    /// Reads a row of [`Self::sql`] in text form.
-    pub fn from_text_row(row: &[Option<String>]) -> Result<StreamStart, AdminError> {
-        let text = |i: usize| row.get(i).cloned().flatten();
-        let bad = |i: usize| AdminError::UnexpectedReply {
-            what: format!("column {i} {:?} in pg_replication_slots", text(i)),
-        };
-        let lsn = |i: usize| {
-            text(i)
-                .map(|t| t.parse::<Lsn>().map_err(|_| bad(i)))
-                .transpose()
-        };
-        let int = |i: usize| {
-            text(i)
-                .map(|t| t.parse::<i64>().map_err(|_| bad(i)))
-                .transpose()
-        };
-        let flag = |i: usize| text(i).as_deref() == Some("t");
-        let state = SlotState {
-            slot_name: text(0).ok_or_else(|| bad(0))?,
-            plugin: text(1),
-            slot_type: text(2).unwrap_or_default(),
-            database: text(3),
-            active: flag(4),
-            active_pid: int(5)?.map(|p| p as i32),
-            confirmed_flush_lsn: lsn(6)?,
-            restart_lsn: lsn(7)?,
-            wal_status: text(8),
-            safe_wal_size: int(9)?,
-            two_phase: flag(10),
-            failover: flag(11),
-            current_wal_lsn: lsn(12)?.unwrap_or(Lsn::ZERO),
-            retained_wal_bytes: int(13)?,
-        };
-        Ok(StreamStart {
-            state,
-            database: text(14).unwrap_or_default(),
-            replay_window: lsn(15)?,
-        })
-    }
-
-    /// Checks that the relay can stream from the slot ([`check_usable`], free,
-    /// `requested` not before its position) and returns the position to pass to
-    /// `START_REPLICATION`: `requested`, or the slot's position when `requested` is
-    /// absent, `0/0` or not after it.
-    pub fn check(&self, requested: Option<Lsn>) -> Result<Lsn, AdminError> {
-        check_usable(&self.state, &self.database)?;
-        self.state.check_free()?;
-        let confirmed = self.state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
-        match requested {
-            Some(l) => {
-                self.state.check_start_lsn(l, self.replay_window)?;
-                Ok(l.max(confirmed))
-            }
-            None => Ok(confirmed),
-        }
-    }
 }
 
 /// Moves the idle slot `slot` forward to `to` (`pg_replication_slot_advance`, which
@@ -597,56 +514,6 @@ mod tests {
         let e = s.check_start_lsn(Lsn(0xFF), None).expect_err("too old");
         assert!(e.is_precondition());
         assert!(e.to_string().contains("--start-lsn 0/100"), "{e}");
-    }
-
-    #[test]
-    fn stream_start_reads_text_and_checks_the_slot() {
-        let row = |active: &str, window: Option<&str>| -> Vec<Option<String>> {
-            [
-                Some("s"),
-                Some("pgoutput"),
-                Some("logical"),
-                Some("app"),
-                Some(active),
-                (active == "t").then_some("77"),
-                Some("0/100"),
-                Some("0/80"),
-                Some("reserved"),
-                None,
-                Some("f"),
-                Some("f"),
-                Some("0/100"),
-                Some("128"),
-                Some("app"),
-                window,
-            ]
-            .iter()
-            .map(|v| v.map(String::from))
-            .collect()
-        };
-        let found = StreamStart::from_text_row(&row("f", None)).unwrap();
-        assert_eq!(found.state, state());
-        assert_eq!(found.check(None).unwrap(), Lsn(0x100));
-        assert_eq!(found.check(Some(Lsn::ZERO)).unwrap(), Lsn(0x100));
-        assert_eq!(found.check(Some(Lsn(0x200))).unwrap(), Lsn(0x200));
-        let e = found.check(Some(Lsn(0xFF))).unwrap_err().to_string();
-        assert!(
-            e.contains("the earliest LSN that can be replayed is 0/100"),
-            "{e}"
-        );
-        assert!(e.contains("replay --from-table"), "{e}");
-        let windowed = StreamStart::from_text_row(&row("f", Some("0/90"))).unwrap();
-        let e = windowed.check(Some(Lsn(0xFF))).unwrap_err().to_string();
-        assert!(e.contains("the replay window starts at 0/90"), "{e}");
-        let held = StreamStart::from_text_row(&row("t", None)).unwrap();
-        assert!(matches!(
-            held.check(None),
-            Err(AdminError::SlotActive { pid: 77, .. })
-        ));
-        assert!(StreamStart::sql(150000, "Bad").is_err());
-        assert!(StreamStart::sql(150000, "s")
-            .unwrap()
-            .contains("'s_anchor'"));
     }
 
     #[test]
