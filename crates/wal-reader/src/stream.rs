@@ -1,9 +1,9 @@
 //! The replication stream: `START_REPLICATION … LOGICAL`, decoding, and LSN feedback.
 //!
 //! ```text
-//!             socket ──read (only when the consumer has room)──► read buffer
-//!                                                                   │ frames (Bytes slices)
-//!                            parse_copy_data ◄──────────────────────┘
+//!             socket ──read (only when the consumer has room)──► read buffer (conn)
+//!                                                                   │ CopyData payloads
+//!                            parse_copy_data ◄──────────────────────┘ (Bytes slices)
 //!                  XLogData │             │ keepalive ──(reply_requested)──► status update
 //!                           ▼             ▼
 //!      pgoutput Decoder ─► Begin/Relation/Insert/Commit ─► WalBatch ──► mpsc ──► publisher
