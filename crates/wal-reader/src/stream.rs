@@ -54,8 +54,8 @@ use pgoutput::replication::{
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use crate::admin;
 use crate::admin::ident::{quote_ident, quote_literal};
-use crate::admin::{self, AdminError};
 use crate::assemble::Assembler;
 use crate::conn::ReplicationConnection;
 use crate::conninfo::PgConnectOptions;
@@ -176,30 +176,22 @@ impl WalReader {
     /// Connects, checks the slot, and starts streaming.
     pub async fn start(cfg: ReaderConfig) -> Result<WalReader, ReaderError> {
         let mut conn = ReplicationConnection::connect(&cfg.conn).await?;
-        let timeout = conn
-            .simple_query("SHOW wal_sender_timeout")
-            .await?
-            .first()
-            .and_then(|r| r.first().cloned().flatten())
+        let settings = conn
+            .simple_query(
+                "SELECT current_setting('wal_sender_timeout'), current_setting('server_version_num')",
+            )
+            .await?;
+        let setting = |i: usize| settings.first().and_then(|r| r.get(i).cloned().flatten());
+        let timeout = setting(0)
             .and_then(|v| parse_pg_duration(&v))
             .filter(|d| !d.is_zero());
-        let version = conn
-            .simple_query("SHOW server_version_num")
-            .await?
-            .first()
-            .and_then(|r| r.first().cloned().flatten())
+        let version = setting(1)
             .and_then(|v| v.parse().ok())
             .ok_or_else(|| ReaderError::Protocol("no server_version_num".into()))?;
         let rows = conn
             .simple_query(&admin::StreamStart::sql(version, &cfg.slot)?)
             .await?;
-        let Some(row) = rows.first() else {
-            return Err(AdminError::SlotMissing {
-                slot: cfg.slot.clone(),
-            }
-            .into());
-        };
-        let found = admin::StreamStart::from_text_row(row)?;
+        let found = admin::StreamStart::from_rows(&cfg.slot, &rows)?;
         let start_lsn = found.check(cfg.start_lsn)?;
         let slot_confirmed = found.state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
         if start_lsn > slot_confirmed {

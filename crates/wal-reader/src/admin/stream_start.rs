@@ -33,8 +33,11 @@ impl StreamStart {
         Ok(slot_state_sql(version, &quote_literal(slot), &extra))
     }
 
-    /// Reads a row of [`Self::sql`] in text form.
-    pub fn from_text_row(row: &[Option<String>]) -> Result<StreamStart, AdminError> {
+    /// Reads the result of [`Self::sql`] in text form: no row is no such slot.
+    pub fn from_rows(slot: &str, rows: &[Vec<Option<String>>]) -> Result<StreamStart, AdminError> {
+        let row = rows.first().ok_or_else(|| AdminError::SlotMissing {
+            slot: slot.to_string(),
+        })?;
         let text = |i: usize| row.get(i).cloned().flatten();
         let bad = |i: usize| AdminError::UnexpectedReply {
             what: format!("column {i} {:?} in pg_replication_slots", text(i)),
@@ -139,7 +142,7 @@ mod tests {
             .map(|v| v.map(String::from))
             .collect()
         };
-        let found = StreamStart::from_text_row(&row("f", None)).unwrap();
+        let found = StreamStart::from_rows("s", &[row("f", None)]).unwrap();
         assert_eq!(found.state, state());
         assert_eq!(found.check(None).unwrap(), Lsn(0x100));
         assert_eq!(found.check(Some(Lsn::ZERO)).unwrap(), Lsn(0x100));
@@ -150,14 +153,16 @@ mod tests {
             "{e}"
         );
         assert!(e.contains("replay --from-table"), "{e}");
-        let windowed = StreamStart::from_text_row(&row("f", Some("0/90"))).unwrap();
+        let windowed = StreamStart::from_rows("s", &[row("f", Some("0/90"))]).unwrap();
         let e = windowed.check(Some(Lsn(0xFF))).unwrap_err().to_string();
         assert!(e.contains("the replay window starts at 0/90"), "{e}");
-        let held = StreamStart::from_text_row(&row("t", None)).unwrap();
+        let held = StreamStart::from_rows("s", &[row("t", None)]).unwrap();
         assert!(matches!(
             held.check(None),
             Err(AdminError::SlotActive { pid: 77, .. })
         ));
+        let e = StreamStart::from_rows("s", &[]).unwrap_err();
+        assert!(matches!(e, AdminError::SlotMissing { .. }));
         assert!(StreamStart::sql(150000, "Bad").is_err());
         assert!(StreamStart::sql(150000, "s")
             .unwrap()
