@@ -44,7 +44,7 @@ const SAMPLE_MIN: Duration = Duration::from_millis(200);
 
 /// The anchor slot's name for a live slot.
 pub fn anchor_slot_name(slot: &str) -> String {
-    wal_reader::stream::anchor_slot_name(slot)
+    admin::anchor_slot_name(slot)
 }
 
 /// How often the task samples for a window: a tenth of it, within
@@ -185,12 +185,9 @@ impl Anchor {
         let target = take_target(&mut self.samples, now, self.window);
         let current = anchor.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
         if let Some(t) = target.filter(|t| *t > current) {
-            c.execute(
-                "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-                &[&self.anchor, &t.to_string()],
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+            admin::advance_slot(c, &self.anchor, t)
+                .await
+                .map_err(|e| e.to_string())?;
             debug!(anchor = %self.anchor, to = %t, "replay window start advanced");
         }
         let restart: Option<String> = c

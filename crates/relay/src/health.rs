@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use publisher::PublisherStatus;
-use wal_reader::ReaderProgress;
+use wal_reader::OldestUnacked;
 
 /// Live state for `/readyz` and metrics.
 #[derive(Clone, Default)]
 pub struct Health {
     streaming: Arc<AtomicBool>,
     publisher: Arc<std::sync::Mutex<Option<PublisherStatus>>>,
-    reader: Arc<std::sync::Mutex<Option<ReaderProgress>>>,
+    reader: Arc<std::sync::Mutex<Option<OldestUnacked>>>,
 }
 
 impl Health {
@@ -48,7 +48,7 @@ impl Health {
         }
     }
 
-    pub(crate) fn set_reader(&self, r: Option<ReaderProgress>) {
+    pub(crate) fn set_reader(&self, r: Option<OldestUnacked>) {
         if let Ok(mut p) = self.reader.lock() {
             *p = r;
         }

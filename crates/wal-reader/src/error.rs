@@ -6,6 +6,7 @@
 use std::io;
 use std::time::Duration;
 
+use crate::admin::AdminError;
 use crate::tls::TlsSetupError;
 
 /// An ErrorResponse from the server, with its SQLSTATE.
@@ -141,6 +142,19 @@ impl ReaderError {
                 }
             }
             _ => ReaderError::Server(e),
+        }
+    }
+}
+
+/// The admin checks the reader runs before streaming ([`crate::admin::StreamStart`]):
+/// a held slot is [`ReaderError::SlotInUse`] (a standby waits), another unmet
+/// precondition keeps its sentence, anything else is an unexpected answer.
+impl From<AdminError> for ReaderError {
+    fn from(e: AdminError) -> ReaderError {
+        match e {
+            AdminError::SlotActive { slot, pid } => ReaderError::SlotInUse { slot, pid },
+            e if e.is_precondition() => ReaderError::Precondition(e.to_string()),
+            e => ReaderError::Protocol(e.to_string()),
         }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! ```text
 //!  conninfo ─► conn (startup, auth, TLS, simple query, CopyBoth) ─► stream::WalReader
-//!                                                                    │ CopyData frames
+//!   (URL / key=value)   conn/copy.rs hands on CopyData payloads only  │
+//!                                                                    │ XLogData / keepalive
 //!                        pgoutput::replication / pgoutput::logical ◄─┘
 //!                                        │
 //!                         assemble::Assembler (relation cache, column mapping)
@@ -13,27 +14,36 @@
 //!                                        ▼
 //!                 event::WalItem::{Event, Commit, Keepalive} in WalBatch (mpsc)
 //!
-//!  admin: slot / publication administration and every precondition (SQL side)
+//!  admin: slot / publication administration, slot SQL, and every precondition
+//!         (also the slot checks WalReader::start runs: admin::StreamStart)
 //! ```
 //!
+//! - [`conninfo`]: connection options; `conninfo/syntax.rs` parses libpq URLs and
+//!   key=value strings.
 //! - [`conn`]: the replication transport on the official `postgres-protocol` crate
 //!   (no crates.io release of tokio-postgres speaks replication): `replication=database`
-//!   startup, trust / cleartext / md5 / SCRAM-SHA-256, TLS with libpq's `sslmode`
-//!   values ([`tls`]), simple queries, CopyBoth (the `W` response is handled here).
+//!   startup and trust / cleartext / md5 / SCRAM-SHA-256 (`conn/auth.rs`), TLS with
+//!   libpq's `sslmode` values ([`tls`]), simple queries, message framing with size
+//!   caps (`conn/framing.rs`), and CopyBoth (`conn/copy.rs`): while streaming, the
+//!   connection handles ErrorResponse, NoticeResponse, ParameterStatus, CopyDone and
+//!   CommandComplete itself and hands the stream only CopyData payloads.
+//! - [`tls`]: client configuration and certificate checks per `sslmode`;
+//!   `tls/sql.rs` opens ordinary SQL connections (tokio-postgres) under the same rules.
 //! - [`stream`]: `START_REPLICATION … LOGICAL` with pgoutput protocol version 1,
 //!   backpressure (the socket is read only when the consumer has room), standby
 //!   status updates carrying the consumer's acked position, keepalive replies, stall
 //!   detection, and a clean stop at a transaction boundary. Its module docs explain
 //!   how LSN progress is tracked.
 //! - [`assemble`]: pgoutput messages → outbox events and commit markers.
-//! - [`admin`]: creating and dropping slots and publications, reading slot state,
-//!   and the precondition checks behind `outbox-relay check`.
+//! - [`admin`]: creating, advancing and dropping slots and publications, reading slot
+//!   state, and the precondition checks behind `outbox-relay check` and
+//!   [`WalReader::start`]; the one place for slot SQL and name quoting.
 //! - [`event`]: the domain items the rest of the relay sees (no wire types).
 //!
 //! # Start positions
 //!
 //! `START_REPLICATION … LOGICAL X` behaves in two surprising ways, so
-//! [`WalReader::start`] compares X with the slot first: Postgres *silently forwards*
+//! [`WalReader::start`] compares X with the slot first ([`admin::StreamStart`]): Postgres *silently forwards*
 //! an X older than the slot's `confirmed_flush_lsn` to that position (the reader
 //! refuses such an X with an error naming the earliest possible LSN), and *silently
 //! skips* transactions committed before an X newer than it (the reader logs a
@@ -54,4 +64,4 @@ pub use conninfo::{PgConnectOptions, SslMode};
 pub use error::{ReaderError, ServerError};
 pub use event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 pub use mapping::{ColumnMapping, TableName};
-pub use stream::{ReaderConfig, ReaderExit, ReaderProgress, StartInfo, WalReader};
+pub use stream::{OldestUnacked, ReaderConfig, ReaderExit, StartInfo, WalReader};

@@ -1,9 +1,9 @@
 //! The replication stream: `START_REPLICATION … LOGICAL`, decoding, and LSN feedback.
 //!
 //! ```text
-//!             socket ──read (only when the consumer has room)──► read buffer
-//!                                                                   │ frames (Bytes slices)
-//!                            parse_copy_data ◄──────────────────────┘
+//!             socket ──read (only when the consumer has room)──► read buffer (conn)
+//!                                                                   │ CopyData payloads
+//!                            parse_copy_data ◄──────────────────────┘ (Bytes slices)
 //!                  XLogData │             │ keepalive ──(reply_requested)──► status update
 //!                           ▼             ▼
 //!      pgoutput Decoder ─► Begin/Relation/Insert/Commit ─► WalBatch ──► mpsc ──► publisher
@@ -54,6 +54,8 @@ use pgoutput::replication::{
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
+use crate::admin;
+use crate::admin::ident::{quote_ident, quote_literal};
 use crate::assemble::Assembler;
 use crate::conn::ReplicationConnection;
 use crate::conninfo::PgConnectOptions;
@@ -124,7 +126,7 @@ pub struct WalReader {
     /// Commit LSN and time of each transaction with events sent but not yet acked,
     /// oldest first: the source of the outbox lag (docs/design.md §7).
     unacked: VecDeque<(Lsn, i64)>,
-    progress: ReaderProgress,
+    oldest_unacked: OldestUnacked,
     /// The open transaction's events, held back until its Commit
     /// ([`ReaderConfig::hold_events`]).
     held: WalBatch,
@@ -134,13 +136,14 @@ pub struct WalReader {
     streaming_tx: bool,
 }
 
-/// The reader's view of what is not yet acked, shared with metrics: covers events
+/// The commit time of the oldest transaction the reader read but the consumer has
+/// not acked, shared with metrics (the outbox lag, docs/design.md §7): covers events
 /// still queued towards the publisher too (a broker outage stops the publisher from
 /// taking them, but they are no less late).
 #[derive(Debug, Clone, Default)]
-pub struct ReaderProgress(Arc<AtomicI64>);
+pub struct OldestUnacked(Arc<AtomicI64>);
 
-impl ReaderProgress {
+impl OldestUnacked {
     /// Commit time (µs since the Unix epoch) of the oldest transaction whose events
     /// were read but are not all acked; `None` when everything read is acked.
     pub fn oldest_unacked_commit_micros(&self) -> Option<i64> {
@@ -149,14 +152,6 @@ impl ReaderProgress {
             t => Some(t),
         }
     }
-}
-
-fn quote_literal(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
-fn quote_ident(s: &str) -> String {
-    format!("\"{}\"", s.replace('"', "\"\""))
 }
 
 /// Parses a Postgres duration setting as `SHOW` prints it ("60s", "1min", "500ms", "0").
@@ -177,92 +172,32 @@ pub fn parse_pg_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
-/// The name of the replay window's anchor slot for `slot` (`<slot>_anchor`, docs/design.md §7).
-pub fn anchor_slot_name(slot: &str) -> String {
-    format!("{slot}_anchor")
-}
-
 impl WalReader {
     /// Connects, checks the slot, and starts streaming.
     pub async fn start(cfg: ReaderConfig) -> Result<WalReader, ReaderError> {
         let mut conn = ReplicationConnection::connect(&cfg.conn).await?;
-        let timeout = conn
-            .simple_query("SHOW wal_sender_timeout")
-            .await?
-            .first()
-            .and_then(|r| r.first().cloned().flatten())
+        let settings = conn
+            .simple_query(
+                "SELECT current_setting('wal_sender_timeout'), current_setting('server_version_num')",
+            )
+            .await?;
+        let setting = |i: usize| settings.first().and_then(|r| r.get(i).cloned().flatten());
+        let timeout = setting(0)
             .and_then(|v| parse_pg_duration(&v))
             .filter(|d| !d.is_zero());
+        let version = setting(1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ReaderError::Protocol("no server_version_num".into()))?;
         let rows = conn
-            .simple_query(&format!(
-                "SELECT plugin, database, confirmed_flush_lsn, active_pid, current_database(), wal_status \
-                   FROM pg_replication_slots WHERE slot_name = {}",
-                quote_literal(&cfg.slot)
-            ))
+            .simple_query(&admin::StreamStart::sql(version, &cfg.slot)?)
             .await?;
-        let Some(row) = rows.first() else {
-            return Err(ReaderError::Precondition(format!(
-                "replication slot {:?} does not exist: create it with `outbox-relay slot create`",
-                cfg.slot
-            )));
-        };
-        let field = |i: usize| row.get(i).cloned().flatten();
-        if field(0).as_deref() != Some("pgoutput") {
-            return Err(ReaderError::Precondition(format!(
-                "replication slot {:?} uses plugin {:?}, not pgoutput: drop it and run `outbox-relay slot create`",
-                cfg.slot,
-                field(0).unwrap_or_default()
-            )));
+        let found = admin::StreamStart::from_rows(&cfg.slot, &rows)?;
+        let start_lsn = found.check(cfg.start_lsn)?;
+        let slot_confirmed = found.state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
+        if start_lsn > slot_confirmed {
+            warn!(start_lsn = %start_lsn, slot_confirmed = %slot_confirmed,
+                "starting after the slot's position: transactions committed before the start LSN are skipped");
         }
-        if field(1) != field(4) {
-            return Err(ReaderError::Precondition(format!(
-                "replication slot {:?} belongs to database {:?}, not {:?}: fix the database in [postgres] url or the slot name",
-                cfg.slot,
-                field(1).unwrap_or_default(),
-                field(4).unwrap_or_default()
-            )));
-        }
-        if field(5).as_deref() == Some("lost") {
-            return Err(ReaderError::Precondition(format!(
-                "replication slot {:?} was invalidated (its WAL is gone): drop and recreate it (`outbox-relay slot drop`, `slot create`) and recover with `outbox-relay replay --from-table`",
-                cfg.slot
-            )));
-        }
-        if let Some(pid) = field(3).and_then(|p| p.parse().ok()) {
-            return Err(ReaderError::SlotInUse {
-                slot: cfg.slot.clone(),
-                pid,
-            });
-        }
-        let slot_confirmed: Lsn = field(2).and_then(|l| l.parse().ok()).unwrap_or(Lsn::ZERO);
-        let start_lsn = match cfg.start_lsn {
-            Some(l) if l != Lsn::ZERO && l < slot_confirmed => {
-                let rows = conn
-                    .simple_query(&format!(
-                        "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = {}",
-                        quote_literal(&anchor_slot_name(&cfg.slot))
-                    ))
-                    .await?;
-                let window = rows
-                    .first()
-                    .and_then(|r| r.first().cloned().flatten())
-                    .map(|w| {
-                        format!("; the replay window starts at {w}: re-publish events from {l} with `outbox-relay replay --from-lsn {l}`")
-                    })
-                    .unwrap_or_else(|| {
-                        "; no replay window is kept: re-publish older events with `outbox-relay replay --from-table`".into()
-                    });
-                return Err(ReaderError::Precondition(format!(
-                    "cannot start at {l}: Postgres cannot stream from before the slot's confirmed position; the earliest LSN that can be replayed is {slot_confirmed}{window}"
-                )));
-            }
-            Some(l) if l > slot_confirmed => {
-                warn!(start_lsn = %l, slot_confirmed = %slot_confirmed,
-                    "starting after the slot's position: transactions committed before the start LSN are skipped");
-                l
-            }
-            _ => slot_confirmed,
-        };
         let sql = format!(
             "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
             quote_ident(&cfg.slot),
@@ -291,14 +226,15 @@ impl WalReader {
             held: Vec::new(),
             held_bytes: 0,
             streaming_tx: false,
-            progress: ReaderProgress::default(),
+            oldest_unacked: OldestUnacked::default(),
             cfg,
         })
     }
 
-    /// Where this session started.
-    pub fn progress(&self) -> ReaderProgress {
-        self.progress.clone()
+    /// The commit time of the oldest transaction read but not yet acked, updated
+    /// as the session goes.
+    pub fn oldest_unacked(&self) -> OldestUnacked {
+        self.oldest_unacked.clone()
     }
 
     /// The flush positions sent to Postgres in standby status updates, as they are
@@ -419,7 +355,7 @@ impl WalReader {
         }
     }
 
-    /// Decodes every complete frame in the read buffer into `pending`. Returns true
+    /// Decodes every CopyData payload in the read buffer into `pending`. Returns true
     /// when the server asked for an immediate reply. When `stopping`, stops after the
     /// first Commit that closes the open transaction.
     fn drain_frames(
@@ -428,40 +364,8 @@ impl WalReader {
         stopping: bool,
     ) -> Result<bool, ReaderError> {
         let mut reply = false;
-        while let Some(msg) = self.conn.try_message()? {
-            match msg.tag {
-                b'd' => {}
-                b'E' => {
-                    let e = crate::conn::parse_error(&msg.body);
-                    return Err(ReaderError::from_server(
-                        e,
-                        self.conn.user(),
-                        Some(&self.cfg.slot),
-                    ));
-                }
-                b'c' => {
-                    return Err(ReaderError::Io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "Postgres ended the replication stream (CopyDone)",
-                    )))
-                }
-                // A walsender shutting down (server stop or restart) ends the stream
-                // with CommandComplete, without CopyDone: the same transient end.
-                b'C' => {
-                    return Err(ReaderError::Io(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "Postgres ended the replication stream (server shutting down)",
-                    )))
-                }
-                b'N' | b'S' => continue,
-                other => {
-                    return Err(ReaderError::Protocol(format!(
-                        "message {:?} during replication",
-                        other as char
-                    )))
-                }
-            }
-            match parse_copy_data(msg.body)? {
+        while let Some(data) = self.conn.try_copy_data()? {
+            match parse_copy_data(data)? {
                 ReplicationMessage::PrimaryKeepalive(k) => {
                     reply |= k.reply_requested;
                     self.received = self.received.max(k.wal_end);
@@ -503,7 +407,7 @@ impl WalReader {
         };
         let before = target.len();
         let done = self.assembler.handle(data, target)?;
-        track_unacked(&mut self.unacked, &self.progress, &target[before..]);
+        track_unacked(&mut self.unacked, &self.oldest_unacked, &target[before..]);
         if holding {
             self.held_bytes += size;
             let outgrown = self.held.len() > self.cfg.hold_events || self.held_bytes > HOLD_BYTES;
@@ -527,7 +431,7 @@ impl WalReader {
         }
         if self.unacked.len() != before {
             let oldest = self.unacked.front().map(|(_, t)| (*t).max(1)).unwrap_or(0);
-            self.progress.0.store(oldest, Ordering::Relaxed);
+            self.oldest_unacked.0.store(oldest, Ordering::Relaxed);
         }
     }
 
@@ -557,12 +461,12 @@ impl WalReader {
 }
 
 /// Remembers the first event of each transaction (for the outbox lag).
-fn track_unacked(unacked: &mut VecDeque<(Lsn, i64)>, progress: &ReaderProgress, items: &[WalItem]) {
+fn track_unacked(unacked: &mut VecDeque<(Lsn, i64)>, oldest: &OldestUnacked, items: &[WalItem]) {
     for item in items {
         if let WalItem::Event(e) = item {
             if unacked.back().map(|(l, _)| *l) != Some(e.commit_lsn) {
                 if unacked.is_empty() {
-                    progress
+                    oldest
                         .0
                         .store(e.commit_time_micros.max(1), Ordering::Relaxed);
                 }
@@ -583,12 +487,5 @@ mod tests {
         assert_eq!(parse_pg_duration("500ms"), Some(Duration::from_millis(500)));
         assert_eq!(parse_pg_duration("0"), Some(Duration::ZERO));
         assert_eq!(parse_pg_duration("abc"), None);
-    }
-
-    #[test]
-    fn quoting() {
-        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
-        assert_eq!(quote_literal("it's"), "'it''s'");
-        assert_eq!(quote_literal(&quote_ident("p")), "'\"p\"'");
     }
 }

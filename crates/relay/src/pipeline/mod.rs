@@ -247,7 +247,7 @@ async fn session(
         *standby_logged = false;
     }
     let start = reader.start_info().clone();
-    health.set_reader(Some(reader.progress()));
+    health.set_reader(Some(reader.oldest_unacked()));
     let initial = start.slot_confirmed.max(start.start_lsn);
     carried.acked = Some(initial);
     carried.unsaved = true;

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use tracing::{debug, info, warn};
-use wal_reader::{Lsn, ReaderConfig};
+use wal_reader::{admin, Lsn, ReaderConfig};
 
 /// Bound on saving the acked position to the slot (the advance decodes the WAL
 /// between the slot's position and the acked one).
@@ -69,15 +69,8 @@ pub(super) async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool
         if server_wal.is_none_or(|w| w < acked) {
             return Ok(Saved::PastWal(server_wal));
         }
-        let n = client
-            .execute(
-                "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) \
-                   FROM pg_replication_slots \
-                  WHERE slot_name = $1 AND NOT active AND confirmed_flush_lsn < $2::text::pg_lsn",
-                &[&cfg.slot, &acked.to_string()],
-            )
-            .await?;
-        Ok::<_, tokio_postgres::Error>(if n > 0 {
+        let advanced = admin::advance_slot(&client, &cfg.slot, acked).await?;
+        Ok::<_, admin::AdminError>(if advanced {
             Saved::Advanced(confirmed)
         } else {
             Saved::Busy
@@ -97,7 +90,9 @@ pub(super) async fn save_position(cfg: &ReaderConfig, acked: Lsn) -> Result<bool
                 "the acked position is past this server's WAL (a failover?); resuming from the slot's position");
             Ok(true)
         }
-        Ok(Err(e)) if e.is_closed() => Err(format!("connection to Postgres lost: {e}")),
+        Ok(Err(admin::AdminError::Sql(e))) if e.is_closed() => {
+            Err(format!("connection to Postgres lost: {e}"))
+        }
         Ok(Err(e)) => {
             warn!(error = %e, lsn = %acked,
                 "could not save the acked position to the slot; resuming from the slot's position");

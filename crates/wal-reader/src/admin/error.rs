@@ -68,11 +68,15 @@ pub enum AdminError {
     #[error("cannot terminate pid {pid}, which holds replication slot \"{slot}\": stop that relay yourself, or run `outbox-relay slot drop --force` as the relay's role or a member of pg_signal_backend")]
     TerminateDenied { slot: String, pid: i32 },
 
-    #[error("cannot stream from {requested} because replication slot \"{slot}\" has already confirmed up to {earliest}: pass --start-lsn {earliest} or later, or use `outbox-relay replay` for older events")]
+    /// `--start-lsn` before the slot's position: Postgres would silently start at
+    /// the slot's position instead. Names the replay window when one is kept.
+    #[error("cannot start at {requested}: Postgres cannot stream from before the slot's confirmed position; the earliest LSN that can be replayed is {earliest} (pass --start-lsn {earliest} or later){}", replay_hint(*requested, *replay_window))]
     StartLsnTooOld {
         slot: String,
         requested: pgoutput::Lsn,
         earliest: pgoutput::Lsn,
+        /// The replay window's start (the anchor slot's position), if one is kept.
+        replay_window: Option<pgoutput::Lsn>,
     },
 
     #[error("all {max} replication slots allowed by max_replication_slots are in use: drop slots nobody reads (see pg_replication_slots), or raise max_replication_slots in postgresql.conf and restart Postgres")]
@@ -183,6 +187,15 @@ impl AdminError {
             AdminError::Sql(e) => e.code(),
             _ => None,
         }
+    }
+}
+
+/// How to re-publish events from before the slot's position (the end of
+/// [`AdminError::StartLsnTooOld`]).
+fn replay_hint(requested: pgoutput::Lsn, window: Option<pgoutput::Lsn>) -> String {
+    match window {
+        Some(w) => format!("; the replay window starts at {w}: re-publish events from {requested} with `outbox-relay replay --from-lsn {requested}`"),
+        None => "; no replay window is kept: re-publish older events with `outbox-relay replay --from-table`".into(),
     }
 }
 

@@ -169,6 +169,13 @@ mod tests {
     }
 
     #[test]
+    fn quoting() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(quote_literal("it's"), "'it''s'");
+        assert_eq!(quote_literal(&quote_ident("p")), "'\"p\"'");
+    }
+
+    #[test]
     fn displays_tables_as_typed() {
         assert_eq!(display_table(&table("public", "outbox")), "public.outbox");
         assert_eq!(display_table(&table("App", "1x")), "\"App\".\"1x\"");

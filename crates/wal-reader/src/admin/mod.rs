@@ -20,6 +20,7 @@
 //! | [`require_slot`] | slot exists, logical, `pgoutput`, this database, not `lost` | a slot of another plugin or database cannot be decoded; a lost slot has no WAL |
 //! | [`check_slot_free`] | no other process holds the slot | one reader per slot; `run` waits, `slot drop` refuses unless forced |
 //! | [`SlotState::check_start_lsn`] | `--start-lsn` is not before `confirmed_flush_lsn` | Postgres would silently start later |
+//! | [`StreamStart::check`] | all of the slot checks above, over the replication connection | what `WalReader::start` checks before `START_REPLICATION` |
 //! | [`create_slot`] | also: room under `max_replication_slots`/`max_wal_senders`, Postgres 17+ for failover slots | fail with the setting to change, before Postgres does |
 //!
 //! [`Preflight`] runs them all in that order and returns one result per check.
@@ -36,6 +37,7 @@ mod preflight;
 mod publication;
 mod server;
 mod slot;
+mod stream_start;
 
 pub use columns::{check_columns, check_published_columns, ColumnInfo, TableColumns};
 pub use error::AdminError;
@@ -46,6 +48,7 @@ pub use server::{
     server_version_num, wal_level, Capacity, MIN_SERVER_VERSION_NUM,
 };
 pub use slot::{
-    check_slot_free, create_slot, drop_slot, require_slot, slot_state, SlotCreated, SlotState,
-    FORCE_DROP_TIMEOUT,
+    advance_slot, anchor_slot_name, check_slot_free, check_usable, create_slot, drop_slot,
+    require_slot, slot_state, SlotCreated, SlotState, FORCE_DROP_TIMEOUT,
 };
+pub use stream_start::StreamStart;

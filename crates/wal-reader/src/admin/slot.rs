@@ -69,14 +69,20 @@ impl SlotState {
 
     /// Errors if streaming from `start` would silently skip to the slot's position:
     /// Postgres cannot stream from before `confirmed_flush_lsn` (it forwards without
-    /// a word). `0/0` means "from the slot" and is always fine.
-    pub fn check_start_lsn(&self, start: Lsn) -> Result<(), AdminError> {
+    /// a word). `0/0` means "from the slot" and is always fine. `replay_window`, the
+    /// anchor slot's position if a replay window is kept, goes into the message.
+    pub fn check_start_lsn(
+        &self,
+        start: Lsn,
+        replay_window: Option<Lsn>,
+    ) -> Result<(), AdminError> {
         match self.confirmed_flush_lsn {
             Some(earliest) if start != Lsn::ZERO && start < earliest => {
                 Err(AdminError::StartLsnTooOld {
                     slot: self.slot_name.clone(),
                     requested: start,
                     earliest,
+                    replay_window,
                 })
             }
             _ => Ok(()),
@@ -115,7 +121,9 @@ pub async fn check_slot_free(state: &SlotState) -> Result<(), AdminError> {
 pub async fn slot_state(c: &Client, slot: &str) -> Result<Option<SlotState>, AdminError> {
     validate_slot_name(slot)?;
     let version = server_version_num(c).await?;
-    let row = c.query_opt(&slot_state_sql(version), &[&slot]).await?;
+    let row = c
+        .query_opt(&slot_state_sql(version, "$1", ""), &[&slot])
+        .await?;
     let Some(row) = row else { return Ok(None) };
     let lsn = |i: usize| -> Result<Option<Lsn>, AdminError> {
         let text: Option<String> = row.try_get(i)?;
@@ -145,8 +153,9 @@ pub async fn slot_state(c: &Client, slot: &str) -> Result<Option<SlotState>, Adm
 }
 
 /// The state query for a server version: columns added after Postgres 13 are read
-/// as constants on older servers.
-fn slot_state_sql(version: i32) -> String {
+/// as constants on older servers. `slot` is the slot name as SQL (`$1`, or a quoted
+/// literal for a simple query); `extra` adds columns after the state's 14.
+pub(super) fn slot_state_sql(version: i32, slot: &str, extra: &str) -> String {
     let two_phase = if version >= 140000 {
         "s.two_phase"
     } else {
@@ -161,12 +170,33 @@ fn slot_state_sql(version: i32) -> String {
         "SELECT s.slot_name::text, s.plugin::text, s.slot_type, s.database::text, \
                 s.active, s.active_pid, s.confirmed_flush_lsn::text, s.restart_lsn::text, \
                 s.wal_status, s.safe_wal_size, {two_phase}, {failover}, w.lsn::text, \
-                pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8 \
+                pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8{extra} \
            FROM pg_replication_slots s, \
                 LATERAL (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
                                      ELSE pg_current_wal_lsn() END AS lsn) w \
-          WHERE s.slot_name = $1"
+          WHERE s.slot_name = {slot}"
     )
+}
+
+/// The name of the replay window's anchor slot for `slot` (`<slot>_anchor`,
+/// docs/design.md §7).
+pub fn anchor_slot_name(slot: &str) -> String {
+    format!("{slot}_anchor")
+}
+
+/// Moves the idle slot `slot` forward to `to` (`pg_replication_slot_advance`, which
+/// decodes the WAL in between). Does nothing, and returns false, when a process
+/// holds the slot, it already is at or past `to`, or it does not exist.
+pub async fn advance_slot(c: &Client, slot: &str, to: Lsn) -> Result<bool, AdminError> {
+    let n = c
+        .execute(
+            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) \
+               FROM pg_replication_slots \
+              WHERE slot_name = $1 AND NOT active AND confirmed_flush_lsn < $2::text::pg_lsn",
+            &[&slot, &to.to_string()],
+        )
+        .await?;
+    Ok(n > 0)
 }
 
 /// The slot, if the relay can stream from it: it exists, is logical, uses `pgoutput`,
@@ -184,7 +214,9 @@ pub async fn require_slot(c: &Client, slot: &str) -> Result<SlotState, AdminErro
     Ok(state)
 }
 
-fn check_usable(state: &SlotState, database: &str) -> Result<(), AdminError> {
+/// Errors unless the relay can stream from the slot: logical, `pgoutput`, of
+/// `database`, not invalidated.
+pub fn check_usable(state: &SlotState, database: &str) -> Result<(), AdminError> {
     let slot = || state.slot_name.clone();
     if state.slot_type != "logical" {
         return Err(AdminError::SlotNotLogical {
@@ -476,19 +508,20 @@ mod tests {
     #[test]
     fn start_lsn_before_the_slot_is_refused() {
         let s = state();
-        assert!(s.check_start_lsn(Lsn::ZERO).is_ok());
-        assert!(s.check_start_lsn(Lsn(0x100)).is_ok());
-        assert!(s.check_start_lsn(Lsn(0x200)).is_ok());
-        let e = s.check_start_lsn(Lsn(0xFF)).expect_err("too old");
+        assert!(s.check_start_lsn(Lsn::ZERO, None).is_ok());
+        assert!(s.check_start_lsn(Lsn(0x100), None).is_ok());
+        assert!(s.check_start_lsn(Lsn(0x200), None).is_ok());
+        let e = s.check_start_lsn(Lsn(0xFF), None).expect_err("too old");
         assert!(e.is_precondition());
         assert!(e.to_string().contains("--start-lsn 0/100"), "{e}");
     }
 
     #[test]
     fn state_query_fits_the_server_version() {
-        assert!(slot_state_sql(150000).contains("s.two_phase"));
-        assert!(!slot_state_sql(150000).contains("s.failover"));
-        assert!(slot_state_sql(170000).contains("s.failover"));
-        assert!(!slot_state_sql(130000).contains("s.two_phase"));
+        let sql = |v| slot_state_sql(v, "$1", "");
+        assert!(sql(150000).contains("s.two_phase"));
+        assert!(!sql(150000).contains("s.failover"));
+        assert!(sql(170000).contains("s.failover"));
+        assert!(!sql(130000).contains("s.two_phase"));
     }
 }

@@ -140,11 +140,7 @@ async fn replay_copy(
         return Err(outside_window(from, copied_at, end, anchor_name));
     }
     if from > copied_at {
-        client
-            .execute(
-                "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn)",
-                &[&tmp, &from.to_string()],
-            )
+        admin::advance_slot(client, tmp, from)
             .await
             .map_err(|e| CliError::Runtime(format!("cannot advance {tmp} to {from}: {e}")))?;
     }

@@ -1,0 +1,242 @@
+//! Startup and authentication: the startup packet with `replication=database`,
+//! then trust, cleartext, md5, SCRAM-SHA-256 and SCRAM-SHA-256-PLUS (channel
+//! binding to the server certificate), under the rules of docs/security.md: no
+//! cleartext or md5 password over an unencrypted link unless `sslmode=disable` is
+//! explicit, and `channel_binding=require` met or refused.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use bytes::Buf;
+use postgres_protocol::authentication::sasl::{
+    ChannelBinding, ScramSha256, SCRAM_SHA_256, SCRAM_SHA_256_PLUS,
+};
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+
+use super::framing::parse_error;
+use super::transport::Transport;
+use super::ReplicationConnection;
+use crate::conninfo::{ChannelBindingMode, PgConnectOptions, SslMode};
+use crate::error::ReaderError;
+
+/// Set once the superuser warning was logged (once per process).
+static SUPERUSER_WARNED: AtomicBool = AtomicBool::new(false);
+impl ReplicationConnection {
+    /// The `tls-server-end-point` binding of this connection's server certificate.
+    fn server_end_point(&self) -> Option<Vec<u8>> {
+        match &self.stream {
+            Transport::Tls(t) => {
+                let cert = t.get_ref().1.peer_certificates()?.first()?;
+                crate::tls::tls_server_end_point(cert.as_ref())
+            }
+            _ => None,
+        }
+    }
+
+    /// Refuses to send `method` (cleartext or md5) when the link is not encrypted,
+    /// unless `sslmode=disable` was given explicitly (docs/security.md); also when
+    /// `channel_binding=require`.
+    fn may_send_password(&self, opts: &PgConnectOptions, method: &str) -> Result<(), ReaderError> {
+        if opts.channel_binding == ChannelBindingMode::Require {
+            return Err(ReaderError::Precondition(format!(
+                "channel_binding=require, but Postgres asks user {:?} for a {method} password instead of SCRAM-SHA-256-PLUS: use scram-sha-256 in the server's pg_hba.conf over hostssl",
+                opts.user
+            )));
+        }
+        let explicit_plain = opts.sslmode == SslMode::Disable && opts.sslmode_explicit;
+        if self.tls || matches!(self.stream, Transport::Unix(_)) || explicit_plain {
+            return Ok(());
+        }
+        Err(ReaderError::Precondition(format!(
+            "Postgres asks user {:?} for a {method} password over an unencrypted connection, and outbox-relay does not send a password that way: turn TLS on in the server and use sslmode=verify-full, or use scram-sha-256 in pg_hba.conf",
+            opts.user
+        )))
+    }
+
+    pub(super) async fn startup(&mut self, opts: &PgConnectOptions) -> Result<(), ReaderError> {
+        let params = [
+            ("user", opts.user.as_str()),
+            ("database", opts.dbname.as_str()),
+            ("replication", "database"),
+            ("application_name", opts.application_name.as_str()),
+            ("client_encoding", "UTF8"),
+        ];
+        frontend::startup_message(params.iter().copied(), &mut self.wbuf)?;
+        self.flush().await?;
+
+        let mut scram: Option<ScramSha256> = None;
+        // True once SCRAM-SHA-256-PLUS completed (channel_binding=require needs it).
+        let mut bound = false;
+        let mut plus = false;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag() {
+                b'R' => {
+                    let mut body = frame.body();
+                    if body.len() < 4 {
+                        return Err(ReaderError::Protocol("short authentication request".into()));
+                    }
+                    let kind = body.get_i32();
+                    match kind {
+                        0 => {
+                            if opts.channel_binding == ChannelBindingMode::Require && !bound {
+                                return Err(ReaderError::Precondition(format!(
+                                    "channel_binding=require, but Postgres logged user {:?} in without SCRAM-SHA-256-PLUS channel binding (trust or another method in pg_hba.conf): use scram-sha-256 over hostssl",
+                                    opts.user
+                                )));
+                            }
+                        }
+                        3 => {
+                            self.may_send_password(opts, "cleartext")?;
+                            let pw = self.password(opts)?;
+                            frontend::password_message(pw.as_bytes(), &mut self.wbuf)?;
+                            self.flush().await?;
+                        }
+                        5 => {
+                            self.may_send_password(opts, "md5")?;
+                            if body.len() < 4 {
+                                return Err(ReaderError::Protocol("short md5 salt".into()));
+                            }
+                            let mut salt = [0u8; 4];
+                            salt.copy_from_slice(&body[..4]);
+                            let pw = self.password(opts)?;
+                            let hash = postgres_protocol::authentication::md5_hash(
+                                opts.user.as_bytes(),
+                                pw.as_bytes(),
+                                salt,
+                            );
+                            frontend::password_message(hash.as_bytes(), &mut self.wbuf)?;
+                            self.flush().await?;
+                        }
+                        10 => {
+                            let mechanisms: Vec<&[u8]> =
+                                body.split(|b| *b == 0).filter(|m| !m.is_empty()).collect();
+                            let offers_plus = mechanisms.contains(&SCRAM_SHA_256_PLUS.as_bytes());
+                            let end_point = if self.tls
+                                && opts.channel_binding != ChannelBindingMode::Disable
+                            {
+                                self.server_end_point()
+                            } else {
+                                None
+                            };
+                            let (mechanism, binding) = match end_point {
+                                Some(ep) if offers_plus => {
+                                    (SCRAM_SHA_256_PLUS, ChannelBinding::tls_server_end_point(ep))
+                                }
+                                _ if opts.channel_binding == ChannelBindingMode::Require => {
+                                    let why = if !offers_plus {
+                                        "the server does not offer SCRAM-SHA-256-PLUS (is the connection TLS, and the role's password stored as SCRAM?)"
+                                    } else {
+                                        "the server certificate's signature algorithm has no tls-server-end-point hash"
+                                    };
+                                    return Err(ReaderError::Precondition(format!(
+                                        "channel_binding=require cannot be met for user {:?}: {why}; use scram-sha-256 over hostssl",
+                                        opts.user
+                                    )));
+                                }
+                                _ if !mechanisms.contains(&SCRAM_SHA_256.as_bytes()) => {
+                                    let names = mechanisms
+                                        .iter()
+                                        .map(|m| String::from_utf8_lossy(m).into_owned())
+                                        .collect::<Vec<_>>()
+                                        .join(", ");
+                                    return Err(ReaderError::UnsupportedAuth(format!(
+                                        "SASL ({names})"
+                                    )));
+                                }
+                                // Over TLS with binding allowed but not offered: 'y'
+                                // (lets the server detect a stripped PLUS offer).
+                                _ if self.tls
+                                    && !offers_plus
+                                    && opts.channel_binding != ChannelBindingMode::Disable =>
+                                {
+                                    (SCRAM_SHA_256, ChannelBinding::unrequested())
+                                }
+                                _ => (SCRAM_SHA_256, ChannelBinding::unsupported()),
+                            };
+                            plus = mechanism == SCRAM_SHA_256_PLUS;
+                            let pw = self.password(opts)?;
+                            let s = ScramSha256::new(pw.as_bytes(), binding);
+                            frontend::sasl_initial_response(
+                                mechanism,
+                                s.message(),
+                                &mut self.wbuf,
+                            )?;
+                            self.flush().await?;
+                            scram = Some(s);
+                        }
+                        11 => {
+                            let s = scram.as_mut().ok_or_else(|| {
+                                ReaderError::Protocol("SASL continue without SASL start".into())
+                            })?;
+                            s.update(body).map_err(|e| ReaderError::Auth {
+                                user: opts.user.clone(),
+                                message: format!("SCRAM exchange failed: {e}"),
+                            })?;
+                            frontend::sasl_response(s.message(), &mut self.wbuf)?;
+                            self.flush().await?;
+                        }
+                        12 => {
+                            let s = scram.as_mut().ok_or_else(|| {
+                                ReaderError::Protocol("SASL final without SASL start".into())
+                            })?;
+                            s.finish(body).map_err(|e| ReaderError::Auth {
+                                user: opts.user.clone(),
+                                message: format!("the server's SCRAM proof is invalid: {e}"),
+                            })?;
+                            bound = plus;
+                        }
+                        2 => return Err(ReaderError::UnsupportedAuth("Kerberos V5".into())),
+                        7 | 8 => return Err(ReaderError::UnsupportedAuth("GSSAPI".into())),
+                        9 => return Err(ReaderError::UnsupportedAuth("SSPI".into())),
+                        other => return Err(ReaderError::UnsupportedAuth(format!("code {other}"))),
+                    }
+                }
+                b'S' | b'K' => match frame.parse()? {
+                    Message::ParameterStatus(p) => {
+                        let bad =
+                            |e| ReaderError::Protocol(format!("malformed ParameterStatus: {e}"));
+                        let (name, value) = (p.name().map_err(bad)?, p.value().map_err(bad)?);
+                        if name == "server_version" {
+                            self.server_version = value.to_string();
+                        }
+                        if name == "is_superuser" {
+                            self.superuser = value == "on";
+                        }
+                    }
+                    Message::BackendKeyData(k) => self.backend_pid = k.process_id(),
+                    _ => {}
+                },
+                b'Z' => {
+                    if self.superuser && !SUPERUSER_WARNED.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "Postgres role {:?} is a superuser: the relay needs only LOGIN REPLICATION and a few grants; connect as the role of sql/role.sql (docs/security.md)",
+                            opts.user
+                        );
+                    }
+                    return Ok(());
+                }
+                b'E' => {
+                    return Err(ReaderError::from_server(
+                        parse_error(frame.body()),
+                        &opts.user,
+                        None,
+                    ))
+                }
+                b'N' => {}
+                other => {
+                    return Err(ReaderError::Protocol(format!(
+                        "message {:?} during startup",
+                        other as char
+                    )))
+                }
+            }
+        }
+    }
+
+    fn password(&self, opts: &PgConnectOptions) -> Result<String, ReaderError> {
+        opts.password
+            .clone()
+            .ok_or_else(|| ReaderError::PasswordRequired(opts.user.clone()))
+    }
+}
