@@ -4,9 +4,9 @@
 //! `outbox_auth_tls` must use TLS.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use common::*;
+use support::*;
 use testkit::{pg_ca_file, pg_port, unique_name};
 use wal_reader::conn::ReplicationConnection;
 use wal_reader::{PgConnectOptions, ReaderError};

@@ -2,9 +2,9 @@
 //! as they are decoded, nothing is collected per transaction.
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
-use common::*;
+use support::*;
 use wal_reader::WalItem;
 
 /// Peak resident set size of this process (VmHWM), in kB.

@@ -1,11 +1,11 @@
 //! The replication stream against a real Postgres (the test cluster, wal_level=logical).
 #![allow(clippy::unwrap_used)]
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
-use common::*;
+use support::*;
 use wal_reader::{event::oid, Lsn, WalItem};
 
 fn events(items: &[WalItem]) -> Vec<&wal_reader::OutboxEvent> {
