@@ -65,8 +65,8 @@ mod sim;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
-use wal_reader::event::{Lsn, WalBatch};
 
 pub use error::{redact_url, PublishError};
 pub use status::{PoisonMessage, PublisherStatus};

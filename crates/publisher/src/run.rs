@@ -17,10 +17,10 @@ use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, ShortString};
 use lapin::{Channel, Confirmation, ErrorKind, Event, PublisherConfirm};
+use outbox_event::{Lsn, WalBatch, WalItem};
 use rand::Rng;
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use wal_reader::event::{Lsn, WalBatch, WalItem};
 
 use crate::confirms::ConfirmSet;
 use crate::connection::{connect_any, open_channel, Session};

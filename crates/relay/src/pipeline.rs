@@ -43,12 +43,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_event::{Lsn, WalBatch, WalItem};
 use publisher::{Publisher, PublisherConfig, PublisherStatus};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
-use wal_reader::{
-    Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalItem, WalReader,
-};
+use wal_reader::{PgConnectOptions, ReaderConfig, ReaderError, ReaderProgress, WalReader};
 
 use crate::error::CliError;
 use crate::state::{self, Resume, StateError};
@@ -584,9 +583,9 @@ fn warn_state(carried: &mut Carried, e: &StateError) {
 /// writing: an idle outbox would otherwise write one row per interval forever, each
 /// write moving the WAL the next keepalive confirms).
 fn tap_events(
-    mut rx: mpsc::Receiver<wal_reader::WalBatch>,
+    mut rx: mpsc::Receiver<WalBatch>,
     last_event_end: Arc<AtomicU64>,
-) -> mpsc::Receiver<wal_reader::WalBatch> {
+) -> mpsc::Receiver<WalBatch> {
     let (tx, out) = mpsc::channel(4);
     tokio::spawn(async move {
         while let Some(batch) = rx.recv().await {

@@ -71,12 +71,13 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use outbox_event::Lsn;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{debug, info, warn, Instrument};
 use wal_reader::admin::ident::quote_table;
-use wal_reader::{Lsn, PgConnectOptions, TableName};
+use wal_reader::{PgConnectOptions, TableName};
 
 use crate::config::Config;
 use crate::error::CliError;

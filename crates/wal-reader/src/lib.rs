@@ -11,7 +11,7 @@
 //!                         assemble::Assembler (relation cache, column mapping)
 //!                                        │
 //!                                        ▼
-//!                 event::WalItem::{Event, Commit, Keepalive} in WalBatch (mpsc)
+//!          outbox_event::WalItem::{Event, Commit, Keepalive} in WalBatch (mpsc)
 //!
 //!  admin: slot / publication administration and every precondition (SQL side)
 //! ```
@@ -26,9 +26,13 @@
 //!   detection, and a clean stop at a transaction boundary. Its module docs explain
 //!   how LSN progress is tracked.
 //! - [`assemble`]: pgoutput messages → outbox events and commit markers.
+//! - [`pgtype`]: what the payload column's Postgres type means for a message (its
+//!   body and content type), applied as events are built.
 //! - [`admin`]: creating and dropping slots and publications, reading slot state,
 //!   and the precondition checks behind `outbox-relay check`.
-//! - [`event`]: the domain items the rest of the relay sees (no wire types).
+//!
+//! The events themselves ([`outbox_event`]: `OutboxEvent`, `WalItem`, `Lsn`, …) live
+//! in their own crate, which the publisher depends on instead of this one.
 //!
 //! # Start positions
 //!
@@ -44,14 +48,16 @@ pub mod assemble;
 pub mod conn;
 pub mod conninfo;
 pub mod error;
-pub mod event;
 pub mod mapping;
-pub mod redact;
+pub mod pgtype;
 pub mod stream;
 pub mod tls;
 
+/// The program's one password redaction (it lives with the events, which every
+/// crate shares).
+pub use outbox_event::redact;
+
 pub use conninfo::{PgConnectOptions, SslMode};
 pub use error::{ReaderError, ServerError};
-pub use event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 pub use mapping::{ColumnMapping, TableName};
 pub use stream::{ReaderConfig, ReaderExit, ReaderProgress, StartInfo, WalReader};

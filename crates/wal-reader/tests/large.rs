@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use wal_reader::WalItem;
+use outbox_event::WalItem;
 
 /// Peak resident set size of this process (VmHWM), in kB.
 fn peak_rss_kb() -> u64 {

@@ -6,9 +6,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use wal_reader::{event::oid, Lsn, WalItem};
+use outbox_event::{Lsn, WalItem};
+use wal_reader::pgtype::oid;
 
-fn events(items: &[WalItem]) -> Vec<&wal_reader::OutboxEvent> {
+fn events(items: &[WalItem]) -> Vec<&outbox_event::OutboxEvent> {
     items
         .iter()
         .filter_map(|i| match i {

@@ -8,10 +8,11 @@ pub mod slot;
 pub mod standby;
 pub mod status;
 
+use outbox_event::Lsn;
 use publisher::PublisherConfig;
 use tokio_postgres::error::SqlState;
 use wal_reader::admin::AdminError;
-use wal_reader::{Lsn, PgConnectOptions, ReaderConfig};
+use wal_reader::{PgConnectOptions, ReaderConfig};
 
 use crate::config::Config;
 use crate::error::CliError;
