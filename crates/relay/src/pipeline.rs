@@ -181,7 +181,7 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
     health: Health,
 ) -> Result<(), CliError> {
-    let mut backoff = BACKOFF_INITIAL;
+    let mut attempt: u32 = 0;
     let mut standby_logged = false;
     let mut carried = Carried::default();
     loop {
@@ -201,9 +201,9 @@ pub async fn run(
             Ok(SessionEnd::Retry(side, why)) => {
                 metrics::counter!("outbox_relay_reconnects_total", "side" => side.label())
                     .increment(1);
-                let wait = backoff.mul_f64(jitter());
+                attempt = attempt.saturating_add(1);
+                let wait = publisher::backoff::delay(BACKOFF_INITIAL, BACKOFF_MAX, attempt);
                 warn!(error = %why, side = side.label(), retry_in = ?wait, "session ended; reconnecting");
-                backoff = (backoff * 2).min(BACKOFF_MAX);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.changed() => {}
@@ -690,15 +690,6 @@ impl StateWriter {
             }
         }
     }
-}
-
-/// A factor in [0.5, 1.0) for backoff jitter (no need for a random number crate).
-fn jitter() -> f64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    0.5 + f64::from(nanos % 1000) / 2000.0
 }
 
 async fn wait_true(rx: &mut watch::Receiver<bool>) {
