@@ -29,15 +29,15 @@ use crate::error::PublishError;
 use crate::message::{returned_key, MessageBuilder, OutboundMessage};
 use crate::status::{self, PublisherStatus};
 use crate::{Publisher, PublisherConfig, PublisherReport};
+use recover::{failure_of, Episode, Recovered};
+
+mod recover;
 
 /// Publish writes started but not yet handed to the socket, at most.
 const MAX_PENDING_WRITES: usize = 256;
-mod recover;
-
-use recover::{failure_of, Episode, Recovered};
-
 /// Bound on waiting for a dropped channel's close-ok, or the final connection close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
+
 type Message = Arc<OutboundMessage>;
 type PublishFuture = Pin<Box<MaybeDone<BoxFuture<'static, lapin::Result<PublisherConfirm>>>>>;
 
