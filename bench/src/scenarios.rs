@@ -8,10 +8,9 @@ use anyhow::{bail, Context};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
+use outbox_event::{Lsn, WalItem};
 use tokio::sync::{mpsc, watch};
-use wal_reader::{
-    ColumnMapping, Lsn, PgConnectOptions, ReaderConfig, TableName, WalItem, WalReader,
-};
+use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName, WalReader};
 
 use crate::harness::*;
 use crate::Args;

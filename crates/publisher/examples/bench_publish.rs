@@ -18,9 +18,9 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties};
+use outbox_event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalItem};
 use publisher::{Publisher, PublisherConfig};
 use tokio::sync::{mpsc, watch};
-use wal_reader::event::{oid, CommitMarker, Lsn, OutboxEvent, OutboxTable, WalItem};
 
 #[tokio::main]
 async fn main() {
@@ -61,8 +61,9 @@ async fn main() {
         qualified_name: "public.outbox".into(),
         schema: "public".into(),
         name: "outbox".into(),
-        payload_type: oid::JSONB,
-        headers_type: Some(oid::JSONB),
+        payload_type: 0,
+        headers_type: None,
+        content_type: "application/json",
     });
     let filler = "x".repeat(280); // body ≈ 300 bytes
     let per_tx = 100;
@@ -73,6 +74,7 @@ async fn main() {
         let mut items = Vec::with_capacity(per_tx + 1);
         for i in 0..per_tx.min(total - tx * per_tx) {
             let n = tx * per_tx + i;
+            let body = Bytes::from(format!(r#"{{"n":{n},"pad":"{filler}"}}"#));
             items.push(WalItem::Event(OutboxEvent {
                 table: table.clone(),
                 xid: tx as u32,
@@ -83,7 +85,8 @@ async fn main() {
                 aggregate_type: Some(Bytes::from_static(b"order")),
                 aggregate_id: Some(Bytes::from(n.to_string())),
                 event_type: Some(Bytes::from_static(b"created")),
-                payload: Some(Bytes::from(format!(r#"{{"n":{n},"pad":"{filler}"}}"#))),
+                payload: Some(body.clone()),
+                body,
                 headers: None,
                 correlation_id: None,
             }));

@@ -58,7 +58,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 
-use wal_reader::event::Lsn;
+use outbox_event::Lsn;
 
 use crate::window::Window;
 

@@ -50,7 +50,7 @@ impl PublishError {
 
 /// The program's one redaction (docs/security.md): the password of every URL,
 /// `password=` parameter and conninfo in a text becomes `***`.
-pub use wal_reader::redact::redact_url;
+pub use outbox_event::redact::redact_url;
 
 /// The message for a URL whose user name or password holds an unencoded `/`, `?` or
 /// `#`: it quotes nothing of the URL.

@@ -14,6 +14,10 @@
 //!              Window::ack → watermark ──watch<Lsn>──▶ relay (standby status)
 //! ```
 //!
+//! Events come in as [`outbox_event`] types, ready to send (the reader has already
+//! decoded the body and chosen the content type): this crate knows AMQP, not
+//! Postgres, and does not depend on the reader.
+//!
 //! One connection and one confirm-mode channel, owned by the task running
 //! [`Publisher::run`]. Publishing is pipelined: up to `max_in_flight` messages are
 //! published and unconfirmed at once, their confirms are awaited in publish order
@@ -50,6 +54,7 @@
 //! publishing stops, the watermark holds, and [`PublisherStatus::blocked`] is set
 //! until `connection.unblocked`.
 
+pub mod backoff;
 pub mod error;
 pub mod message;
 pub mod status;
@@ -65,8 +70,8 @@ mod sim;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
-use wal_reader::event::{Lsn, WalBatch};
 
 pub use error::{redact_url, PublishError};
 pub use status::{PoisonMessage, PublisherStatus};

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::BasicProperties;
-use wal_reader::event::{oid, Lsn, OutboxEvent};
+use outbox_event::{Lsn, OutboxEvent, OutboxTable};
 
 use crate::engine::{DeadLetterReason, EventKey, Keyed};
 use crate::error::PublishError;
@@ -145,73 +145,6 @@ fn long(value: Option<&Bytes>) -> AMQPValue {
     ))
 }
 
-/// The body of a message: the payload's bytes (docs/design.md §5). bytea arrives as Postgres'
-/// text form and is decoded to raw bytes; every other type is passed through as is.
-pub fn body(payload_type: u32, payload: Option<&Bytes>) -> Bytes {
-    match payload {
-        None => Bytes::new(),
-        Some(value) if payload_type == oid::BYTEA => decode_bytea(value)
-            .map(Bytes::from)
-            .unwrap_or_else(|| value.clone()),
-        Some(value) => value.clone(),
-    }
-}
-
-/// Decodes bytea's text output: the hex form `\x0102…` (the default) or the escape
-/// form (`\\` and `\ooo` octal escapes). `None` when the text is neither.
-pub fn decode_bytea(text: &[u8]) -> Option<Vec<u8>> {
-    if let Some(hex) = text.strip_prefix(b"\\x") {
-        if hex.len() % 2 != 0 {
-            return None;
-        }
-        return hex
-            .chunks_exact(2)
-            .map(|pair| Some(hex_digit(pair[0])? << 4 | hex_digit(pair[1])?))
-            .collect();
-    }
-    let mut out = Vec::with_capacity(text.len());
-    let mut i = 0;
-    while i < text.len() {
-        if text[i] != b'\\' {
-            out.push(text[i]);
-            i += 1;
-        } else if text.get(i + 1) == Some(&b'\\') {
-            out.push(b'\\');
-            i += 2;
-        } else {
-            let digits = text.get(i + 1..i + 4)?;
-            let mut byte: u32 = 0;
-            for &d in digits {
-                if !(b'0'..=b'7').contains(&d) {
-                    return None;
-                }
-                byte = byte * 8 + u32::from(d - b'0');
-            }
-            out.push(u8::try_from(byte).ok()?);
-            i += 4;
-        }
-    }
-    Some(out)
-}
-
-fn hex_digit(c: u8) -> Option<u8> {
-    match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        b'A'..=b'F' => Some(c - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// `content_type` by the payload column's type.
-pub fn content_type(payload_type: u32) -> &'static str {
-    match payload_type {
-        oid::JSON | oid::JSONB => "application/json",
-        oid::TEXT | oid::VARCHAR | oid::BPCHAR => "text/plain",
-        _ => "application/octet-stream",
-    }
-}
-
 /// A message ready to publish (and to publish again after a failure).
 #[derive(Debug, Clone)]
 pub struct OutboundMessage {
@@ -309,7 +242,7 @@ pub struct MessageBuilder {
     delivery_mode: u8,
     /// The last table seen and its `outbox_table` header value, so the value is not
     /// rebuilt per message.
-    table_cache: Option<(Arc<wal_reader::event::OutboxTable>, AMQPValue)>,
+    table_cache: Option<(Arc<OutboxTable>, AMQPValue)>,
     /// Reserved header keys already logged as dropped (once each).
     dropped_logged: HashSet<String>,
 }
@@ -374,9 +307,8 @@ impl MessageBuilder {
 
     /// The complete message of one event.
     pub fn build(&mut self, event: &OutboxEvent) -> OutboundMessage {
-        let payload_type = event.table.payload_type;
         let mut properties = BasicProperties::default()
-            .with_content_type(content_type(payload_type).into())
+            .with_content_type(event.table.content_type.into())
             .with_delivery_mode(self.delivery_mode)
             .with_timestamp(u64::try_from(event.commit_time_micros / 1_000_000).unwrap_or(0))
             .with_app_id(self.app_id.clone())
@@ -392,7 +324,7 @@ impl MessageBuilder {
         }
         OutboundMessage {
             routing_key: ShortString::from(self.template.render(event)),
-            body: body(payload_type, event.payload.as_ref()),
+            body: event.body.clone(),
             properties,
             commit_time_micros: event.commit_time_micros,
             key: EventKey {
@@ -442,21 +374,25 @@ fn add_json_headers(table: &mut FieldTable, raw: &[u8], logged: &mut HashSet<Str
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use wal_reader::event::{Lsn, OutboxTable};
 
-    fn table(payload_type: u32) -> Arc<OutboxTable> {
+    const JSON: &str = "application/json";
+    const BINARY: &str = "application/octet-stream";
+
+    /// The reader's table (the publisher reads only its name and content type).
+    fn table(content_type: &'static str) -> Arc<OutboxTable> {
         Arc::new(OutboxTable {
             qualified_name: "public.outbox".into(),
             schema: "public".into(),
             name: "outbox".into(),
-            payload_type,
-            headers_type: Some(oid::JSONB),
+            payload_type: 0,
+            headers_type: None,
+            content_type,
         })
     }
 
-    fn event(payload_type: u32, payload: Option<&'static [u8]>) -> OutboxEvent {
+    fn event(content_type: &'static str, payload: Option<&'static [u8]>) -> OutboxEvent {
         OutboxEvent {
-            table: table(payload_type),
+            table: table(content_type),
             xid: 4242,
             commit_lsn: Lsn(0x1_0000_00A0),
             commit_time_micros: 1_700_000_000_123_456,
@@ -466,6 +402,7 @@ mod tests {
             aggregate_id: Some(Bytes::from_static(b"42")),
             event_type: Some(Bytes::from_static(b"created")),
             payload: payload.map(Bytes::from_static),
+            body: payload.map(Bytes::from_static).unwrap_or_default(),
             headers: Some(Bytes::from_static(
                 br#"{"traceparent":"00-abc-def-01","n":5,"o":{"a":[1,true]},"aggregate_type":"spoof"}"#,
             )),
@@ -483,12 +420,12 @@ mod tests {
     #[test]
     fn routing_key_template() {
         let t = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
-        assert_eq!(t.render(&event(oid::JSONB, None)), "order.created");
+        assert_eq!(t.render(&event(JSON, None)), "order.created");
         let t = RoutingKeyTemplate::parse("x.{table}:{aggregate_id}-").unwrap();
-        assert_eq!(t.render(&event(oid::JSONB, None)), "x.public.outbox:42-");
+        assert_eq!(t.render(&event(JSON, None)), "x.public.outbox:42-");
         let t = RoutingKeyTemplate::parse("fixed").unwrap();
-        assert_eq!(t.render(&event(oid::JSONB, None)), "fixed");
-        let mut e = event(oid::JSONB, None);
+        assert_eq!(t.render(&event(JSON, None)), "fixed");
+        let mut e = event(JSON, None);
         e.aggregate_type = None;
         let t = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
         assert_eq!(t.render(&e), ".created");
@@ -501,45 +438,13 @@ mod tests {
     }
 
     #[test]
-    fn bytea_hex_and_escape() {
-        assert_eq!(decode_bytea(b"\\x00ff10Ab").unwrap(), vec![0, 255, 16, 171]);
-        assert_eq!(decode_bytea(b"\\x").unwrap(), Vec::<u8>::new());
-        assert!(decode_bytea(b"\\x0").is_none());
-        assert!(decode_bytea(b"\\xzz").is_none());
-        assert_eq!(
-            decode_bytea(b"ab\\\\c\\001\\377").unwrap(),
-            b"ab\\c\x01\xff".to_vec()
-        );
-        assert!(decode_bytea(b"\\9").is_none());
-        assert_eq!(
-            body(oid::BYTEA, Some(&Bytes::from_static(b"\\xdeadbeef"))).as_ref(),
-            &[0xde, 0xad, 0xbe, 0xef]
-        );
-        assert_eq!(
-            body(oid::JSONB, Some(&Bytes::from_static(b"\\xdeadbeef"))).as_ref(),
-            b"\\xdeadbeef"
-        );
-        assert!(body(oid::JSONB, None).is_empty());
-    }
-
-    #[test]
-    fn content_types() {
-        assert_eq!(content_type(oid::JSONB), "application/json");
-        assert_eq!(content_type(oid::JSON), "application/json");
-        assert_eq!(content_type(oid::TEXT), "text/plain");
-        assert_eq!(content_type(oid::VARCHAR), "text/plain");
-        assert_eq!(content_type(oid::BYTEA), "application/octet-stream");
-        assert_eq!(content_type(oid::UUID), "application/octet-stream");
-    }
-
-    #[test]
     fn headers_and_properties() {
         let mut b = MessageBuilder::new(
             "{aggregate_type}.{event_type}",
             &[("replay".into(), "true".into())],
         )
         .unwrap();
-        let mut e = event(oid::JSONB, Some(br#"{"a": 1}"#));
+        let mut e = event(JSON, Some(br#"{"a": 1}"#));
         e.correlation_id = Some(Bytes::from_static(b"corr-1"));
         let m = b.build(&e);
         assert_eq!(m.routing_key.as_str(), "order.created");
@@ -580,10 +485,10 @@ mod tests {
         );
 
         // Cached table value is reused and still right for another table.
-        let mut other = event(oid::BYTEA, None);
+        let mut other = event(BINARY, None);
         other.table = Arc::new(OutboxTable {
             qualified_name: "s.t".into(),
-            ..(*table(oid::BYTEA)).clone()
+            ..(*table(BINARY)).clone()
         });
         other.headers = Some(Bytes::from_static(b"not json"));
         let m = b.build(&other);
@@ -603,7 +508,6 @@ mod tests {
 mod reserved_tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use wal_reader::event::OutboxTable;
 
     fn event(headers: &'static [u8]) -> OutboxEvent {
         OutboxEvent {
@@ -611,8 +515,9 @@ mod reserved_tests {
                 qualified_name: "public.outbox".into(),
                 schema: "public".into(),
                 name: "outbox".into(),
-                payload_type: oid::JSONB,
-                headers_type: Some(oid::JSONB),
+                payload_type: 0,
+                headers_type: None,
+                content_type: "application/json",
             }),
             xid: 7,
             commit_lsn: Lsn(0x10),
@@ -623,6 +528,7 @@ mod reserved_tests {
             aggregate_id: Some(Bytes::from_static(b"1")),
             event_type: Some(Bytes::from_static(b"created")),
             payload: Some(Bytes::from_static(b"{}")),
+            body: Bytes::from_static(b"{}"),
             headers: Some(Bytes::from_static(headers)),
             correlation_id: None,
         }

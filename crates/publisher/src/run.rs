@@ -2,7 +2,8 @@
 //! broker events, rounds of finished writes and confirms, the input, the flushed
 //! position and the shutdown deadline. Every decision is the engine's (`engine.rs`);
 //! this file turns lapin's futures into the engine's inputs and its sends into
-//! `basic.publish` calls.
+//! `basic.publish` calls. Failures and the recovery from them are in
+//! `run/recover.rs`.
 
 use std::collections::VecDeque;
 use std::future::{poll_fn, Future};
@@ -16,26 +17,26 @@ use futures_util::StreamExt;
 use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, ShortString};
-use lapin::{Channel, Confirmation, ErrorKind, Event, PublisherConfirm};
-use rand::Rng;
+use lapin::{Channel, Confirmation, Event, PublisherConfirm};
+use outbox_event::{Lsn, WalBatch, WalItem};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-use wal_reader::event::{Lsn, WalBatch, WalItem};
 
 use crate::confirms::ConfirmSet;
-use crate::connection::{connect_any, open_channel, Session};
+use crate::connection::Session;
 use crate::engine::{Engine, Failure, Returned, Send, Settled, Tag, Target};
-use crate::error::{redact_url, PublishError};
+use crate::error::PublishError;
 use crate::message::{returned_key, MessageBuilder, OutboundMessage};
-use crate::status::{self, PoisonMessage, PublisherStatus};
+use crate::status::{self, PublisherStatus};
 use crate::{Publisher, PublisherConfig, PublisherReport};
+use recover::{failure_of, Episode, Recovered};
+
+mod recover;
 
 /// Publish writes started but not yet handed to the socket, at most.
 const MAX_PENDING_WRITES: usize = 256;
 /// Bound on waiting for a dropped channel's close-ok, or the final connection close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often a poison message is logged again while it holds the relay.
-const POISON_LOG_EVERY: Duration = Duration::from_secs(60);
 
 type Message = Arc<OutboundMessage>;
 type PublishFuture = Pin<Box<MaybeDone<BoxFuture<'static, lapin::Result<PublisherConfirm>>>>>;
@@ -54,10 +55,6 @@ struct Round {
     confirms: Vec<(Tag, lapin::Result<Confirmation>)>,
 }
 
-/// The longest a nack waits for the confirms of earlier publishes before the
-/// channel is closed ([`Engine::failure_ready`]).
-const NACK_WAIT: Duration = Duration::from_secs(5);
-
 /// One step of the loop, chosen by `select!`.
 enum Step {
     Event(Option<Event>),
@@ -67,19 +64,6 @@ enum Step {
     Deadline,
     /// The wait for the confirms before a nack is over.
     NackWait,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Episode {
-    /// The episode ends once the window's front passes this sequence number.
-    until_seq: u64,
-    retries: u64,
-}
-
-/// Whether recovery succeeded or the shutdown deadline passed first.
-enum Recovered {
-    Yes,
-    DeadlinePassed,
 }
 
 pub(crate) struct Runner {
@@ -229,27 +213,6 @@ impl Runner {
             }
         }
         Ok(self.finish().await)
-    }
-
-    /// The failure that ends the channel now: at once, or for a nack once the
-    /// publishes before it have settled, but no later than [`NACK_WAIT`].
-    fn take_failure(&mut self) -> Option<Failure> {
-        if !self.engine.has_failed() {
-            return None;
-        }
-        if let Some(failure) = self.engine.take_failure() {
-            self.nack_wait = None;
-            return Some(failure);
-        }
-        let until = *self
-            .nack_wait
-            .get_or_insert_with(|| Instant::now() + NACK_WAIT);
-        if Instant::now() < until {
-            return None;
-        }
-        tracing::debug!(wait = ?NACK_WAIT, "confirms before a nack did not all arrive; closing the channel");
-        self.nack_wait = None;
-        self.engine.force_failure()
     }
 
     /// Starts the publishes the engine allows while the broker does not block us.
@@ -418,49 +381,6 @@ impl Runner {
         }
     }
 
-    fn channel_failed(&mut self, failure: Failure) {
-        self.engine.channel_failed(failure);
-        self.report_poison();
-    }
-
-    /// Says loudly, once a minute, which message the broker refuses.
-    fn report_poison(&mut self) {
-        let Some(poison) = self.engine.poison().cloned() else {
-            return;
-        };
-        let Some(message) = self.engine.message(poison.seq) else {
-            return;
-        };
-        let message_id = message
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|m| m.to_string())
-            .unwrap_or_default();
-        let due = match self.poison_logged {
-            Some((seq, at)) => seq != poison.seq || at.elapsed() >= POISON_LOG_EVERY,
-            None => true,
-        };
-        if due {
-            tracing::error!(
-                %message_id,
-                commit_lsn = %message.key.commit_lsn,
-                tx_index = message.key.index,
-                routing_key = message.routing_key.as_str(),
-                reason = %poison.reason,
-                "rabbitmq refuses this message; the relay holds the slot before it and retries (set dead_letter_exchange to move on, or see docs/recovery.md)"
-            );
-            self.poison_logged = Some((poison.seq, Instant::now()));
-        }
-        self.status.set_poison(Some(PoisonMessage {
-            message_id,
-            commit_lsn: message.key.commit_lsn,
-            tx_index: message.key.index,
-            routing_key: message.routing_key.to_string(),
-            reason: poison.reason,
-        }));
-    }
-
     /// Publishes the watermark if it moved and refreshes the status.
     fn after_progress(&mut self) {
         let lsn = self.engine.watermark();
@@ -476,12 +396,7 @@ impl Runner {
             tracing::info!("the refused message went through; resuming");
             self.status.set_poison(None);
         }
-        if let Some(episode) = self.episode {
-            if self.engine.window().front_seq() >= episode.until_seq {
-                tracing::info!(retries = episode.retries, "publishing recovered");
-                self.episode = None;
-            }
-        }
+        self.end_episode_if_over();
         self.status.set_in_flight(
             self.engine.window().in_flight(),
             self.engine
@@ -489,116 +404,6 @@ impl Runner {
                 .oldest_message()
                 .map(|m| m.commit_time_micros),
         );
-    }
-
-    /// Closes the channel and waits for its close-ok (so nothing of it can still be
-    /// routed), backs off, gets a fresh channel (reconnecting through the URL list
-    /// when the connection is gone) and rewinds the engine. Every broker-side failure
-    /// is retried: only the shutdown deadline ends this.
-    async fn recover(&mut self, failure: Failure) -> Recovered {
-        let node = redact_url(&self.config.urls[self.session.url_index]);
-        match &mut self.episode {
-            None => {
-                tracing::warn!(cause = %failure, %node, in_flight = self.engine.window().in_flight(),
-                    "publish failed; republishing from the oldest unacked message, alone first (retrying with backoff)");
-                self.episode = Some(Episode {
-                    until_seq: self.engine.window().end_seq(),
-                    retries: 1,
-                });
-            }
-            Some(episode) => {
-                episode.retries += 1;
-                tracing::debug!(cause = %failure, "publish failed again");
-            }
-        }
-        self.failures = self.failures.saturating_add(1);
-        self.report.retries += 1;
-        metrics::counter!(status::PUBLISH_RETRIES).increment(1);
-        self.publishing.clear();
-        self.confirms = ConfirmSet::default();
-        self.round_due = false;
-        let channel = self.session.channel.clone();
-        if channel.status().connected() {
-            let closed = until_deadline(
-                self.deadline,
-                tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "retrying".into())),
-            )
-            .await;
-            if closed.is_none() {
-                return Recovered::DeadlinePassed;
-            }
-        }
-        let resent = self.engine.restart();
-        tracing::debug!(resent, "window rewound");
-
-        let mut attempt = self.failures;
-        loop {
-            if !self.sleep_backoff(attempt).await {
-                return Recovered::DeadlinePassed;
-            }
-            attempt = attempt.saturating_add(1);
-            if self.session.connection.status().connected() {
-                let opened = until_deadline(
-                    self.deadline,
-                    open_channel(&self.session.connection, &self.config, &node),
-                )
-                .await;
-                let Some(opened) = opened else {
-                    return Recovered::DeadlinePassed;
-                };
-                match opened {
-                    Ok(channel) => {
-                        self.session.channel = channel;
-                        self.blocked = self.session.connection.status().blocked();
-                        self.status.set_blocked(self.blocked);
-                        return Recovered::Yes;
-                    }
-                    Err(e) if e.is_transient() => {
-                        tracing::debug!(error = %e, "cannot open a channel; reconnecting");
-                    }
-                    Err(e) => tracing::warn!(error = %e, "cannot open a channel; retrying"),
-                }
-            }
-            self.status.set_connected(false);
-            let next = (self.session.url_index + 1) % self.config.urls.len();
-            let connected =
-                until_deadline(self.deadline, connect_any(&self.config, &self.tls, next)).await;
-            let Some(connected) = connected else {
-                return Recovered::DeadlinePassed;
-            };
-            match connected {
-                Ok(session) => {
-                    let old = std::mem::replace(&mut self.session, session);
-                    close_connection(old);
-                    self.report.reconnects += 1;
-                    self.status.add_reconnect();
-                    tracing::info!(node = %redact_url(&self.config.urls[self.session.url_index]),
-                        "reconnected to rabbitmq");
-                    self.status.set_connected(true);
-                    self.blocked = self.session.connection.status().blocked();
-                    self.status.set_blocked(self.blocked);
-                    return Recovered::Yes;
-                }
-                Err(e) if e.is_transient() => {
-                    tracing::debug!(error = %e, "rabbitmq still unreachable");
-                }
-                // Mid-run a refused login or vhost is a broker still booting or an
-                // operator change in progress: retry, loudly.
-                Err(e) => tracing::warn!(error = %e, "rabbitmq refused the reconnect; retrying"),
-            }
-        }
-    }
-
-    /// Sleeps the backoff for `attempt` (1-based); false when the shutdown
-    /// deadline passes first.
-    fn sleep_backoff(&self, attempt: u32) -> impl Future<Output = bool> + 'static {
-        let delay = backoff(
-            self.config.backoff_initial,
-            self.config.backoff_max,
-            attempt,
-            rand::thread_rng().gen_range(0.5..=1.0),
-        );
-        sleep_unless_deadline(Instant::now() + delay, self.deadline)
     }
 
     async fn finish(mut self) -> PublisherReport {
@@ -615,21 +420,6 @@ impl Runner {
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into())).await;
         self.status.set_connected(false);
         self.report
-    }
-}
-
-/// The engine's view of a lapin error: a channel the broker closed carries its
-/// reply code (406 = it refused a message's content).
-fn failure_of(error: &lapin::Error) -> Failure {
-    match error.kind() {
-        ErrorKind::ProtocolError(amqp) => Failure::Channel {
-            code: Some(amqp.get_id()),
-            text: error.to_string(),
-        },
-        _ => Failure::Channel {
-            code: None,
-            text: error.to_string(),
-        },
     }
 }
 
@@ -716,27 +506,6 @@ async fn changed_lsn(rx: Option<&mut watch::Receiver<Lsn>>) -> Option<Lsn> {
     Some(*rx.borrow_and_update())
 }
 
-/// Runs `future` unless the deadline passes first (`None` then).
-async fn until_deadline<F: Future>(deadline: Option<Instant>, future: F) -> Option<F::Output> {
-    match deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
-        None => Some(future.await),
-    }
-}
-
-async fn sleep_unless_deadline(wake: Instant, deadline: Option<Instant>) -> bool {
-    match deadline {
-        Some(deadline) if deadline <= wake => {
-            tokio::time::sleep_until(deadline).await;
-            false
-        }
-        _ => {
-            tokio::time::sleep_until(wake).await;
-            true
-        }
-    }
-}
-
 async fn sleep_until_opt(deadline: Option<Instant>) {
     match deadline {
         Some(deadline) => tokio::time::sleep_until(deadline).await,
@@ -744,44 +513,9 @@ async fn sleep_until_opt(deadline: Option<Instant>) {
     }
 }
 
-/// Exponential backoff: `initial * 2^(attempt-1)` capped at `max`, scaled by
-/// `jitter` (0.5–1.0).
-pub(crate) fn backoff(initial: Duration, max: Duration, attempt: u32, jitter: f64) -> Duration {
-    let exp = attempt.saturating_sub(1).min(30);
-    let base = initial.saturating_mul(1u32 << exp).min(max);
-    base.mul_f64(jitter.clamp(0.0, 1.0))
-}
-
 fn now_micros() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
         .unwrap_or(0)
-}
-
-fn close_connection(session: Session) {
-    tokio::spawn(async move {
-        let _ = tokio::time::timeout(
-            CLOSE_TIMEOUT,
-            session.connection.close(200, "reconnecting".into()),
-        )
-        .await;
-    });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn backoff_grows_and_caps() {
-        let i = Duration::from_millis(100);
-        let m = Duration::from_secs(2);
-        assert_eq!(backoff(i, m, 1, 1.0), Duration::from_millis(100));
-        assert_eq!(backoff(i, m, 2, 1.0), Duration::from_millis(200));
-        assert_eq!(backoff(i, m, 4, 1.0), Duration::from_millis(800));
-        assert_eq!(backoff(i, m, 10, 1.0), m);
-        assert_eq!(backoff(i, m, 100, 1.0), m);
-        assert_eq!(backoff(i, m, 2, 0.5), Duration::from_millis(100));
-    }
 }

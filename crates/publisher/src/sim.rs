@@ -17,9 +17,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use outbox_event::Lsn;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use wal_reader::event::Lsn;
 
 use crate::engine::{
     DeadLetterReason, Engine, EventKey, Failure, Keyed, Returned, Send, Tag, Target,

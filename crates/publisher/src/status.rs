@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use wal_reader::event::Lsn;
+use outbox_event::Lsn;
 
 pub const EVENTS_PUBLISHED: &str = "outbox_relay_events_published_total";
 pub const EVENTS_ACKED: &str = "outbox_relay_events_acked_total";

@@ -32,7 +32,7 @@
 
 use std::collections::VecDeque;
 
-use wal_reader::event::Lsn;
+use outbox_event::Lsn;
 
 #[derive(Debug)]
 enum Entry<T> {

@@ -156,7 +156,7 @@ async fn ca_file_replaces_the_system_roots() {
     c.urls = vec![url.clone()];
     c.ca_file = Some(server_ca_file.clone());
     let mut running = start(c).await;
-    let mut stream = Stream::new(table("outbox", wal_reader::event::oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     for _ in 0..10 {
         running.send(stream.transaction(10)).await;
     }

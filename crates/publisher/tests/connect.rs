@@ -76,7 +76,7 @@ async fn refused_vhosts_are_skipped_for_the_next_url() {
     ];
     let mut running = start(config).await;
     assert!(running.status.connected());
-    let mut stream = Stream::new(table("outbox", wal_reader::event::oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(stream.transaction(3)).await;
     let last = *stream.ends.last().unwrap();
     running.wait_watermark(last).await;

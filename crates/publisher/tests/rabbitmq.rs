@@ -15,9 +15,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::ExchangeKind;
+use outbox_event::{Lsn, WalBatch, WalItem};
 use publisher::{Publisher, PublisherConfig};
 use support::*;
-use wal_reader::event::{oid, Lsn, WalBatch, WalItem};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn publishes_every_message_in_order_with_spec_properties() {
@@ -30,9 +30,9 @@ async fn publishes_every_message_in_order_with_spec_properties() {
     config.max_in_flight = 1000;
     let mut running = start(config).await;
 
-    let json = table("outbox", oid::JSONB);
-    let bytea = table("outbox_bin", oid::BYTEA);
-    let text = table("outbox_text", oid::TEXT);
+    let json = table("outbox", JSON);
+    let bytea = table("outbox_bin", "application/octet-stream");
+    let text = table("outbox_text", "text/plain");
     let mut stream = Stream::new(json.clone());
     // (body, content type) expected for each message, in order.
     let mut expected: Vec<(Vec<u8>, &str, String)> = Vec::new();
@@ -44,10 +44,10 @@ async fn publishes_every_message_in_order_with_spec_properties() {
         for _ in 0..n {
             let k = stream.events;
             let mut event = match k % 100 {
-                // bytea payload: Postgres' hex text, published as raw bytes.
+                // bytea payload: the reader decoded Postgres' hex text to raw bytes.
                 3 => {
                     let mut e =
-                        stream.event(Some(Bytes::from(format!("\\x00ff{:02x}0a", k % 256))));
+                        stream.event(Some(Bytes::from(vec![0, 0xff, (k % 256) as u8, 0x0a])));
                     e.table = bytea.clone();
                     expected.push((
                         vec![0, 0xff, (k % 256) as u8, 0x0a],
@@ -177,7 +177,7 @@ async fn nacked_messages_are_retried_and_hold_the_watermark() {
     let queue = broker.bound_queue("pub_nack", &exchange, args).await;
 
     let mut running = start(config(&exchange)).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     let batches: Vec<_> = (0..30).map(|_| stream.transaction(10)).collect();
     // Fed from a task: while the publisher retries a nacked message it takes no
     // more input, so sending all 30 here would wait for the consumer below.
@@ -239,7 +239,7 @@ async fn unroutable_goes_to_the_dead_letter_exchange() {
     let mut config = config(&exchange);
     config.dead_letter_exchange = Some(dlx.clone());
     let mut running = start(config).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(stream.transaction(3)).await;
     running.send(stream.transaction(2)).await;
 
@@ -269,7 +269,7 @@ async fn unroutable_without_dead_letter_is_retried_until_routable() {
     let exchange = broker.topic_exchange("pub_unr").await;
 
     let mut running = start(config(&exchange)).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(stream.transaction(3)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
@@ -305,7 +305,7 @@ async fn connection_closed_mid_stream_loses_nothing() {
     config.max_in_flight = 500;
     let name = config.connection_name.clone();
     let mut running = start(config.clone()).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     let mut transactions = Vec::new();
     // More than the publisher can take at this feeding pace: a backlog builds up,
     // so the connection is closed with messages in flight.
@@ -494,7 +494,7 @@ async fn blocked_broker_freezes_the_watermark() {
     let (exchange, _queue) = broker.topic_queue("pub_blk").await;
 
     let mut running = start(config(&exchange)).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(stream.transaction(5)).await;
     running.wait_watermark(stream.ends[0]).await;
     assert!(running.status.ready());
@@ -608,7 +608,7 @@ async fn shutdown_timeout_bounds_the_wait_for_confirms() {
     let mut config = config(&exchange);
     config.shutdown_timeout = Duration::from_millis(500);
     let running = start(config).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(stream.transaction(2)).await;
     running
         .send(vec![WalItem::Keepalive(Lsn(0x9_0000_0000))])
@@ -684,7 +684,7 @@ async fn a_transaction_larger_than_the_window_goes_through() {
     let mut config = config(&exchange);
     config.max_in_flight = 10;
     let mut running = start(config).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(stream.transaction(3)).await;
     running.send(stream.transaction(250)).await;
     running.send(stream.transaction(3)).await;
@@ -720,7 +720,7 @@ async fn reserved_header_keys_never_poison_the_relay() {
     let (exchange, queue) = broker.topic_queue("pub_cc").await;
     let mut consumer = broker.consumer(&queue, 100).await;
     let mut running = start(config(&exchange)).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     let mut items = Vec::new();
     for i in 0..5 {
         let mut e = stream.event(Some(Bytes::from_static(b"{}")));
@@ -767,7 +767,7 @@ async fn a_refused_message_goes_to_the_dead_letter_exchange_as_a_notice() {
     let mut config = config(&exchange);
     config.dead_letter_exchange = Some(dlx.clone());
     let mut running = start(config).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(with_big_middle(&mut stream, 200 * 1024)).await;
     running.send(stream.transaction(2)).await;
 
@@ -812,7 +812,7 @@ async fn a_refused_message_without_dead_letter_exchange_holds_and_is_reported() 
     let (exchange, queue) = broker.topic_queue("pub_psn2").await;
     let mut main = broker.consumer(&queue, 100).await;
     let mut running = start(config(&exchange)).await;
-    let mut stream = Stream::new(table("outbox", oid::JSONB));
+    let mut stream = Stream::new(table("outbox", JSON));
     running.send(with_big_middle(&mut stream, 200 * 1024)).await;
     let end = *stream.ends.last().unwrap();
 

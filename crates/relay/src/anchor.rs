@@ -24,11 +24,11 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+use outbox_event::Lsn;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{debug, info, warn};
 use wal_reader::admin::{self, ident::validate_slot_name};
-use wal_reader::Lsn;
 
 use crate::config::Config;
 use crate::error::CliError;

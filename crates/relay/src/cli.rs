@@ -13,7 +13,7 @@
 //! ```
 //!
 //! Parsing only: each command's behaviour lives elsewhere. Clap rejects bad usage
-//! with exit code 2 before anything runs. LSNs are parsed by [`pgoutput::Lsn`]
+//! with exit code 2 before anything runs. LSNs are parsed by [`outbox_event::Lsn`]
 //! (`X/Y` in hex), times as RFC 3339 in UTC by `humantime`
 //! (`2024-05-01T12:00:00Z`; a missing `Z` also means UTC).
 
@@ -21,7 +21,7 @@ use std::path::PathBuf;
 use std::time::SystemTime;
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
-use pgoutput::Lsn;
+use outbox_event::Lsn;
 
 use crate::error::CliError;
 

@@ -71,11 +71,12 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use outbox_event::Lsn;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{debug, info, warn, Instrument};
 use wal_reader::admin::ident::quote_table;
-use wal_reader::{Lsn, PgConnectOptions, TableName};
+use wal_reader::{PgConnectOptions, TableName};
 
 use crate::config::Config;
 use crate::error::CliError;

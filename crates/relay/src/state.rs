@@ -17,9 +17,9 @@
 //! moves forward, except when `slot create` makes a new slot or `run --start-lsn`
 //! asks for an earlier start.
 
+use outbox_event::Lsn;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
-use wal_reader::Lsn;
 
 /// The table, schema-qualified so that every role finds the same one.
 pub const TABLE: &str = "public.outbox_relay_state";

@@ -192,6 +192,7 @@ impl TestDb {
 
     /// An ordinary tokio-postgres client on this database (its connection task is
     /// spawned on the current runtime).
+    #[cfg(feature = "postgres")]
     pub async fn client(&self) -> tokio_postgres::Client {
         let (client, conn) = tokio_postgres::connect(&self.conninfo(), tokio_postgres::NoTls)
             .await

@@ -11,14 +11,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use outbox_event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 use pgoutput::logical::{Column, Decoder, LogicalMessage, Relation, TupleData};
 use tracing::debug;
 
 use crate::error::ReaderError;
-use crate::event::{
-    pg_to_unix_micros, CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem,
-};
 use crate::mapping::{ColumnMapping, TableName};
+use crate::pgtype::{self, pg_to_unix_micros};
 
 /// Mapped column positions of a relayed relation.
 #[derive(Debug, Clone)]
@@ -164,13 +163,11 @@ impl Assembler {
                 Some(c) => Some(require("correlation_id", c)?),
                 None => None,
             },
-            table: Arc::new(OutboxTable {
-                qualified_name: table.qualified(),
-                schema: table.schema.clone(),
-                name: table.name.clone(),
-                payload_type: r.columns[payload].type_oid,
-                headers_type: headers.map(|h| r.columns[h].type_oid),
-            }),
+            table: Arc::new(pgtype::outbox_table(
+                table,
+                r.columns[payload].type_oid,
+                headers.map(|h| r.columns[h].type_oid),
+            )),
         };
         Ok(Some(rel))
     }
@@ -184,7 +181,9 @@ fn column(tuple: &TupleData, i: usize) -> Option<Bytes> {
 }
 
 fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxEvent {
+    let payload = column(tuple, rel.payload);
     OutboxEvent {
+        body: pgtype::body(rel.table.payload_type, payload.as_ref()),
         table: rel.table.clone(),
         xid: tx.xid,
         commit_lsn: tx.commit_lsn,
@@ -194,7 +193,7 @@ fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxE
         aggregate_type: column(tuple, rel.aggregate_type),
         aggregate_id: column(tuple, rel.aggregate_id),
         event_type: column(tuple, rel.event_type),
-        payload: column(tuple, rel.payload),
+        payload,
         headers: rel.headers.and_then(|i| column(tuple, i)),
         correlation_id: rel.correlation_id.and_then(|i| column(tuple, i)),
     }

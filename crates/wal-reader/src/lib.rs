@@ -12,7 +12,7 @@
 //!                         assemble::Assembler (relation cache, column mapping)
 //!                                        │
 //!                                        ▼
-//!                 event::WalItem::{Event, Commit, Keepalive} in WalBatch (mpsc)
+//!          outbox_event::WalItem::{Event, Commit, Keepalive} in WalBatch (mpsc)
 //!
 //!  admin: slot / publication administration, slot SQL, and every precondition
 //!         (also the slot checks WalReader::start runs: admin::StreamStart)
@@ -35,10 +35,14 @@
 //!   detection, and a clean stop at a transaction boundary. Its module docs explain
 //!   how LSN progress is tracked.
 //! - [`assemble`]: pgoutput messages → outbox events and commit markers.
+//! - [`pgtype`]: what the payload column's Postgres type means for a message (its
+//!   body and content type), applied as events are built.
 //! - [`admin`]: creating, advancing and dropping slots and publications, reading slot
 //!   state, and the precondition checks behind `outbox-relay check` and
 //!   [`WalReader::start`]; the one place for slot SQL and name quoting.
-//! - [`event`]: the domain items the rest of the relay sees (no wire types).
+//!
+//! The events themselves ([`outbox_event`]: `OutboxEvent`, `WalItem`, `Lsn`, …) live
+//! in their own crate, which the publisher depends on instead of this one.
 //!
 //! # Start positions
 //!
@@ -54,14 +58,16 @@ pub mod assemble;
 pub mod conn;
 pub mod conninfo;
 pub mod error;
-pub mod event;
 pub mod mapping;
-pub mod redact;
+pub mod pgtype;
 pub mod stream;
 pub mod tls;
 
+/// The program's one password redaction (it lives with the events, which every
+/// crate shares).
+pub use outbox_event::redact;
+
 pub use conninfo::{PgConnectOptions, SslMode};
 pub use error::{ReaderError, ServerError};
-pub use event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 pub use mapping::{ColumnMapping, TableName};
 pub use stream::{OldestUnacked, ReaderConfig, ReaderExit, StartInfo, WalReader};

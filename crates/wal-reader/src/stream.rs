@@ -14,7 +14,7 @@
 //! # How LSN progress is tracked
 //!
 //! - Each transaction's events carry its commit LSN (from Begin); its
-//!   [`CommitMarker`](crate::event::CommitMarker) carries the *end* LSN of the commit record. Postgres resumes a
+//!   [`CommitMarker`](outbox_event::CommitMarker) carries the *end* LSN of the commit record. Postgres resumes a
 //!   slot *after* the confirmed position, so confirming a commit LSN would re-send that
 //!   transaction; the end LSN is the position to confirm.
 //! - The reader never decides what is confirmed: it reports as `flush` only what the
@@ -48,6 +48,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use outbox_event::{Lsn, WalBatch, WalItem};
 use pgoutput::replication::{
     encode_standby_status_update, parse_copy_data, pg_now_micros, ReplicationMessage,
 };
@@ -60,7 +61,6 @@ use crate::assemble::Assembler;
 use crate::conn::ReplicationConnection;
 use crate::conninfo::PgConnectOptions;
 use crate::error::ReaderError;
-use crate::event::{Lsn, WalBatch, WalItem};
 use crate::mapping::{ColumnMapping, TableName};
 
 /// What the reader needs to stream.

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use outbox_event::Lsn;
 use testkit::{pg_port, unique_name, TestDb};
 use tokio_postgres::{Client, NoTls};
 use wal_reader::admin::{
@@ -15,8 +16,8 @@ use wal_reader::admin::{
     check_slot_free, check_wal_level, create_slot, drop_slot, ensure_publication, require_slot,
     slot_state, AdminError, CheckStatus, Preflight,
 };
-use wal_reader::event::oid;
-use wal_reader::{ColumnMapping, Lsn, TableName};
+use wal_reader::pgtype::oid;
+use wal_reader::{ColumnMapping, TableName};
 
 // ------------------------------------------------------------------ helpers
 

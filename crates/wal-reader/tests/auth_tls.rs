@@ -205,7 +205,7 @@ async fn streams_over_tls_with_scram() {
     let items = r.collect_until(|i| commits(i) >= 1).await;
     assert!(items
         .iter()
-        .any(|i| matches!(i, wal_reader::WalItem::Event(_))));
+        .any(|i| matches!(i, outbox_event::WalItem::Event(_))));
     r.stop().await;
 }
 

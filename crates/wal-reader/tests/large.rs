@@ -4,8 +4,8 @@
 
 mod support;
 
+use outbox_event::WalItem;
 use support::*;
-use wal_reader::WalItem;
 
 /// Peak resident set size of this process (VmHWM), in kB.
 fn peak_rss_kb() -> u64 {

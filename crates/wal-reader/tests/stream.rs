@@ -5,10 +5,11 @@ mod support;
 
 use std::time::Duration;
 
+use outbox_event::{Lsn, WalItem};
 use support::*;
-use wal_reader::{event::oid, Lsn, WalItem};
+use wal_reader::pgtype::oid;
 
-fn events(items: &[WalItem]) -> Vec<&wal_reader::OutboxEvent> {
+fn events(items: &[WalItem]) -> Vec<&outbox_event::OutboxEvent> {
     items
         .iter()
         .filter_map(|i| match i {

@@ -14,10 +14,10 @@ use lapin::options::{
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
+use outbox_event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 use publisher::{Publisher, PublisherConfig, PublisherReport};
 use tokio::sync::{mpsc, watch, RwLock};
 use tokio::task::JoinHandle;
-use wal_reader::event::{oid, CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 
 /// Tests that need a healthy broker hold this for reading; the one test that blocks
 /// the whole broker (memory alarm) holds it for writing, so it never overlaps them.
@@ -232,13 +232,19 @@ pub fn message_id(d: &Delivery) -> String {
     d.properties.message_id().as_ref().unwrap().to_string()
 }
 
-pub fn table(name: &str, payload_type: u32) -> Arc<OutboxTable> {
+/// `content_type` of a JSON payload column (the reader chooses it).
+pub const JSON: &str = "application/json";
+
+/// A table as the reader describes it (the publisher reads only its name and the
+/// content type the reader chose; the type OIDs are left 0).
+pub fn table(name: &str, content_type: &'static str) -> Arc<OutboxTable> {
     Arc::new(OutboxTable {
         qualified_name: format!("public.{name}"),
         schema: "public".into(),
         name: name.into(),
-        payload_type,
-        headers_type: Some(oid::JSONB),
+        payload_type: 0,
+        headers_type: None,
+        content_type,
     })
 }
 
@@ -268,6 +274,7 @@ impl Stream {
         }
     }
 
+    /// An event whose payload is `payload` (the reader's body of it: NULL is empty).
     pub fn event(&mut self, payload: Option<Bytes>) -> OutboxEvent {
         let n = self.events;
         self.events += 1;
@@ -282,6 +289,7 @@ impl Stream {
             aggregate_type: Some(Bytes::from_static(b"order")),
             aggregate_id: Some(Bytes::from(format!("{}", n % 7))),
             event_type: Some(Bytes::from_static(b"created")),
+            body: payload.clone().unwrap_or_default(),
             payload,
             headers: Some(Bytes::from(format!(
                 r#"{{"seq":{n},"traceparent":"00-t-{n}-01"}}"#

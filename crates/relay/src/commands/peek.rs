@@ -18,12 +18,12 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
+use outbox_event::{Lsn, OutboxEvent, WalItem};
 use publisher::message::RoutingKeyTemplate;
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 use wal_reader::admin::{self, ident::quote_ident};
 use wal_reader::assemble::Assembler;
-use wal_reader::{Lsn, OutboxEvent, WalItem};
 
 use crate::cli::PeekArgs;
 use crate::config::Config;
@@ -217,7 +217,7 @@ fn to_json(p: &Pending) -> serde_json::Value {
         "aggregate_id": text(e.aggregate_id.as_ref()),
         "event_type": text(e.event_type.as_ref()),
         "routing_key": p.routing_key,
-        "content_type": publisher::message::content_type(e.table.payload_type),
+        "content_type": e.table.content_type,
         "payload": text(e.payload.as_ref()),
         "headers": text(e.headers.as_ref()),
         "correlation_id": text(e.correlation_id.as_ref()),
@@ -230,7 +230,8 @@ mod tests {
 
     use std::sync::Arc;
 
-    use wal_reader::{CommitMarker, OutboxTable};
+    use outbox_event::{CommitMarker, OutboxTable};
+    use wal_reader::pgtype::oid;
 
     use super::*;
 
@@ -240,8 +241,9 @@ mod tests {
                 qualified_name: "public.outbox".into(),
                 schema: "public".into(),
                 name: "outbox".into(),
-                payload_type: wal_reader::event::oid::JSONB,
+                payload_type: oid::JSONB,
                 headers_type: None,
+                content_type: "application/json",
             }),
             xid: 700 + i,
             commit_lsn: Lsn(0x100 * u64::from(i)),
@@ -252,6 +254,7 @@ mod tests {
             aggregate_id: Some(Bytes::from(format!("o-{i}"))),
             event_type: Some(Bytes::from_static(b"created")),
             payload: Some(Bytes::from(payload.to_string())),
+            body: Bytes::from(payload.to_string()),
             headers: None,
             correlation_id: None,
         }

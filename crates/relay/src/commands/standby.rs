@@ -3,9 +3,10 @@
 //! *sync-ready* cannot use the slot; one whose copy lags resumes from the copy's
 //! older position (the stored position, docs/design.md §3, spares what it can).
 
+use outbox_event::Lsn;
 use serde_json::json;
 use wal_reader::admin::SlotState;
-use wal_reader::{Lsn, PgConnectOptions};
+use wal_reader::PgConnectOptions;
 
 /// What one standby holds of the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,8 +1,8 @@
 //! `status [--json]`: the slot's state and what it costs the server.
 
+use outbox_event::Lsn;
 use serde_json::json;
 use wal_reader::admin::{self, SlotState};
-use wal_reader::Lsn;
 
 use crate::cli::StatusArgs;
 use crate::config::Config;

@@ -6,10 +6,11 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
+use outbox_event::Lsn;
 use publisher::PublisherConfig;
 use secrecy::ExposeSecret;
 use wal_reader::conninfo::ConnInfoError;
-use wal_reader::{ColumnMapping, Lsn, PgConnectOptions, ReaderConfig, TableName};
+use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName};
 
 use super::{redact_url, Config};
 

@@ -49,10 +49,11 @@ use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_event::Lsn;
 use publisher::{Publisher, PublisherConfig};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
-use wal_reader::{Lsn, ReaderConfig, ReaderError, WalReader};
+use wal_reader::{ReaderConfig, ReaderError, WalReader};
 
 use slot_advance::save_position;
 use stored::{min_of, stored_position, tap_events, warn_state, StateWriter, STATE_TIMEOUT};
@@ -126,7 +127,7 @@ pub async fn run_sessions(
     mut shutdown: Shutdown,
     health: Health,
 ) -> Result<(), CliError> {
-    let mut backoff = BACKOFF_INITIAL;
+    let mut attempt: u32 = 0;
     let mut standby_logged = false;
     let mut carried = Carried::default();
     loop {
@@ -146,9 +147,9 @@ pub async fn run_sessions(
             Ok(SessionEnd::Retry(side, why)) => {
                 metrics::counter!("outbox_relay_reconnects_total", "side" => side.label())
                     .increment(1);
-                let wait = backoff.mul_f64(jitter());
+                attempt = attempt.saturating_add(1);
+                let wait = publisher::backoff::delay(BACKOFF_INITIAL, BACKOFF_MAX, attempt);
                 warn!(error = %why, side = side.label(), retry_in = ?wait, "session ended; reconnecting");
-                backoff = (backoff * 2).min(BACKOFF_MAX);
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.requested() => {}
@@ -417,13 +418,4 @@ async fn session(
         }
     }
     outcome
-}
-
-/// A factor in [0.5, 1.0) for backoff jitter (no need for a random number crate).
-fn jitter() -> f64 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    0.5 + f64::from(nanos % 1000) / 2000.0
 }

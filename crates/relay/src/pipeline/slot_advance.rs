@@ -3,8 +3,9 @@
 
 use std::time::Duration;
 
+use outbox_event::Lsn;
 use tracing::{debug, info, warn};
-use wal_reader::{admin, Lsn, ReaderConfig};
+use wal_reader::{admin, ReaderConfig};
 
 /// Bound on saving the acked position to the slot (the advance decodes the WAL
 /// between the slot's position and the acked one).

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_event::{Lsn, WalBatch, WalItem};
 use publisher::PublisherStatus;
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, warn};
-use wal_reader::{Lsn, ReaderConfig, WalItem};
+use wal_reader::ReaderConfig;
 
 use super::Carried;
 use crate::state::{self, Resume, StateError};
@@ -133,9 +134,9 @@ pub(super) fn warn_state(carried: &mut Carried, e: &StateError) {
 /// writing: an idle outbox would otherwise write one row per interval forever, each
 /// write moving the WAL the next keepalive confirms).
 pub(super) fn tap_events(
-    mut rx: mpsc::Receiver<wal_reader::WalBatch>,
+    mut rx: mpsc::Receiver<WalBatch>,
     last_event_end: Arc<AtomicU64>,
-) -> mpsc::Receiver<wal_reader::WalBatch> {
+) -> mpsc::Receiver<WalBatch> {
     let (tx, out) = mpsc::channel(4);
     tokio::spawn(async move {
         while let Some(batch) = rx.recv().await {

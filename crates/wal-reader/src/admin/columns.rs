@@ -21,7 +21,7 @@ use crate::{ColumnMapping, TableName};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ColumnInfo {
     pub name: String,
-    /// `pg_attribute.atttypid` (see [`crate::event::oid`]).
+    /// `pg_attribute.atttypid` (see [`crate::pgtype::oid`]).
     pub type_oid: u32,
     pub not_null: bool,
 }

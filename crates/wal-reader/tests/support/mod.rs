@@ -3,11 +3,11 @@
 
 use std::time::Duration;
 
+use outbox_event::{Lsn, WalBatch, WalItem};
 use testkit::{unique_name, TestDb};
 use tokio::sync::{mpsc, watch};
 use wal_reader::{
-    ColumnMapping, Lsn, PgConnectOptions, ReaderConfig, ReaderError, ReaderExit, TableName,
-    WalBatch, WalItem, WalReader,
+    ColumnMapping, PgConnectOptions, ReaderConfig, ReaderError, ReaderExit, TableName, WalReader,
 };
 
 pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (

@@ -18,13 +18,13 @@
 //! live relay has delivered). The window is `[anchor's confirmed_flush_lsn, live
 //! slot's confirmed_flush_lsn]`; a start outside it exits 2.
 
+use outbox_event::{Lsn, WalBatch, WalItem};
 use publisher::PublisherReport;
 use tokio::sync::{mpsc, watch};
 use tokio_postgres::Client;
 use tracing::{info, warn};
 use wal_reader::admin::{self, ident};
-use wal_reader::event::{WalBatch, WalItem};
-use wal_reader::{Lsn, WalReader};
+use wal_reader::WalReader;
 
 use super::{check_report, connect_publisher, drop_stale, replay_slot_prefix, spawn_progress};
 use crate::anchor::anchor_slot_name;

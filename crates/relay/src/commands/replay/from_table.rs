@@ -16,14 +16,14 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use bytes::Bytes;
+use outbox_event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Client;
 use tracing::warn;
 use wal_reader::admin::{self, ident};
-use wal_reader::event::{CommitMarker, OutboxEvent, OutboxTable, WalBatch, WalItem};
-use wal_reader::Lsn;
+use wal_reader::pgtype;
 
 use super::{check_report, connect_publisher, drop_stale, spawn_progress};
 use crate::config::Config;
@@ -98,6 +98,7 @@ pub(super) async fn replay(
                 let text = |i: usize| r.get::<_, Option<String>>(i).map(Bytes::from);
                 // Never NULL: the page query leaves NULL created_at out.
                 last_micros = r.get::<_, Option<i64>>(9).unwrap_or(0);
+                let payload = text(4);
                 batch.push(WalItem::Event(OutboxEvent {
                     table: p.table.clone(),
                     xid: 0,
@@ -110,7 +111,8 @@ pub(super) async fn replay(
                     aggregate_type: text(1),
                     aggregate_id: text(2),
                     event_type: text(3),
-                    payload: text(4),
+                    body: pgtype::body(p.table.payload_type, payload.as_ref()),
+                    payload,
                     headers: text(5),
                     correlation_id: text(6),
                 }));
@@ -226,13 +228,11 @@ impl TablePlan {
         let null_count_sql = format!("SELECT count(*) FROM {table} WHERE {ca} IS NULL");
         let t = &cols.table;
         Ok(TablePlan {
-            table: Arc::new(OutboxTable {
-                qualified_name: t.qualified(),
-                schema: t.schema.clone(),
-                name: t.name.clone(),
-                payload_type: cols.payload.type_oid,
-                headers_type: cols.headers.as_ref().map(|h| h.type_oid),
-            }),
+            table: Arc::new(pgtype::outbox_table(
+                t,
+                cols.payload.type_oid,
+                cols.headers.as_ref().map(|h| h.type_oid),
+            )),
             count_sql,
             null_count_sql,
             page_sql,

@@ -20,13 +20,13 @@ use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
+use outbox_event::Lsn;
 use publisher::{Publisher, PublisherConfig, PublisherReport};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{info, warn};
 use wal_reader::admin;
-use wal_reader::Lsn;
 
 use crate::cli::{ReplayArgs, ReplaySource};
 use crate::config::Config;

@@ -1,30 +1,26 @@
-//! The reader's output: domain items, not wire types.
+//! The events the WAL reader hands to a publisher: the one vocabulary both sides
+//! depend on (docs/design.md §2), and nothing else of either side.
 //!
 //! For every committed transaction that touched a relayed outbox table the reader
 //! emits that transaction's [`OutboxEvent`]s in insert order, then one
 //! [`WalItem::Commit`]. Between transactions it emits [`WalItem::Keepalive`] with the
 //! server's WAL end, which the relay may confirm when nothing is in flight.
 //! Items travel in [`WalBatch`]es: one channel hop per socket read, not per event.
+//!
+//! An event arrives ready to send: the reader has already interpreted the Postgres
+//! types (the message body is decoded, the content type chosen), so a publisher
+//! needs no Postgres knowledge. [`Lsn`] is pgoutput's, re-exported here so that the
+//! workspace has one `Lsn`, imported as `outbox_event::Lsn`. [`redact`] is the
+//! program's one password redaction, shared by the reader, the publisher and the
+//! relay.
+
+pub mod redact;
 
 use std::fmt;
 use std::sync::Arc;
 
 use bytes::Bytes;
 pub use pgoutput::Lsn;
-
-/// Postgres type OIDs the relay treats specially (docs/design.md §5).
-pub mod oid {
-    pub const BYTEA: u32 = 17;
-    pub const TEXT: u32 = 25;
-    pub const JSON: u32 = 114;
-    pub const VARCHAR: u32 = 1043;
-    pub const BPCHAR: u32 = 1042;
-    pub const JSONB: u32 = 3802;
-    pub const UUID: u32 = 2950;
-}
-
-/// Microseconds between the Unix epoch and the Postgres epoch (2000-01-01).
-pub const PG_EPOCH_OFFSET_MICROS: i64 = 946_684_800_000_000;
 
 /// A relayed outbox table as the reader last saw it in a Relation message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,14 +29,19 @@ pub struct OutboxTable {
     pub qualified_name: String,
     pub schema: String,
     pub name: String,
-    /// Type OID of the payload column (decides body encoding and content type).
+    /// Type OID of the payload column (the reader derived `content_type` and each
+    /// event's `body` from it).
     pub payload_type: u32,
     /// Type OID of the headers column, if the table has one.
     pub headers_type: Option<u32>,
+    /// The messages' `content_type` (docs/design.md §5), chosen by the reader from
+    /// the payload column's type.
+    pub content_type: &'static str,
 }
 
 /// One committed outbox insert. Column values are the text form Postgres sends
 /// (pgoutput text mode), sliced from the WAL message without copying; `None` = NULL.
+/// [`OutboxEvent::body`] is the payload ready to send.
 #[derive(Debug, Clone)]
 pub struct OutboxEvent {
     pub table: Arc<OutboxTable>,
@@ -57,7 +58,14 @@ pub struct OutboxEvent {
     pub aggregate_type: Option<Bytes>,
     pub aggregate_id: Option<Bytes>,
     pub event_type: Option<Bytes>,
+    /// The payload column as Postgres renders it (bytea as its `\x…` text), for
+    /// display (`peek`).
     pub payload: Option<Bytes>,
+    /// The message body (docs/design.md §5): the payload's bytes, bytea decoded to
+    /// raw bytes, every other type as is (the same buffer as `payload`, not a
+    /// copy); NULL is an empty body.
+    pub body: Bytes,
+    /// The headers column's JSON text, as is.
     pub headers: Option<Bytes>,
     pub correlation_id: Option<Bytes>,
 }
@@ -98,9 +106,4 @@ impl fmt::Display for OutboxTable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.qualified_name)
     }
-}
-
-/// Converts a Postgres timestamp (µs since 2000-01-01) to µs since the Unix epoch.
-pub fn pg_to_unix_micros(pg_micros: i64) -> i64 {
-    pg_micros.saturating_add(PG_EPOCH_OFFSET_MICROS)
 }
