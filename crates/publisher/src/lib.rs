@@ -2,6 +2,8 @@
 //!
 //! # Dataflow
 //!
+//! Inside this crate (the whole path of a row is docs/design.md §2):
+//!
 //! ```text
 //!  wal-reader ──mpsc<WalBatch>──▶ Publisher::run (one task owns the connection)
 //!                                   │ Event  → MessageBuilder → Window (buffer)

@@ -1,10 +1,5 @@
-//! The relay pipeline: reader → publisher → LSN feedback, with reconnects.
-//!
-//! ```text
-//!   Postgres slot ──► WalReader ──mpsc<WalBatch> (bounded)──► Publisher ──► RabbitMQ
-//!        ▲                │                                       │
-//!        └─ status update ┘◄──────── watch<Lsn> acked watermark ◄─┘
-//! ```
+//! The relay pipeline: reader → publisher → LSN feedback, with reconnects. The path
+//! of one outbox row through it, file by file, is the diagram of docs/design.md §2.
 //!
 //! One *session* is a reader and a publisher running together. The reader owns the
 //! replication connection and reads only while the bounded channel has room; the
