@@ -123,7 +123,7 @@ impl PublisherConfig {
             exchange: exchange.into(),
             exchange_type: "topic".into(),
             declare_exchange: true,
-            routing_key: "{aggregate_type}.{event_type}".into(),
+            routing_key: message::DEFAULT_ROUTING_KEY.into(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             dead_letter_exchange: None,
             backoff_initial: DEFAULT_BACKOFF_INITIAL,

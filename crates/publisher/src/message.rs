@@ -59,35 +59,53 @@ pub struct RoutingKeyTemplate {
     parts: Vec<Part>,
 }
 
-impl RoutingKeyTemplate {
-    /// Compiles a template; an unknown or unclosed placeholder is an error.
-    pub fn parse(template: &str) -> Result<Self, PublishError> {
-        let invalid = |reason: String| PublishError::InvalidConfig {
+/// The default `routing_key` template.
+pub const DEFAULT_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
+
+/// The placeholders a routing-key template may use.
+pub const PLACEHOLDERS: [&str; 4] = ["aggregate_type", "aggregate_id", "event_type", "table"];
+
+/// Why a routing-key template is invalid (the sentence follows the config key's name).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoutingKeyError {
+    #[error("has a `}}` without a matching `{{`: fix the template")]
+    StrayClose,
+    #[error("has a `{{` without a closing `}}`: fix the template")]
+    Unclosed,
+    #[error("unknown placeholder `{{{0}}}`: use only {{aggregate_type}}, {{aggregate_id}}, {{event_type}}, {{table}}")]
+    Unknown(String),
+}
+
+impl From<RoutingKeyError> for PublishError {
+    fn from(e: RoutingKeyError) -> PublishError {
+        PublishError::InvalidConfig {
             key: "routing_key",
-            reason,
-        };
+            reason: e.to_string(),
+        }
+    }
+}
+
+impl RoutingKeyTemplate {
+    /// Compiles a template (the project's one parser of it): an unknown or unclosed
+    /// placeholder, or a `}` without a `{`, is an error.
+    pub fn parse(template: &str) -> Result<Self, RoutingKeyError> {
         let mut parts = Vec::new();
         let mut rest = template;
-        while let Some(open) = rest.find('{') {
+        while let Some(open) = rest.find(['{', '}']) {
+            if rest[open..].starts_with('}') {
+                return Err(RoutingKeyError::StrayClose);
+            }
             if open > 0 {
                 parts.push(Part::Literal(rest[..open].to_string()));
             }
             let after = &rest[open + 1..];
-            let close = after.find('}').ok_or_else(|| {
-                invalid(format!(
-                    "{template:?} has a '{{' without a closing '}}'; close the placeholder"
-                ))
-            })?;
+            let close = after.find('}').ok_or(RoutingKeyError::Unclosed)?;
             parts.push(match &after[..close] {
                 "aggregate_type" => Part::AggregateType,
                 "aggregate_id" => Part::AggregateId,
                 "event_type" => Part::EventType,
                 "table" => Part::Table,
-                other => {
-                    return Err(invalid(format!(
-                        "unknown placeholder {{{other}}} in {template:?}; use {{aggregate_type}}, {{aggregate_id}}, {{event_type}} or {{table}}"
-                    )))
-                }
+                other => return Err(RoutingKeyError::Unknown(other.to_string())),
             });
             rest = &after[close + 1..];
         }
@@ -431,6 +449,14 @@ mod tests {
         assert_eq!(t.render(&e), ".created");
         assert!(RoutingKeyTemplate::parse("{nope}").is_err());
         assert!(RoutingKeyTemplate::parse("a.{event_type").is_err());
+        assert_eq!(
+            RoutingKeyTemplate::parse("a}"),
+            Err(RoutingKeyError::StrayClose)
+        );
+        assert_eq!(
+            RoutingKeyTemplate::parse("{nope}"),
+            Err(RoutingKeyError::Unknown("nope".into()))
+        );
         let long = "é".repeat(200);
         let t = RoutingKeyTemplate::parse(&long).unwrap();
         let key = t.render(&e);

@@ -44,7 +44,6 @@ use std::time::Duration;
 
 use figment::providers::{Format, Toml};
 use figment::Figment;
-use publisher::PublisherConfig;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use wal_reader::ColumnMapping;
@@ -99,10 +98,6 @@ pub const MIN_STATUS_INTERVAL_MS: u64 = 100;
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
 /// Default `relay.shutdown_timeout_ms`.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
-
-/// The placeholders `rabbitmq.routing_key` may use.
-pub const ROUTING_KEY_PLACEHOLDERS: &[&str] =
-    &["aggregate_type", "aggregate_id", "event_type", "table"];
 
 /// Where the configuration came from, for `check` and logs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -276,7 +271,7 @@ impl Default for RabbitMqConfig {
             exchange_type: DEFAULT_EXCHANGE_TYPE,
             declare_exchange: DEFAULT_DECLARE_EXCHANGE,
             // The publisher's defaults (one source for both).
-            routing_key: PublisherConfig::new("", "").routing_key,
+            routing_key: publisher::message::DEFAULT_ROUTING_KEY.to_string(),
             max_in_flight: publisher::DEFAULT_MAX_IN_FLIGHT,
             dead_letter_exchange: DEFAULT_DEAD_LETTER_EXCHANGE.to_string(),
             ca_file: DEFAULT_CA_FILE.to_string(),

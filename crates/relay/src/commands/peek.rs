@@ -49,7 +49,8 @@ struct Pending {
 
 /// Prints up to `--limit` pending events, oldest first.
 pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
-    let routing = RoutingKeyTemplate::parse(&cfg.rabbitmq.routing_key)?;
+    let routing = RoutingKeyTemplate::parse(&cfg.rabbitmq.routing_key)
+        .map_err(publisher::PublishError::from)?;
     let client = crate::sql::connect_for_command(cfg).await?;
     let slot = admin::require_slot(&client, &cfg.postgres.slot).await?;
     if let Some(pid) = slot.holder() {

@@ -8,7 +8,9 @@ use secrecy::ExposeSecret;
 use wal_reader::TableName;
 
 use super::error::closest;
-use super::{Config, ConfigError, MIN_STATUS_INTERVAL_MS, ROUTING_KEY_PLACEHOLDERS};
+use publisher::message::{RoutingKeyError, RoutingKeyTemplate, PLACEHOLDERS};
+
+use super::{Config, ConfigError, MIN_STATUS_INTERVAL_MS};
 
 impl Config {
     /// Checks the values serde cannot: ranges, names, the routing key template, the
@@ -243,40 +245,25 @@ pub(super) fn validate_identifier(
 /// Checks that every `{...}` in the template is a known placeholder and braces balance.
 pub fn validate_routing_key(template: &str) -> Result<(), ConfigError> {
     const KEY: &str = "rabbitmq.routing_key";
-    let mut rest = template;
-    while let Some(i) = rest.find(['{', '}']) {
-        if rest[i..].starts_with('}') {
-            return Err(ConfigError::invalid(
-                KEY,
-                "has a `}` without a matching `{`: fix the template",
-            ));
-        }
-        let after = &rest[i + 1..];
-        let Some(end) = after.find('}') else {
-            return Err(ConfigError::invalid(
-                KEY,
-                "has a `{` without a closing `}`: fix the template",
-            ));
-        };
-        let name = &after[..end];
-        if !ROUTING_KEY_PLACEHOLDERS.contains(&name) {
-            let hint = match closest(name, ROUTING_KEY_PLACEHOLDERS) {
+    match RoutingKeyTemplate::parse(template) {
+        Ok(_) => Ok(()),
+        Err(RoutingKeyError::Unknown(name)) => {
+            let hint = match closest(&name, &PLACEHOLDERS) {
                 Some(s) => format!("did you mean `{{{s}}}`?"),
                 None => format!(
                     "use only {}",
-                    ROUTING_KEY_PLACEHOLDERS
+                    PLACEHOLDERS
                         .iter()
                         .map(|p| format!("{{{p}}}"))
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
             };
-            return Err(ConfigError::invalid(
+            Err(ConfigError::invalid(
                 KEY,
                 format!("unknown placeholder `{{{name}}}`: {hint}"),
-            ));
+            ))
         }
-        rest = &after[end + 1..];
+        Err(e) => Err(ConfigError::invalid(KEY, e.to_string())),
     }
-    Ok(())
 }
