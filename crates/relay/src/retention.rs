@@ -225,18 +225,19 @@ enum End {
 impl Retention {
     /// Connects, and reconnects with backoff after a failure, until stopped.
     async fn run_until_stopped(self, mut stop: Shutdown) {
-        let mut backoff = self.tick;
+        let mut attempt: u32 = 0;
         let mut markers = VecDeque::new();
         loop {
             match self.connected(&mut stop, &mut markers).await {
                 End::Stopped => return,
                 End::Failed(e) => {
+                    attempt = attempt.saturating_add(1);
+                    let backoff = publisher::backoff::delay(self.tick, BACKOFF_MAX, attempt);
                     warn!(error = %e, retry_in = ?backoff, "retention pass failed");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
                         _ = stop.requested() => return,
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                 }
             }
         }

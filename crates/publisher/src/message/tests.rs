@@ -1,0 +1,238 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+
+const JSON: &str = "application/json";
+const BINARY: &str = "application/octet-stream";
+
+/// The reader's table (the publisher reads only its name and content type).
+fn table(content_type: &'static str) -> Arc<OutboxTable> {
+    Arc::new(OutboxTable {
+        qualified_name: "public.outbox".into(),
+        schema: "public".into(),
+        name: "outbox".into(),
+        payload_type: 0,
+        headers_type: None,
+        content_type,
+    })
+}
+
+fn event(content_type: &'static str, payload: Option<&'static [u8]>) -> OutboxEvent {
+    OutboxEvent {
+        table: table(content_type),
+        xid: 4242,
+        commit_lsn: Lsn(0x1_0000_00A0),
+        commit_time_micros: 1_700_000_000_123_456,
+        index: 3,
+        id: Some(Bytes::from_static(b"6f1c2a4e-0000-4000-8000-000000000001")),
+        aggregate_type: Some(Bytes::from_static(b"order")),
+        aggregate_id: Some(Bytes::from_static(b"42")),
+        event_type: Some(Bytes::from_static(b"created")),
+        payload: payload.map(Bytes::from_static),
+        body: payload.map(Bytes::from_static).unwrap_or_default(),
+        headers: Some(Bytes::from_static(
+            br#"{"traceparent":"00-abc-def-01","n":5,"o":{"a":[1,true]},"aggregate_type":"spoof"}"#,
+        )),
+        correlation_id: None,
+    }
+}
+
+fn text(v: Option<&AMQPValue>) -> String {
+    match v {
+        Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
+        other => panic!("not a long string: {other:?}"),
+    }
+}
+
+#[test]
+fn routing_key_template() {
+    let t = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+    assert_eq!(t.render(&event(JSON, None)), "order.created");
+    let t = RoutingKeyTemplate::parse("x.{table}:{aggregate_id}-").unwrap();
+    assert_eq!(t.render(&event(JSON, None)), "x.public.outbox:42-");
+    let t = RoutingKeyTemplate::parse("fixed").unwrap();
+    assert_eq!(t.render(&event(JSON, None)), "fixed");
+    let mut e = event(JSON, None);
+    e.aggregate_type = None;
+    let t = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+    assert_eq!(t.render(&e), ".created");
+    assert!(RoutingKeyTemplate::parse("{nope}").is_err());
+    assert!(RoutingKeyTemplate::parse("a.{event_type").is_err());
+    assert_eq!(
+        RoutingKeyTemplate::parse("a}"),
+        Err(RoutingKeyError::StrayClose)
+    );
+    assert_eq!(
+        RoutingKeyTemplate::parse("{nope}"),
+        Err(RoutingKeyError::Unknown("nope".into()))
+    );
+    let long = "é".repeat(200);
+    let t = RoutingKeyTemplate::parse(&long).unwrap();
+    let key = t.render(&e);
+    assert!(key.len() <= 255 && key.len() >= 254);
+}
+
+#[test]
+fn headers_and_properties() {
+    let mut b = MessageBuilder::new(
+        "{aggregate_type}.{event_type}",
+        &[("replay".into(), "true".into())],
+    )
+    .unwrap();
+    let mut e = event(JSON, Some(br#"{"a": 1}"#));
+    e.correlation_id = Some(Bytes::from_static(b"corr-1"));
+    let m = b.build(&e);
+    assert_eq!(m.routing_key.as_str(), "order.created");
+    assert_eq!(m.body.as_ref(), br#"{"a": 1}"#);
+    let p = &m.properties;
+    assert_eq!(
+        p.message_id().as_ref().unwrap().as_str(),
+        "6f1c2a4e-0000-4000-8000-000000000001"
+    );
+    assert_eq!(p.kind().as_ref().unwrap().as_str(), "created");
+    assert_eq!(
+        p.content_type().as_ref().unwrap().as_str(),
+        "application/json"
+    );
+    assert_eq!(*p.delivery_mode(), Some(2));
+    assert_eq!(*p.timestamp(), Some(1_700_000_000));
+    assert_eq!(p.app_id().as_ref().unwrap().as_str(), "outbox-relay");
+    assert_eq!(p.correlation_id().as_ref().unwrap().as_str(), "corr-1");
+    let h = p.headers().as_ref().unwrap().inner();
+    assert_eq!(text(h.get("aggregate_type")), "order");
+    assert_eq!(text(h.get("aggregate_id")), "42");
+    assert_eq!(text(h.get("event_type")), "created");
+    assert_eq!(text(h.get("outbox_table")), "public.outbox");
+    assert_eq!(text(h.get("commit_lsn")), "1/A0");
+    assert_eq!(h.get("xid"), Some(&AMQPValue::LongLongInt(4242)));
+    assert_eq!(text(h.get("traceparent")), "00-abc-def-01");
+    assert_eq!(text(h.get("n")), "5");
+    assert_eq!(text(h.get("o")), r#"{"a":[1,true]}"#);
+    assert_eq!(text(h.get("replay")), "true");
+    assert_eq!(h.get("tx_index"), Some(&AMQPValue::LongLongInt(3)));
+    assert_eq!(h.len(), 11);
+    assert_eq!(
+        returned_key(p),
+        Some(EventKey {
+            commit_lsn: Lsn(0x1_0000_00A0),
+            index: 3
+        })
+    );
+
+    // Cached table value is reused and still right for another table.
+    let mut other = event(BINARY, None);
+    other.table = Arc::new(OutboxTable {
+        qualified_name: "s.t".into(),
+        ..(*table(BINARY)).clone()
+    });
+    other.headers = Some(Bytes::from_static(b"not json"));
+    let m = b.build(&other);
+    let h = m.properties.headers().as_ref().unwrap().inner();
+    assert_eq!(text(h.get("outbox_table")), "s.t");
+    assert_eq!(h.len(), 8);
+    assert!(m.properties.correlation_id().is_none());
+    assert_eq!(
+        m.properties.content_type().as_ref().unwrap().as_str(),
+        "application/octet-stream"
+    );
+    assert!(m.body.is_empty());
+}
+
+mod reserved_tests {
+    use super::*;
+
+    fn event(headers: &'static [u8]) -> OutboxEvent {
+        OutboxEvent {
+            table: Arc::new(OutboxTable {
+                qualified_name: "public.outbox".into(),
+                schema: "public".into(),
+                name: "outbox".into(),
+                payload_type: 0,
+                headers_type: None,
+                content_type: "application/json",
+            }),
+            xid: 7,
+            commit_lsn: Lsn(0x10),
+            commit_time_micros: 0,
+            index: 0,
+            id: Some(Bytes::from_static(b"id-1")),
+            aggregate_type: Some(Bytes::from_static(b"order")),
+            aggregate_id: Some(Bytes::from_static(b"1")),
+            event_type: Some(Bytes::from_static(b"created")),
+            payload: Some(Bytes::from_static(b"{}")),
+            body: Bytes::from_static(b"{}"),
+            headers: Some(Bytes::from_static(headers)),
+            correlation_id: None,
+        }
+    }
+
+    #[test]
+    fn reserved_keys_of_the_headers_column_are_dropped() {
+        let mut b = MessageBuilder::new("k", &[]).unwrap();
+        let m = b.build(&event(
+        br#"{"CC":"x","BCC":["y"],"x-death":1,"x-first-death-queue":"q","x-outbox-error":"spoof","x-original-exchange":"e","cc":"kept","x-delay":5}"#,
+    ));
+        let h = m.properties.headers().as_ref().unwrap().inner();
+        for key in [
+            "CC",
+            "BCC",
+            "x-death",
+            "x-first-death-queue",
+            "x-outbox-error",
+            "x-original-exchange",
+        ] {
+            assert!(h.get(key).is_none(), "{key} was copied");
+        }
+        assert!(h.get("cc").is_some());
+        assert!(h.get("x-delay").is_some());
+    }
+
+    #[test]
+    fn dead_letter_copies() {
+        let mut b = MessageBuilder::new("k", &[("replay".into(), "true".into())]).unwrap();
+        let m = b.build(&event(br#"{"tenant":"a"}"#));
+        let text = |m: &OutboundMessage, k: &str| match m
+            .properties
+            .headers()
+            .as_ref()
+            .unwrap()
+            .inner()
+            .get(k)
+        {
+            Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
+            other => panic!("{k}: {other:?}"),
+        };
+        let copy = m.dead_letter_copy(
+            "main",
+            &DeadLetterReason::Unroutable {
+                exchange: "main".into(),
+                routing_key: "k".into(),
+            },
+        );
+        assert_eq!(copy.body, m.body);
+        assert_eq!(text(&copy, "x-outbox-error"), "unroutable");
+        assert_eq!(text(&copy, "x-original-routing-key"), "k");
+        assert_eq!(text(&copy, "tenant"), "a");
+        assert_eq!(returned_key(&copy.properties), Some(m.key));
+
+        let notice = m.dead_letter_copy(
+            "main",
+            &DeadLetterReason::Refused {
+                reason: "too large".into(),
+            },
+        );
+        assert!(notice.body.is_empty());
+        assert!(text(&notice, "x-outbox-error").contains("too large"));
+        assert_eq!(text(&notice, "replay"), "true");
+        let h = notice.properties.headers().as_ref().unwrap().inner();
+        assert!(h.get("tenant").is_none());
+        assert_eq!(
+            h.get("x-outbox-body-bytes"),
+            Some(&AMQPValue::LongLongInt(2))
+        );
+        assert_eq!(
+            notice.properties.message_id().as_ref().unwrap().as_str(),
+            "id-1"
+        );
+        assert_eq!(returned_key(&notice.properties), Some(m.key));
+    }
+}
