@@ -426,10 +426,11 @@ async fn terminate(c: &Client, slot: &str, pid: i32) -> Result<(), AdminError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn state() -> SlotState {
+    /// A usable, idle slot (shared by the admin module's unit tests).
+    pub(crate) fn state() -> SlotState {
         SlotState {
             slot_name: "s".into(),
             plugin: Some("pgoutput".into()),

@@ -98,24 +98,7 @@ impl StreamStart {
 mod tests {
     use super::*;
 
-    fn state() -> SlotState {
-        SlotState {
-            slot_name: "s".into(),
-            plugin: Some("pgoutput".into()),
-            slot_type: "logical".into(),
-            database: Some("app".into()),
-            active: false,
-            active_pid: None,
-            confirmed_flush_lsn: Some(Lsn(0x100)),
-            restart_lsn: Some(Lsn(0x80)),
-            wal_status: Some("reserved".into()),
-            safe_wal_size: None,
-            retained_wal_bytes: Some(0x80),
-            two_phase: false,
-            failover: false,
-            current_wal_lsn: Lsn(0x100),
-        }
-    }
+    use crate::admin::slot::tests::state;
 
     #[test]
     fn stream_start_reads_text_and_checks_the_slot() {
