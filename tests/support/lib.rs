@@ -14,7 +14,7 @@ use std::time::Duration;
 use testkit::amqp::{Msg, Received, TestBroker};
 use testkit::{unique_name, TestDb};
 
-/// The `outbox-relay` binary the tests run: `OUTBOX_RELAY_BIN` when set (e.g. a
+/// The `outbox-relay` binary the tests run: `OUTBOX_TEST_RELAY_BIN` when set (e.g. a
 /// release build), else the workspace's build of it, brought up to date once per
 /// test process with `cargo build` (the same profile as the tests). The first call
 /// blocks for that build: make it before opening connections (the constructors
@@ -22,7 +22,7 @@ use testkit::{unique_name, TestDb};
 /// a no-op there.
 pub fn bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| match std::env::var_os("OUTBOX_RELAY_BIN") {
+    BIN.get_or_init(|| match std::env::var_os("OUTBOX_TEST_RELAY_BIN") {
         Some(path) => PathBuf::from(path),
         None => build_relay(),
     })
