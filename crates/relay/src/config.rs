@@ -276,8 +276,9 @@ pub struct RabbitMqConfig {
     pub stream_url: Vec<SecretString>,
     /// Create the stream if it is missing.
     pub declare_stream: bool,
-    /// Retention of a declared stream by size (`max-length-bytes`); none when absent.
-    pub max_length_bytes: Option<u64>,
+    /// Retention of a declared stream by size in bytes (`max-length-bytes`); 0 = no
+    /// size limit.
+    pub max_length_bytes: u64,
     /// Retention of a declared stream by age (`max-age`), e.g. `"7d"`; `""` = none.
     #[serde(deserialize_with = "de_duration")]
     pub max_age: Option<Duration>,
@@ -299,7 +300,7 @@ impl Default for RabbitMqConfig {
             stream: DEFAULT_STREAM.to_string(),
             stream_url: vec![SecretString::from(DEFAULT_STREAM_URL)],
             declare_stream: DEFAULT_DECLARE_STREAM,
-            max_length_bytes: None,
+            max_length_bytes: 0,
             max_age: None,
         }
     }

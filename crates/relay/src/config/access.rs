@@ -157,10 +157,13 @@ impl Config {
             .iter()
             .map(|u| u.expose_secret().to_string())
             .collect();
-        let mut s = StreamConfig::new(urls.first().cloned().unwrap_or_default(), &self.rabbitmq.stream);
+        let mut s = StreamConfig::new(
+            urls.first().cloned().unwrap_or_default(),
+            &self.rabbitmq.stream,
+        );
         s.urls = urls;
         s.declare_stream = self.rabbitmq.declare_stream;
-        s.max_length_bytes = self.rabbitmq.max_length_bytes;
+        s.max_length_bytes = Some(self.rabbitmq.max_length_bytes).filter(|&b| b > 0);
         s.max_age = self.rabbitmq.max_age;
         s.producer_reference = Some(producer_reference(&self.postgres.slot));
         s.max_in_flight = self.rabbitmq.max_in_flight;

@@ -105,13 +105,6 @@ impl Config {
                 validate_stream_url(u.expose_secret(), i)?;
             }
         }
-        if r.max_length_bytes == Some(0) {
-            return Err(ConfigError::invalid(
-                "rabbitmq.max_length_bytes",
-                "0 would keep nothing: set a size in bytes like 20000000000, or remove the key for no size limit",
-            ));
-        }
-
         if self.relay.status_interval_ms < MIN_STATUS_INTERVAL_MS {
             return Err(ConfigError::invalid(
                 "relay.status_interval_ms",
