@@ -47,7 +47,9 @@ async fn stream_target_end_to_end() {
     let out = env.cli_env(&["check"], &vars);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert!(
-        stdout(&out).contains(&format!("ok    rabbitmq stream: connected; stream {stream} exists or was declared")),
+        stdout(&out).contains(&format!(
+            "ok    rabbitmq stream: connected; stream {stream} exists or was declared"
+        )),
         "{}",
         stdout(&out)
     );
@@ -80,7 +82,10 @@ async fn stream_target_end_to_end() {
     assert!(out.status.success(), "{}", stderr(&out));
     let lines: Vec<String> = stdout(&out).lines().map(str::to_string).collect();
     assert_eq!(lines.len(), 3, "{lines:?}");
-    assert!(lines[0].contains(&format!(" stream={stream} ")), "{lines:?}");
+    assert!(
+        lines[0].contains(&format!(" stream={stream} ")),
+        "{lines:?}"
+    );
     assert!(!lines[0].contains("routing_key="), "{lines:?}");
     let out = env.cli_env(&["peek", "--json", "--limit", "1"], &vars);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -90,12 +95,19 @@ async fn stream_target_end_to_end() {
 
     let relay = env.start_env(&[], &vars);
     let msgs = read_stream(&stream, 1 + total_seq as usize, QUIET, WAIT).await;
-    assert_eq!(msgs.len() as u64, 1 + total_seq, "one message per committed row");
+    assert_eq!(
+        msgs.len() as u64,
+        1 + total_seq,
+        "one message per committed row"
+    );
 
     // The first message: body and properties (docs/streams.md).
     let m = &msgs[0];
     assert_eq!(m.text(), "{\"total\": 12.50}");
-    assert_eq!(m.message_id.as_deref(), Some("00000000-0000-0000-0000-0000000000a1"));
+    assert_eq!(
+        m.message_id.as_deref(),
+        Some("00000000-0000-0000-0000-0000000000a1")
+    );
     assert_eq!(m.content_type.as_deref(), Some("application/json"));
     assert!(m.has_creation_time, "{m:?}");
     assert_eq!(m.prop("aggregate_type"), Some("order"));
@@ -112,16 +124,32 @@ async fn stream_target_end_to_end() {
     assert_eq!(m.prop("replay"), None);
     // Publishing ids 1, 2, … in stream order.
     for (i, m) in msgs.iter().enumerate() {
-        assert_eq!(m.prop("x-outbox-publishing-id"), Some((i as u64 + 1).to_string().as_str()));
+        assert_eq!(
+            m.prop("x-outbox-publishing-id"),
+            Some((i as u64 + 1).to_string().as_str())
+        );
         assert_eq!(m.prop("x-outbox-producer"), Some(producer.as_str()));
     }
     // The rest: seq 1..=268 exactly once, in commit order; a transaction's rows share
     // its commit LSN and count tx_index from 0.
     assert_eq!(assert_exactly_once(&msgs[1..], total_seq), 0);
-    let last_tx: Vec<_> = msgs[msgs.len() - 200..].iter().map(|m| m.order_key()).collect();
-    assert!(last_tx.iter().all(|k| k.0 == last_tx[0].0), "one commit LSN");
-    assert_eq!(last_tx.iter().map(|k| k.1).collect::<Vec<_>>(), (0..200).collect::<Vec<u64>>());
-    assert_ne!(msgs[1].order_key().0, msgs[2].order_key().0, "separate transactions");
+    let last_tx: Vec<_> = msgs[msgs.len() - 200..]
+        .iter()
+        .map(|m| m.order_key())
+        .collect();
+    assert!(
+        last_tx.iter().all(|k| k.0 == last_tx[0].0),
+        "one commit LSN"
+    );
+    assert_eq!(
+        last_tx.iter().map(|k| k.1).collect::<Vec<_>>(),
+        (0..200).collect::<Vec<u64>>()
+    );
+    assert_ne!(
+        msgs[1].order_key().0,
+        msgs[2].order_key().0,
+        "separate transactions"
+    );
 
     // A clean stop and a restart publish nothing again.
     let (code, log) = relay.terminate();
@@ -138,13 +166,28 @@ async fn stream_target_end_to_end() {
     let out = env.cli_env(&["replay", "--from-table"], &vars);
     assert!(out.status.success(), "{}", stderr(&out));
     let all = read_stream(&stream, 2 * (1 + total_seq as usize + 3), QUIET, WAIT).await;
-    assert_eq!(all.len(), 2 * (1 + total_seq as usize + 3), "the copies appended");
+    assert_eq!(
+        all.len(),
+        2 * (1 + total_seq as usize + 3),
+        "the copies appended"
+    );
     let (live, copies) = all.split_at(1 + total_seq as usize + 3);
     assert!(live.iter().all(|m| m.prop("replay").is_none()));
-    assert!(copies.iter().all(|m| m.prop("replay") == Some("true")), "{:?}", copies[0]);
-    assert!(copies.iter().all(|m| m.prop("x-outbox-producer").is_none()), "{:?}", copies[0]);
+    assert!(
+        copies.iter().all(|m| m.prop("replay") == Some("true")),
+        "{:?}",
+        copies[0]
+    );
+    assert!(
+        copies.iter().all(|m| m.prop("x-outbox-producer").is_none()),
+        "{:?}",
+        copies[0]
+    );
     let mut live_ids: Vec<_> = live.iter().map(|m| m.message_id.clone().unwrap()).collect();
-    let mut copy_ids: Vec<_> = copies.iter().map(|m| m.message_id.clone().unwrap()).collect();
+    let mut copy_ids: Vec<_> = copies
+        .iter()
+        .map(|m| m.message_id.clone().unwrap())
+        .collect();
     live_ids.sort();
     copy_ids.sort();
     assert_eq!(live_ids, copy_ids);
@@ -163,7 +206,11 @@ async fn check_fails_for_a_missing_stream_not_declared() {
     vars.push(("OUTBOX_RELAY_RABBITMQ_DECLARE_STREAM", "false".into()));
     let out = env.cli_env(&["check"], &as_refs(&vars));
     assert!(!out.status.success(), "{}{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("FAIL  rabbitmq stream"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("FAIL  rabbitmq stream"),
+        "{}",
+        stdout(&out)
+    );
     assert!(!stream_exists(&stream).await);
     env.cleanup().await;
 }

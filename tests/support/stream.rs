@@ -38,9 +38,12 @@ impl StreamMsg {
 
     /// `(commit_lsn, tx_index)`: the commit order key.
     pub fn order_key(&self) -> (u64, u64) {
-        let lsn = self.prop("commit_lsn").and_then(parse_lsn).unwrap_or_else(|| {
-            panic!("no commit_lsn property: {self:?}");
-        });
+        let lsn = self
+            .prop("commit_lsn")
+            .and_then(parse_lsn)
+            .unwrap_or_else(|| {
+                panic!("no commit_lsn property: {self:?}");
+            });
         let index = self
             .prop("tx_index")
             .and_then(|i| i.parse().ok())
@@ -77,7 +80,10 @@ fn text_of(v: &SimpleValue) -> String {
 /// `String("...")` is unwrapped).
 fn id_text(id: &impl std::fmt::Debug) -> String {
     let d = format!("{id:?}");
-    match d.strip_prefix("String(\"").and_then(|r| r.strip_suffix("\")")) {
+    match d
+        .strip_prefix("String(\"")
+        .and_then(|r| r.strip_suffix("\")"))
+    {
         Some(s) => s.to_string(),
         None => d,
     }
@@ -141,7 +147,9 @@ pub async fn read_stream(
                     offset: d.offset(),
                     body: m.data().map(<[u8]>::to_vec).unwrap_or_default(),
                     message_id: p.and_then(|p| p.message_id.as_ref()).map(id_text),
-                    content_type: p.and_then(|p| p.content_type.as_ref()).map(|s| s.to_string()),
+                    content_type: p
+                        .and_then(|p| p.content_type.as_ref())
+                        .map(|s| s.to_string()),
                     has_creation_time: p.is_some_and(|p| p.creation_time.is_some()),
                     props,
                 });
@@ -196,7 +204,11 @@ pub fn assert_exactly_once(msgs: &[StreamMsg], n: u64) -> usize {
             _ => foreign.push(m.clone()),
         }
     }
-    assert!(foreign.is_empty(), "unexpected messages: {:?}", &foreign[..foreign.len().min(5)]);
+    assert!(
+        foreign.is_empty(),
+        "unexpected messages: {:?}",
+        &foreign[..foreign.len().min(5)]
+    );
     let duplicates: Vec<usize> = (1..=n as usize).filter(|&s| seen[s] > 1).collect();
     let missing: Vec<usize> = (1..=n as usize).filter(|&s| seen[s] == 0).collect();
     assert!(
@@ -222,7 +234,13 @@ pub fn assert_exactly_once(msgs: &[StreamMsg], n: u64) -> usize {
             w[0].prop("aggregate_id").unwrap().parse().unwrap(),
             w[1].prop("aggregate_id").unwrap().parse().unwrap(),
         );
-        assert_eq!(a + 1, b, "seq order at offsets {} and {}", w[0].offset, w[1].offset);
+        assert_eq!(
+            a + 1,
+            b,
+            "seq order at offsets {} and {}",
+            w[0].offset,
+            w[1].offset
+        );
     }
     0
 }
