@@ -91,8 +91,6 @@ pub const DEFAULT_CA_FILE: &str = "";
 pub const DEFAULT_HEARTBEAT_SECS: u64 = 0;
 /// Default `rabbitmq.stream` (none: publish to the exchange).
 pub const DEFAULT_STREAM: &str = "";
-/// Default `rabbitmq.stream_url`.
-pub const DEFAULT_STREAM_URL: &str = "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f";
 /// Default `rabbitmq.declare_stream`.
 pub const DEFAULT_DECLARE_STREAM: bool = true;
 
@@ -298,7 +296,7 @@ impl Default for RabbitMqConfig {
             ca_file: DEFAULT_CA_FILE.to_string(),
             heartbeat_secs: DEFAULT_HEARTBEAT_SECS,
             stream: DEFAULT_STREAM.to_string(),
-            stream_url: vec![SecretString::from(DEFAULT_STREAM_URL)],
+            stream_url: vec![SecretString::from(publisher::stream::DEFAULT_STREAM_URL)],
             declare_stream: DEFAULT_DECLARE_STREAM,
             max_length_bytes: 0,
             max_age: None,
