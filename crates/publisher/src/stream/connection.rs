@@ -9,6 +9,7 @@ use std::time::Duration;
 use rabbitmq_stream_client::error::ClientError;
 use rabbitmq_stream_client::types::{ResponseCode, ResponseKind};
 use rabbitmq_stream_client::{Client, ClientOptions, TlsConfiguration};
+
 use tokio::sync::mpsc;
 
 use super::StreamConfig;
@@ -99,10 +100,9 @@ impl Endpoint {
     }
 
     pub(super) fn options(&self, config: &StreamConfig) -> Result<ClientOptions, PublishError> {
-        let tls = if self.tls {
-            // The client builds its TLS configuration with rustls' process-wide
-            // default provider; this crate uses ring.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut tls = TlsConfiguration::default();
+        tls.enable(self.tls);
+        if self.tls {
             let roots = config
                 .ca_file
                 .clone()
@@ -113,13 +113,9 @@ impl Endpoint {
                     reason: "not readable".into(),
                 });
             }
-            TlsConfiguration::Trusted {
-                root_certificates_path: roots,
-                client_certificates: None,
-            }
-        } else {
-            TlsConfiguration::Disabled
-        };
+            tls.trust_certificates(false);
+            tls.add_root_certificates_path(roots.display().to_string());
+        }
         Ok(ClientOptions::builder()
             .host(&self.host)
             .port(self.port)
@@ -127,7 +123,6 @@ impl Endpoint {
             .password(&self.password)
             .v_host(&self.vhost)
             .tls(tls)
-            .client_provided_name("outbox-relay".to_string())
             .build())
     }
 }

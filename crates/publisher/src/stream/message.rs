@@ -87,7 +87,7 @@ impl StreamMessageBuilder {
         }
         Pending {
             id,
-            message: app.message_builder().publishing_id(id).build(),
+            message: app.message_builder().publising_id(id).build(),
             commit_time_micros: event.commit_time_micros,
             size,
         }

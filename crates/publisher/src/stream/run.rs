@@ -225,7 +225,7 @@ impl Runner {
                 let n = batch.len() as u64;
                 self.report.published += n;
                 metrics::counter!(status::EVENTS_PUBLISHED).increment(n);
-                if let Err(e) = session.client.publish(PUBLISHER_ID, batch, 1).await {
+                if let Err(e) = session.client.publish(PUBLISHER_ID, batch).await {
                     return Err(Failure(format!("publish failed: {e}")));
                 }
             }
@@ -270,6 +270,10 @@ impl Runner {
 
     fn after_progress(&mut self) {
         let watermark = self.window.watermark();
+        if self.flushed.is_none() {
+            // Without the reader's flushed positions the watermark counts as sent.
+            self.window.flushed(watermark);
+        }
         if watermark > self.report.watermark {
             self.report.watermark = watermark;
             self.status.set_acked_lsn(watermark);

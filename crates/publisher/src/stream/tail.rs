@@ -147,9 +147,9 @@ impl Reader {
         })
     }
 
-    /// Reads from `from` until `visit` returns true, an offset at or past `until`
-    /// has been seen, or nothing arrives for [`IDLE`]. Returns the first offset of
-    /// the first chunk delivered.
+    /// Reads from `from` until `visit` returns true, every offset from `from` to
+    /// `until` has been seen, or nothing arrives for [`IDLE`]. Returns the lowest
+    /// chunk offset delivered.
     async fn read(
         &mut self,
         config: &StreamConfig,
@@ -164,7 +164,13 @@ impl Reader {
         }
         let response = self
             .client
-            .subscribe(SUBSCRIPTION, &config.stream, from, CREDIT, HashMap::new())
+            .subscribe(
+                SUBSCRIPTION,
+                &config.stream,
+                from.clone(),
+                CREDIT,
+                HashMap::new(),
+            )
             .await
             .map_err(|e| classify(&self.url, &e))?;
         if !response.is_ok() {
@@ -174,7 +180,14 @@ impl Reader {
             });
         }
         self.subscribed = true;
-        let mut first = None;
+        let mut first: Option<u64> = None;
+        // Chunks do not always arrive in offset order: a window is read once every
+        // offset in it was seen.
+        let start = match from {
+            OffsetSpecification::Offset(o) => o,
+            _ => 0,
+        };
+        let mut seen_in_window = 0u64;
         loop {
             let chunk = match tokio::time::timeout(IDLE, self.chunks.recv()).await {
                 Err(_) | Ok(None) => return Ok(first),
@@ -187,14 +200,19 @@ impl Reader {
                 Ok(Some(Ok(chunk))) => chunk,
             };
             let (chunk_first, messages) = chunk;
-            first.get_or_insert(chunk_first);
+            first = Some(first.map_or(chunk_first, |f| f.min(chunk_first)));
             for (k, message) in messages.iter().enumerate() {
                 let offset = chunk_first + k as u64;
                 if visit(offset, message) {
                     return Ok(first);
                 }
-                if until.is_some_and(|u| offset + 1 >= u) {
-                    return Ok(first);
+                if let Some(until) = until {
+                    if (start..until).contains(&offset) {
+                        seen_in_window += 1;
+                    }
+                    if seen_in_window >= until - start {
+                        return Ok(first);
+                    }
                 }
             }
             let _ = self.client.credit(SUBSCRIPTION, 1).await;
