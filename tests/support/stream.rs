@@ -5,15 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use rabbitmq_stream_client::types::{OffsetSpecification, SimpleValue};
-use rabbitmq_stream_client::Environment;
+use testkit::stream::Value;
 
-/// The stream protocol URL of the test broker (`OUTBOX_TEST_STREAM_URL`).
-pub fn stream_url() -> String {
-    std::env::var("OUTBOX_TEST_STREAM_URL")
-        .unwrap_or_else(|_| "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f".to_string())
-}
+pub use testkit::stream::{delete as delete_stream, stream_url};
 
 /// One message read from a stream.
 #[derive(Debug, Clone)]
@@ -41,9 +35,7 @@ impl StreamMsg {
         let lsn = self
             .prop("commit_lsn")
             .and_then(parse_lsn)
-            .unwrap_or_else(|| {
-                panic!("no commit_lsn property: {self:?}");
-            });
+            .unwrap_or_else(|| panic!("no commit_lsn property: {self:?}"));
         let index = self
             .prop("tx_index")
             .and_then(|i| i.parse().ok())
@@ -58,133 +50,70 @@ pub fn parse_lsn(s: &str) -> Option<u64> {
     Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
 }
 
-fn text_of(v: &SimpleValue) -> String {
+fn text_of(v: &Value) -> String {
     match v {
-        SimpleValue::String(s) => s.clone(),
-        SimpleValue::Symbol(s) => s.to_string(),
-        SimpleValue::Boolean(b) => b.to_string(),
-        SimpleValue::Ubyte(n) => n.to_string(),
-        SimpleValue::Ushort(n) => n.to_string(),
-        SimpleValue::Uint(n) => n.to_string(),
-        SimpleValue::Ulong(n) => n.to_string(),
-        SimpleValue::Byte(n) => n.to_string(),
-        SimpleValue::Short(n) => n.to_string(),
-        SimpleValue::Int(n) => n.to_string(),
-        SimpleValue::Long(n) => n.to_string(),
-        SimpleValue::Binary(b) => String::from_utf8_lossy(b).into_owned(),
-        other => format!("{other:?}"),
+        Value::Null => "null".to_string(),
+        Value::Str(s) => s.clone(),
+        Value::U64(n) => n.to_string(),
+        Value::I64(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Other(s) => s.clone(),
     }
 }
 
-/// The message id as text (the client does not export the id's type: its Debug form
-/// `String("...")` is unwrapped).
-fn id_text(id: &impl std::fmt::Debug) -> String {
-    let d = format!("{id:?}");
-    match d
-        .strip_prefix("String(\"")
-        .and_then(|r| r.strip_suffix("\")"))
-    {
-        Some(s) => s.to_string(),
-        None => d,
-    }
-}
-
-async fn environment() -> Environment {
-    let url = stream_url();
-    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
-    let (userinfo, hostpart) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
-    let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-    let hostport = hostpart.split('/').next().unwrap_or("127.0.0.1:5552");
-    let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, "5552"));
-    Environment::builder()
-        .host(host)
-        .port(port.parse().unwrap_or(5552))
-        .username(user)
-        .password(password)
-        .virtual_host("/")
-        .build()
+async fn read_once(stream: &str) -> Vec<StreamMsg> {
+    testkit::stream::read(stream, 0)
         .await
-        .expect("connect to the RabbitMQ stream port")
+        .into_iter()
+        .map(|m| StreamMsg {
+            offset: m.offset,
+            props: m
+                .application_properties
+                .iter()
+                .map(|(k, v)| (k.clone(), text_of(v)))
+                .collect(),
+            body: m.body,
+            message_id: m.message_id,
+            content_type: m.content_type,
+            has_creation_time: m.creation_time_ms.is_some(),
+        })
+        .collect()
 }
 
-/// Reads `stream` from its first offset until at least `at_least` messages were
-/// read and then nothing more arrived for `quiet` (so extra messages — duplicates —
-/// would be seen), or `timeout` passed. Returns every message in offset order.
+/// Reads `stream` whole from its first offset, again until at least `at_least`
+/// messages are in it (or `timeout` passed), then once more after `quiet` so that
+/// messages arriving late — duplicates — are seen too. In offset order.
 pub async fn read_stream(
     stream: &str,
     at_least: usize,
     quiet: Duration,
     timeout: Duration,
 ) -> Vec<StreamMsg> {
-    let env = environment().await;
-    let mut consumer = env
-        .consumer()
-        .offset(OffsetSpecification::First)
-        .build(stream)
-        .await
-        .unwrap_or_else(|e| panic!("consume stream {stream}: {e:?}"));
     let deadline = Instant::now() + timeout;
-    let mut out = Vec::new();
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
+        let got = read_once(stream).await;
+        if got.len() >= at_least || Instant::now() >= deadline {
             break;
         }
-        let wait = if out.len() >= at_least {
-            quiet.min(left)
-        } else {
-            left.min(Duration::from_secs(5))
-        };
-        match tokio::time::timeout(wait, consumer.next()).await {
-            Ok(Some(Ok(d))) => {
-                let m = d.message();
-                let props = m
-                    .application_properties()
-                    .map(|p| p.iter().map(|(k, v)| (k.clone(), text_of(v))).collect())
-                    .unwrap_or_default();
-                let p = m.properties();
-                out.push(StreamMsg {
-                    offset: d.offset(),
-                    body: m.data().map(<[u8]>::to_vec).unwrap_or_default(),
-                    message_id: p.and_then(|p| p.message_id.as_ref()).map(id_text),
-                    content_type: p
-                        .and_then(|p| p.content_type.as_ref())
-                        .map(|s| s.to_string()),
-                    has_creation_time: p.is_some_and(|p| p.creation_time.is_some()),
-                    props,
-                });
-            }
-            Ok(Some(Err(e))) => panic!("reading stream {stream}: {e:?}"),
-            Ok(None) => break,
-            Err(_) if out.len() >= at_least => break,
-            Err(_) => {}
-        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    let _ = consumer.handle().close().await;
-    out
+    tokio::time::sleep(quiet).await;
+    read_once(stream).await
 }
 
-/// Deletes `stream` (best effort).
-pub async fn delete_stream(stream: &str) {
-    let env = environment().await;
-    let _ = env.delete_stream(stream).await;
-}
-
-/// Whether the stream exists (a consumer can attach to it).
+/// Whether the stream exists (its metadata names a leader).
 pub async fn stream_exists(stream: &str) -> bool {
-    let env = environment().await;
-    match env
-        .consumer()
-        .offset(OffsetSpecification::First)
-        .build(stream)
+    let client = testkit::stream::client().await;
+    let found = client
+        .metadata(vec![stream.to_string()])
         .await
-    {
-        Ok(c) => {
-            let _ = c.handle().close().await;
-            true
-        }
-        Err(_) => false,
-    }
+        .map(|m| {
+            m.get(stream)
+                .is_some_and(|s| format!("{:?}", s.response_code) == "Ok")
+        })
+        .unwrap_or(false);
+    let _ = client.close().await;
+    found
 }
 
 /// The checks of exactly once: `msgs` (a whole stream in offset order) holds every
