@@ -259,7 +259,14 @@ async fn exactly_once_across_connection_cuts_within_a_session() {
     let feeder = feed(run.input.clone(), input.batches.clone());
     drop(run.input);
     for &k in &[3usize, 9, 14] {
-        wait_watermark(&mut run.watermark, input.ends[k]).await;
+        let reached =
+            tokio::time::timeout(PATIENCE, run.watermark.wait_for(|v| *v >= input.ends[k]))
+                .await
+                .expect("watermark reached in time")
+                .is_ok();
+        if !reached {
+            panic!("the publisher stopped: {:?}", run.task.await);
+        }
         // Cut in the middle of the broker's confirms.
         proxy.cut_after(300);
         tokio::time::timeout(PATIENCE, async {
