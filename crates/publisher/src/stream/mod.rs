@@ -21,12 +21,13 @@
 //!
 //! # The client
 //!
-//! The official `rabbitmq-stream-client` is used at its raw [`Client`] level (one
-//! connection, publisher id 1), not through its `Producer`: the producer's confirm
-//! handler panics (`todo!()`) on a confirm or error for an id it does not track, and
-//! its `Drop` blocks on a network round trip (`block_on`), which stalls a
-//! current-thread runtime. The raw client sends a message with the publishing id we
-//! set on it (`Message::builder().publishing_id(id)`, used as is by
+//! The official `rabbitmq-stream-client`, version 0.4: every later version sends
+//! `exchange_command_versions` while connecting, which RabbitMQ before 3.13 (3.10
+//! here) answers by closing the connection. It is used at its raw `Client` level
+//! (one connection, publisher id 1), not through its `Producer` (in 0.11 the
+//! producer's confirm handler panics on an id it does not track and its `Drop`
+//! blocks on a network round trip). The raw client sends a message with the publishing id we
+//! set on it (`Message::builder().publising_id(id)` in 0.4, used as is by
 //! `Client::publish`), and reports `PublishConfirm` (ids stored) and `PublishError`
 //! (ids refused, with a code) frames to our handler, which forwards them to the run
 //! loop. It connects exactly to the URL given (no advertised-host lookup), so a

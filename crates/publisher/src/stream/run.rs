@@ -221,6 +221,11 @@ impl Runner {
             for seq in stored {
                 self.window.ack(seq);
             }
+            // As `watermark_counts_as_flushed` (the session is borrowed here).
+            if self.flushed.is_none() {
+                let watermark = self.window.watermark();
+                self.window.flushed(watermark);
+            }
             if !batch.is_empty() {
                 let n = batch.len() as u64;
                 self.report.published += n;
@@ -268,12 +273,19 @@ impl Runner {
         ))
     }
 
-    fn after_progress(&mut self) {
-        let watermark = self.window.watermark();
+    /// Without the reader's flushed positions the watermark counts as sent; done at
+    /// every ack, or a window full of passed but "unflushed" messages would never
+    /// publish again.
+    fn watermark_counts_as_flushed(&mut self) {
         if self.flushed.is_none() {
-            // Without the reader's flushed positions the watermark counts as sent.
+            let watermark = self.window.watermark();
             self.window.flushed(watermark);
         }
+    }
+
+    fn after_progress(&mut self) {
+        let watermark = self.window.watermark();
+        self.watermark_counts_as_flushed();
         if watermark > self.report.watermark {
             self.report.watermark = watermark;
             self.status.set_acked_lsn(watermark);
