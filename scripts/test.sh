@@ -16,4 +16,8 @@ bash scripts/pg-versions.sh env > target/pg-versions.env
 # shellcheck disable=SC1091
 . target/pg-versions.env
 set +a
+# The black-box tests (tests/) run this binary; building it first, with the same
+# command they use (tests/support/lib.rs, bin()), keeps that build out of the tests'
+# own time.
+cargo build --locked -p outbox-relay --bin outbox-relay
 exec cargo test --workspace --locked "$@"

@@ -111,6 +111,8 @@ impl World {
         max_in_flight: usize,
         keys: &[&str],
     ) -> World {
+        // Build the binary before any connection is open (see support::bin).
+        bin();
         let db = match cluster {
             Cluster::Test => TestDb::new("fault"),
             Cluster::Fault => TestDb::new_on_fault_cluster("fault"),

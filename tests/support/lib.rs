@@ -17,7 +17,10 @@ use testkit::{unique_name, TestDb};
 
 /// The `outbox-relay` binary the tests run: `OUTBOX_RELAY_BIN` when set (e.g. a
 /// release build), else the workspace's build of it, brought up to date once per
-/// test process with `cargo build` (the same profile as the tests).
+/// test process with `cargo build` (the same profile as the tests). The first call
+/// blocks for that build: make it before opening connections (the constructors
+/// here do), and scripts/test.sh builds the binary before the tests so that it is
+/// a no-op there.
 pub fn bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| match std::env::var_os("OUTBOX_RELAY_BIN") {
@@ -97,6 +100,9 @@ impl Env {
 
     /// [`Env::with_ddl`] on the cluster listening on `port`.
     pub async fn with_ddl_at(port: u16, ddl: &str, tables: &[&str]) -> Env {
+        // Build the binary (once per process) before any connection is open: the
+        // build blocks this test's runtime, which would starve AMQP heartbeats.
+        bin();
         let db = TestDb::new_at(port, "e2e");
         db.psql(ddl);
         let mut broker = TestBroker::connect().await;
