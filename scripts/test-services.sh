@@ -154,6 +154,17 @@ if printf '%s' "$cur_wm" | grep -qE ',0(\.0)?}'; then
   rabbitmqctl -q set_vm_memory_high_watermark "${conf_wm:-0.4}" >/dev/null
 fi
 
+# The stream protocol (port 5552) for the stream target's tests. Enabling an enabled
+# plugin changes nothing, so this is safe to run again.
+STREAM_PORT=5552
+if ! rabbitmq-plugins -q is_enabled rabbitmq_stream >/dev/null 2>&1; then
+  log "enabling the RabbitMQ stream plugin"
+  rabbitmq-plugins -q enable rabbitmq_stream >/dev/null
+fi
+stream_ok() { (exec 3<>"/dev/tcp/127.0.0.1/$STREAM_PORT") 2>/dev/null; }
+for i in $(seq 1 60); do stream_ok && break; sleep 1; done
+stream_ok || { log "RabbitMQ stream port $STREAM_PORT does not accept connections"; exit 1; }
+
 mkdir -p "$ROOT/target"
 cat > "$ROOT/target/test-services.env" <<ENVEOF
 OUTBOX_TEST_PG_PORT=$PORT
@@ -163,6 +174,7 @@ OUTBOX_TEST_FAULT_PG_PORT=$FAULT_PORT
 OUTBOX_TEST_FAULT_PG_CLUSTER=$VERSION/$FAULT_NAME
 OUTBOX_TEST_PG_BIN=$PGBIN
 OUTBOX_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/%2f
+OUTBOX_TEST_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:$STREAM_PORT/%2f
 ENVEOF
 cat "$ROOT/target/test-services.env"
 log "ready"

@@ -27,3 +27,6 @@ mod large;
 
 #[path = "faults/soak.rs"]
 mod soak;
+
+#[path = "faults/stream.rs"]
+mod stream;

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod scenarios;
+pub mod stream;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -23,6 +23,11 @@ pub enum PublishError {
     /// A configuration value the publisher cannot work with.
     #[error("invalid [rabbitmq] {key}: {reason}")]
     InvalidConfig { key: &'static str, reason: String },
+    /// The stream (stream target) is missing and may not be declared, cannot be
+    /// declared with the configured arguments, or its tail does not hold what the
+    /// exactly-once bookkeeping needs (see `publisher::stream`).
+    #[error("stream {stream:?} cannot be used: {reason}")]
+    Stream { stream: String, reason: String },
     /// The CA file given for amqps could not be read.
     #[error("cannot read the RabbitMQ CA file {path}: {reason}; point [rabbitmq] ca_file at a readable PEM file")]
     CaFile { path: String, reason: String },
@@ -42,7 +47,7 @@ impl PublishError {
             PublishError::Unreachable { .. } => 0,
             PublishError::VirtualHost { .. } => 1,
             PublishError::AuthenticationRefused { .. } => 2,
-            PublishError::Exchange { .. } => 3,
+            PublishError::Exchange { .. } | PublishError::Stream { .. } => 3,
             PublishError::InvalidConfig { .. } | PublishError::CaFile { .. } => 4,
         }
     }
@@ -97,7 +102,7 @@ pub fn has_fragment(text: &str, secret: &str) -> bool {
     })
 }
 
-fn percent_decode(s: &str) -> String {
+pub(crate) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;

@@ -60,6 +60,7 @@ pub mod backoff;
 pub mod error;
 pub mod message;
 pub mod status;
+pub mod stream;
 pub mod window;
 
 mod confirms;

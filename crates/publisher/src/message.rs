@@ -356,8 +356,30 @@ impl MessageBuilder {
 /// Adds every key of a JSON object: strings as strings, other values as their JSON
 /// text. Anything that is not a JSON object adds nothing (and is logged).
 fn add_json_headers(table: &mut FieldTable, raw: &[u8], logged: &mut HashSet<String>) {
+    for (key, value) in json_headers(raw, logged) {
+        if key.len() > SHORT_STRING_MAX {
+            tracing::warn!(
+                key_len = key.len(),
+                "header name longer than 255 bytes skipped"
+            );
+            continue;
+        }
+        table.insert(
+            ShortString::from(key),
+            AMQPValue::LongString(LongString::from(value)),
+        );
+    }
+}
+
+/// The keys of the headers column's JSON object with their values as text (strings
+/// as they are, other values as their JSON text), reserved keys
+/// ([`is_reserved_header`]) dropped and logged once each. Anything that is not a JSON
+/// object gives nothing (and is logged). Both targets use it (the AMQP headers
+/// table, the stream's application properties).
+pub(crate) fn json_headers(raw: &[u8], logged: &mut HashSet<String>) -> Vec<(String, String)> {
     match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw) {
         Ok(map) => {
+            let mut out = Vec::with_capacity(map.len());
             for (key, value) in map {
                 if is_reserved_header(&key) {
                     if logged.len() < 64 && logged.insert(key.clone()) {
@@ -368,22 +390,17 @@ fn add_json_headers(table: &mut FieldTable, raw: &[u8], logged: &mut HashSet<Str
                     }
                     continue;
                 }
-                if key.len() > SHORT_STRING_MAX {
-                    tracing::warn!(
-                        key_len = key.len(),
-                        "header name longer than 255 bytes skipped"
-                    );
-                    continue;
-                }
                 let value = match value {
-                    serde_json::Value::String(s) => LongString::from(s),
-                    other => LongString::from(other.to_string()),
+                    serde_json::Value::String(s) => s,
+                    other => other.to_string(),
                 };
-                table.insert(ShortString::from(key), AMQPValue::LongString(value));
+                out.push((key, value));
             }
+            out
         }
         Err(error) => {
             tracing::warn!(%error, "headers column is not a JSON object; no extra headers added");
+            Vec::new()
         }
     }
 }

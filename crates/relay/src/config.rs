@@ -89,6 +89,10 @@ pub const DEFAULT_DEAD_LETTER_EXCHANGE: &str = "";
 pub const DEFAULT_CA_FILE: &str = "";
 /// Default `rabbitmq.heartbeat_secs` (0: the URL's `heartbeat` or the broker's proposal).
 pub const DEFAULT_HEARTBEAT_SECS: u64 = 0;
+/// Default `rabbitmq.stream` (none: publish to the exchange).
+pub const DEFAULT_STREAM: &str = "";
+/// Default `rabbitmq.declare_stream`.
+pub const DEFAULT_DECLARE_STREAM: bool = true;
 
 /// Default `relay.status_interval_ms`.
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
@@ -261,6 +265,21 @@ pub struct RabbitMqConfig {
     /// that query parameter). 0 = keep the URL's own `heartbeat` or the broker's
     /// proposal (RabbitMQ: 60 s).
     pub heartbeat_secs: u64,
+    /// A RabbitMQ stream to publish every event to over the stream protocol, exactly
+    /// once (docs/design.md §1 item 6), instead of to `exchange`; `""` = the exchange.
+    pub stream: String,
+    /// `rabbitmq-stream://` or `rabbitmq-stream+tls://` URL, or a list of them, used
+    /// when `stream` is set. Hold passwords: secret.
+    #[serde(deserialize_with = "de_secret_list")]
+    pub stream_url: Vec<SecretString>,
+    /// Create the stream if it is missing.
+    pub declare_stream: bool,
+    /// Retention of a declared stream by size in bytes (`max-length-bytes`); 0 = no
+    /// size limit.
+    pub max_length_bytes: u64,
+    /// Retention of a declared stream by age (`max-age`), e.g. `"7d"`; `""` = none.
+    #[serde(deserialize_with = "de_duration")]
+    pub max_age: Option<Duration>,
 }
 
 impl Default for RabbitMqConfig {
@@ -276,6 +295,11 @@ impl Default for RabbitMqConfig {
             dead_letter_exchange: DEFAULT_DEAD_LETTER_EXCHANGE.to_string(),
             ca_file: DEFAULT_CA_FILE.to_string(),
             heartbeat_secs: DEFAULT_HEARTBEAT_SECS,
+            stream: DEFAULT_STREAM.to_string(),
+            stream_url: vec![SecretString::from(publisher::stream::DEFAULT_STREAM_URL)],
+            declare_stream: DEFAULT_DECLARE_STREAM,
+            max_length_bytes: 0,
+            max_age: None,
         }
     }
 }
@@ -284,6 +308,11 @@ impl fmt::Debug for RabbitMqConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let urls: Vec<String> = self
             .url
+            .iter()
+            .map(|u| redact_url(u.expose_secret()))
+            .collect();
+        let stream_urls: Vec<String> = self
+            .stream_url
             .iter()
             .map(|u| redact_url(u.expose_secret()))
             .collect();
@@ -297,6 +326,11 @@ impl fmt::Debug for RabbitMqConfig {
             .field("dead_letter_exchange", &self.dead_letter_exchange)
             .field("ca_file", &self.ca_file)
             .field("heartbeat_secs", &self.heartbeat_secs)
+            .field("stream", &self.stream)
+            .field("stream_url", &stream_urls)
+            .field("declare_stream", &self.declare_stream)
+            .field("max_length_bytes", &self.max_length_bytes)
+            .field("max_age", &self.max_age)
             .finish()
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod amqp;
 pub mod proxy;
+pub mod stream;
 
 use std::process::Command;
 

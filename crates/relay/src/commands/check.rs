@@ -75,8 +75,27 @@ async fn superuser_line(client: &tokio_postgres::Client) {
 }
 
 /// Connects to the broker as `run` would (declaring the exchange when
-/// `declare_exchange` is on) and prints one line.
+/// `declare_exchange` is on, or with `rabbitmq.stream` set, over the stream protocol,
+/// declaring the stream when `declare_stream` is on) and prints one line.
 pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
+    if let Some(stream) = cfg.stream() {
+        return match publisher::stream::StreamPublisher::connect(cfg.stream_config()).await {
+            Ok(p) => {
+                let how = if cfg.rabbitmq.declare_stream {
+                    "exists or was declared"
+                } else {
+                    "exists"
+                };
+                println!("ok    rabbitmq stream: connected; stream {stream} {how}");
+                drop(p);
+                Ok(())
+            }
+            Err(e) => {
+                println!("FAIL  rabbitmq stream: {e}");
+                Err(e.into())
+            }
+        };
+    }
     match publisher::Publisher::connect(cfg.publisher_config()).await {
         Ok(p) => {
             println!(

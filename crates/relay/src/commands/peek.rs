@@ -59,7 +59,10 @@ pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let events = read_pending(&client, cfg, limit, &routing).await?;
     if args.json {
-        let list: Vec<serde_json::Value> = events.iter().map(to_json).collect();
+        let list: Vec<serde_json::Value> = events
+            .iter()
+            .map(|p| for_target(to_json(p), cfg.stream()))
+            .collect();
         println!(
             "{}",
             serde_json::to_string_pretty(&list).unwrap_or_else(|_| "[]".into())
@@ -68,7 +71,7 @@ pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
         println!("no pending events");
     } else {
         for p in &events {
-            println!("{}", to_line(p));
+            println!("{}", line_for_target(to_line(p), p, cfg.stream()));
         }
     }
     Ok(())
@@ -178,6 +181,28 @@ fn text(v: Option<&Bytes>) -> Option<String> {
 fn commit_time(micros: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_micros(micros.max(0) as u64);
     humantime::format_rfc3339_micros(t).to_string()
+}
+
+/// With `rabbitmq.stream` set, the event goes to that stream rather than by a routing
+/// key: the line names the stream instead.
+fn line_for_target(line: String, p: &Pending, stream: Option<&str>) -> String {
+    match stream {
+        Some(name) => line.replacen(
+            &format!(" routing_key={} ", p.routing_key),
+            &format!(" stream={name} "),
+            1,
+        ),
+        None => line,
+    }
+}
+
+/// [`line_for_target`] for `--json`: `"stream"` instead of `"routing_key"`.
+fn for_target(mut v: serde_json::Value, stream: Option<&str>) -> serde_json::Value {
+    if let (Some(name), Some(map)) = (stream, v.as_object_mut()) {
+        map.remove("routing_key");
+        map.insert("stream".into(), json!(name));
+    }
+    v
 }
 
 /// One line: commit LSN, xid, table, id, event type, aggregate, routing key, payload.

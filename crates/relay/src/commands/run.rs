@@ -40,12 +40,16 @@ pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
     }
     let pcfg = PipelineConfig {
         reader: cfg.reader_config(args.start_lsn)?,
-        publisher: cfg.publisher_config(),
+        publisher: cfg.sink_config(),
         shutdown_timeout: cfg.shutdown_timeout(),
     };
     let background = crate::background::spawn(cfg, &shutdown);
-    info!(slot = %cfg.postgres.slot, exchange = %cfg.rabbitmq.exchange,
-        brokers = ?cfg.amqp_urls_redacted(), "relay starting");
+    match cfg.stream() {
+        Some(stream) => info!(slot = %cfg.postgres.slot, %stream,
+            brokers = ?cfg.stream_urls_redacted(), "relay starting (stream target, exactly once)"),
+        None => info!(slot = %cfg.postgres.slot, exchange = %cfg.rabbitmq.exchange,
+            brokers = ?cfg.amqp_urls_redacted(), "relay starting"),
+    }
     let result = pipeline::run_sessions(pcfg, shutdown, health).await;
     background.stop().await;
     result

@@ -13,6 +13,8 @@ use wal_reader::conninfo::ConnInfoError;
 use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName};
 
 use super::{redact_url, Config};
+use crate::pipeline::sink::{producer_reference, SinkConfig};
+use publisher::stream::StreamConfig;
 
 impl Config {
     /// The Postgres URL or conninfo, password included. Do not log it.
@@ -128,6 +130,55 @@ impl Config {
             status_interval: self.status_interval(),
             hold_events: self.rabbitmq.max_in_flight,
         })
+    }
+
+    /// `rabbitmq.stream`, `None` when events go to the exchange.
+    pub fn stream(&self) -> Option<&str> {
+        Some(self.rabbitmq.stream.as_str()).filter(|s| !s.is_empty())
+    }
+
+    /// The stream URLs with passwords replaced by `***`, for logs.
+    pub fn stream_urls_redacted(&self) -> Vec<String> {
+        self.rabbitmq
+            .stream_url
+            .iter()
+            .map(|u| redact_url(u.expose_secret()))
+            .collect()
+    }
+
+    /// What the stream publisher needs (with `rabbitmq.stream` set): the producer
+    /// reference is derived from the slot, so a standby that takes the slot over
+    /// publishes under the same one and continues its publishing ids
+    /// (docs/design.md §4).
+    pub fn stream_config(&self) -> StreamConfig {
+        let urls: Vec<String> = self
+            .rabbitmq
+            .stream_url
+            .iter()
+            .map(|u| u.expose_secret().to_string())
+            .collect();
+        let mut s = StreamConfig::new(
+            urls.first().cloned().unwrap_or_default(),
+            &self.rabbitmq.stream,
+        );
+        s.urls = urls;
+        s.declare_stream = self.rabbitmq.declare_stream;
+        s.max_length_bytes = Some(self.rabbitmq.max_length_bytes).filter(|&b| b > 0);
+        s.max_age = self.rabbitmq.max_age;
+        s.producer_reference = Some(producer_reference(&self.postgres.slot));
+        s.max_in_flight = self.rabbitmq.max_in_flight;
+        s.ca_file = self.ca_file().map(|p| p.to_path_buf());
+        s.shutdown_timeout = self.shutdown_timeout();
+        s
+    }
+
+    /// The sink `run` publishes to: the stream when `rabbitmq.stream` is set, else
+    /// the exchange.
+    pub fn sink_config(&self) -> SinkConfig {
+        match self.stream() {
+            Some(_) => SinkConfig::Stream(self.stream_config()),
+            None => SinkConfig::Exchange(self.publisher_config()),
+        }
     }
 
     /// What the publisher needs.

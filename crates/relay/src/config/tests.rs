@@ -202,7 +202,8 @@ fn every_key_has_a_working_env_var() {
             ("rabbitmq.routing_key", _) => "{table}",
             ("rabbitmq.ca_file", _) => "Cargo.toml",
             ("relay.metrics_listen", _) => "0.0.0.0:1",
-            ("relay.replay_window" | "retention.keep", _) => "5m",
+            ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
+            ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
             (_, Kind::Bool) => "false",
             (_, Kind::UInt) => "123",
             (_, Kind::UrlList) => "amqp://h",
@@ -233,6 +234,11 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.dead_letter_exchange" => c.dead_letter_exchange() == Some(value),
             "rabbitmq.ca_file" => c.ca_file() == Some(Path::new(value)),
             "rabbitmq.heartbeat_secs" => c.rabbitmq.heartbeat_secs == 123,
+            "rabbitmq.stream" => c.stream() == Some(value),
+            "rabbitmq.stream_url" => c.stream_urls_redacted() == [value],
+            "rabbitmq.declare_stream" => !c.rabbitmq.declare_stream,
+            "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
+            "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
             "relay.status_interval_ms" => c.relay.status_interval_ms == 123,
             "relay.metrics_listen" => c.metrics_listen() == value.parse().ok(),
             "relay.replay_window" => c.replay_window() == Some(Duration::from_secs(300)),
@@ -631,5 +637,71 @@ fn example_file_shows_every_key() {
             figment.find_value(&dotted).is_ok(),
             "{dotted} missing from the example"
         );
+    }
+}
+
+#[test]
+fn stream_target_defaults_and_keys() {
+    let d = Config::default();
+    assert_eq!(d.stream(), None);
+    assert!(matches!(
+        d.sink_config(),
+        crate::pipeline::sink::SinkConfig::Exchange(_)
+    ));
+    assert_eq!(
+        d.stream_urls_redacted(),
+        ["rabbitmq-stream://guest:***@127.0.0.1:5552/%2f"]
+    );
+    assert!(d.rabbitmq.declare_stream);
+    assert_eq!(d.stream_config().max_length_bytes, None);
+    assert_eq!(d.stream_config().max_age, None);
+
+    let c = load_toml(
+        "[postgres]\nslot = \"orders_slot\"\n[rabbitmq]\nstream = \"orders\"\nstream_url = [\"rabbitmq-stream://u:s3cret@n1:5552/%2f\", \"rabbitmq-stream+tls://u:s3cret@n2:5551/%2f\"]\nmax_length_bytes = 20000000000\nmax_age = \"7d\"\ndeclare_stream = false\n",
+    )
+    .unwrap();
+    let s = c.stream_config();
+    assert_eq!(s.stream, "orders");
+    assert_eq!(s.urls.len(), 2);
+    assert_eq!(s.urls[1], "rabbitmq-stream+tls://u:s3cret@n2:5551/%2f");
+    assert!(!s.declare_stream);
+    assert_eq!(s.max_length_bytes, Some(20_000_000_000));
+    assert_eq!(s.max_age, Some(Duration::from_secs(7 * 86_400)));
+    assert_eq!(
+        s.producer_reference.as_deref(),
+        Some("outbox-relay:orders_slot")
+    );
+    assert!(matches!(
+        c.sink_config(),
+        crate::pipeline::sink::SinkConfig::Stream(_)
+    ));
+    let debug = format!("{c:?}");
+    assert!(!debug.contains("s3cret"), "{debug}");
+}
+
+#[test]
+fn invalid_stream_values_name_the_key() {
+    let cases = [
+        (
+            "[rabbitmq]\nstream = \"s\"\nstream_url = \"amqp://u:s3cret@h/%2f\"",
+            "rabbitmq.stream_url",
+            "rabbitmq-stream://",
+        ),
+        (
+            "[rabbitmq]\nstream = \"s\"\nstream_url = []",
+            "rabbitmq.stream_url",
+            "at least one",
+        ),
+        ("[rabbitmq]\nstream = \"amq.s\"", "rabbitmq.stream", "amq."),
+        (
+            "[rabbitmq]\nstream = \"s\"\nmax_age = \"soon\"",
+            "rabbitmq.max_age",
+            "duration",
+        ),
+    ];
+    for (toml, key, fix) in cases {
+        let msg = err_about(load_toml(toml), key);
+        assert!(msg.contains(fix), "{toml}: {msg}");
+        assert!(!msg.contains("s3cret"), "{toml}: {msg}");
     }
 }

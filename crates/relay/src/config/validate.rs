@@ -93,6 +93,18 @@ impl Config {
             ));
         }
 
+        if !r.stream.is_empty() {
+            validate_stream_name(&r.stream)?;
+            if r.stream_url.is_empty() {
+                return Err(ConfigError::invalid(
+                    "rabbitmq.stream_url",
+                    "the list is empty: give at least one rabbitmq-stream:// or rabbitmq-stream+tls:// URL",
+                ));
+            }
+            for (i, u) in r.stream_url.iter().enumerate() {
+                validate_stream_url(u.expose_secret(), i)?;
+            }
+        }
         if self.relay.status_interval_ms < MIN_STATUS_INTERVAL_MS {
             return Err(ConfigError::invalid(
                 "relay.status_interval_ms",
@@ -196,6 +208,62 @@ pub(super) fn validate_amqp_url(
                 format!("{which} already sets ?heartbeat=: set the heartbeat in one place only"),
             ));
         }
+    }
+    Ok(())
+}
+
+/// A stream name: what RabbitMQ accepts as a queue name (1 to 255 bytes, not
+/// starting with `amq.`), without whitespace.
+pub(super) fn validate_stream_name(name: &str) -> Result<(), ConfigError> {
+    const KEY: &str = "rabbitmq.stream";
+    if name.len() > 255 || name.contains(char::is_whitespace) || name.starts_with("amq.") {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("{name:?} is not a usable stream name: use at most 255 bytes, no whitespace and no `amq.` prefix"),
+        ));
+    }
+    Ok(())
+}
+
+pub(super) fn validate_stream_url(url: &str, index: usize) -> Result<(), ConfigError> {
+    const KEY: &str = "rabbitmq.stream_url";
+    let which = format!("URL #{}", index + 1);
+    match url.split_once("://") {
+        Some(("rabbitmq-stream" | "rabbitmq-stream+tls", rest)) if !rest.is_empty() => {}
+        Some((scheme, _)) if scheme != "rabbitmq-stream" && scheme != "rabbitmq-stream+tls" => {
+            return Err(ConfigError::invalid(
+                KEY,
+                format!(
+                    "{which} has scheme {}which is not rabbitmq-stream:// or rabbitmq-stream+tls://: use rabbitmq-stream://user:password@host:5552/vhost",
+                    quoted_scheme(scheme)
+                ),
+            ))
+        }
+        _ => {
+            return Err(ConfigError::invalid(
+                KEY,
+                format!("{which} is not a stream URL: use rabbitmq-stream://user:password@host:5552/vhost"),
+            ))
+        }
+    }
+    // Nothing of the URL is quoted below: the user name or password may be in it.
+    if publisher::error::userinfo_is_ambiguous(url) {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("{which}: {}", publisher::error::PERCENT_ENCODE_PASSWORD),
+        ));
+    }
+    if url.contains(char::is_whitespace) {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("{which} holds a space or other whitespace: percent-encode it (%20)"),
+        ));
+    }
+    if url.contains(",rabbitmq-stream") {
+        return Err(ConfigError::invalid(
+            KEY,
+            format!("{which} looks like a comma-separated list: give a TOML array of URLs instead"),
+        ));
     }
     Ok(())
 }

@@ -34,9 +34,11 @@
 //! - slot held by another relay: this one is a standby; it waits and takes over
 //!   when the slot is released.
 //!
-//! Files: this one runs the sessions; `stored.rs` reads and writes the stored
+//! Files: this one runs the sessions; `sink.rs` is the target published to (an
+//! exchange, or a stream exactly once); `stored.rs` reads and writes the stored
 //! position; `slot_advance.rs` saves the carried position to the slot.
 
+pub mod sink;
 mod slot_advance;
 mod stored;
 
@@ -45,11 +47,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_event::Lsn;
-use publisher::{Publisher, PublisherConfig};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, error, info, warn, Instrument};
 use wal_reader::{ReaderConfig, ReaderError, WalReader};
 
+use sink::{Sink, SinkConfig};
 use slot_advance::save_position;
 use stored::{min_of, stored_position, tap_events, warn_state, StateWriter, STATE_TIMEOUT};
 
@@ -69,7 +71,7 @@ const STANDBY_POLL: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
     pub reader: ReaderConfig,
-    pub publisher: PublisherConfig,
+    pub publisher: SinkConfig,
     /// Bound on a clean stop: finishing the open transaction and awaiting confirms.
     pub shutdown_timeout: Duration,
 }
@@ -272,7 +274,7 @@ async fn session(
     // Only the process's first connection may find a broker refusal definite: after
     // that, a refused login, vhost or exchange is a broker restarting (or being
     // restored) and is retried with backoff.
-    let publisher = match Publisher::connect(cfg.publisher.clone()).await {
+    let publisher = match Sink::connect(&cfg.publisher).await {
         Ok(p) => p,
         Err(e) if e.is_transient() || carried.broker_connected => {
             return Ok(SessionEnd::Retry(Side::Rabbitmq, e.to_string()))
@@ -308,7 +310,7 @@ async fn session(
                 acked: acked_tx.subscribe(),
                 last_event_end,
                 status: publisher.status(),
-                max_in_flight: cfg.publisher.max_in_flight,
+                max_in_flight: cfg.publisher.max_in_flight(),
                 interval: cfg.reader.status_interval,
                 written: initial,
                 stored: stored_tx,
@@ -325,7 +327,7 @@ async fn session(
     let publisher_task = tokio::spawn(
         publisher
             .run_with_flushed(rx, acked_tx, flushed)
-            .instrument(tracing::info_span!("publisher", exchange = %cfg.publisher.exchange)),
+            .instrument(tracing::info_span!("publisher", target = %cfg.publisher.target())),
     );
     health.set_streaming(true);
 

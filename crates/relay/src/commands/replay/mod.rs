@@ -21,7 +21,10 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use outbox_event::Lsn;
-use publisher::{Publisher, PublisherConfig, PublisherReport};
+use publisher::stream::StreamConfig;
+use publisher::{PublisherConfig, PublisherReport};
+
+use crate::pipeline::sink::{Sink, SinkConfig};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
@@ -95,10 +98,24 @@ fn replay_publisher_config(cfg: &Config) -> PublisherConfig {
     p
 }
 
-pub(super) async fn connect_publisher(cfg: &Config) -> Result<Publisher, CliError> {
-    Publisher::connect(replay_publisher_config(cfg))
-        .await
-        .map_err(CliError::from)
+/// The replay's stream publisher (with `rabbitmq.stream` set): no producer reference,
+/// so the broker does not drop the copies as duplicates of the relay's own messages,
+/// and `replay = true` on each (docs/streams.md).
+fn replay_stream_config(cfg: &Config) -> StreamConfig {
+    let mut s = cfg.stream_config();
+    s.producer_reference = None;
+    s.extra_properties = vec![("replay".into(), "true".into())];
+    s
+}
+
+/// The replay's publisher: to the stream when `rabbitmq.stream` is set, else to the
+/// exchange.
+pub(super) async fn connect_publisher(cfg: &Config) -> Result<Sink, CliError> {
+    let sink = match cfg.stream() {
+        Some(_) => SinkConfig::Stream(replay_stream_config(cfg)),
+        None => SinkConfig::Exchange(replay_publisher_config(cfg)),
+    };
+    Sink::connect(&sink).await.map_err(CliError::from)
 }
 
 /// Checks what the publisher reports at the end.

@@ -1,0 +1,175 @@
+//! Reading a RabbitMQ stream from its first offset, for the stream target's tests
+//! (docs/streams.md): every message with its body, properties and application
+//! properties as text.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use testkit::stream::Value;
+
+pub use testkit::stream::{delete as delete_stream, stream_url};
+
+/// One message read from a stream.
+#[derive(Debug, Clone)]
+pub struct StreamMsg {
+    pub offset: u64,
+    pub body: Vec<u8>,
+    pub message_id: Option<String>,
+    pub content_type: Option<String>,
+    pub has_creation_time: bool,
+    /// Application properties, each as text.
+    pub props: BTreeMap<String, String>,
+}
+
+impl StreamMsg {
+    pub fn prop(&self, key: &str) -> Option<&str> {
+        self.props.get(key).map(String::as_str)
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// `(commit_lsn, tx_index)`: the commit order key.
+    pub fn order_key(&self) -> (u64, u64) {
+        let lsn = self
+            .prop("commit_lsn")
+            .and_then(parse_lsn)
+            .unwrap_or_else(|| panic!("no commit_lsn property: {self:?}"));
+        let index = self
+            .prop("tx_index")
+            .and_then(|i| i.parse().ok())
+            .unwrap_or_else(|| panic!("no tx_index property: {self:?}"));
+        (lsn, index)
+    }
+}
+
+/// `X/Y` → u64.
+pub fn parse_lsn(s: &str) -> Option<u64> {
+    let (hi, lo) = s.trim().split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+fn text_of(v: &Value) -> String {
+    match v {
+        Value::Null => "null".to_string(),
+        Value::Str(s) => s.clone(),
+        Value::U64(n) => n.to_string(),
+        Value::I64(n) => n.to_string(),
+        Value::Bool(b) => b.to_string(),
+        Value::Other(s) => s.clone(),
+    }
+}
+
+async fn read_once(stream: &str) -> Vec<StreamMsg> {
+    testkit::stream::read(stream, 0)
+        .await
+        .into_iter()
+        .map(|m| StreamMsg {
+            offset: m.offset,
+            props: m
+                .application_properties
+                .iter()
+                .map(|(k, v)| (k.clone(), text_of(v)))
+                .collect(),
+            body: m.body,
+            message_id: m.message_id,
+            content_type: m.content_type,
+            has_creation_time: m.creation_time_ms.is_some(),
+        })
+        .collect()
+}
+
+/// Reads `stream` whole from its first offset, again until at least `at_least`
+/// messages are in it (or `timeout` passed), then once more after `quiet` so that
+/// messages arriving late — duplicates — are seen too. In offset order.
+pub async fn read_stream(
+    stream: &str,
+    at_least: usize,
+    quiet: Duration,
+    timeout: Duration,
+) -> Vec<StreamMsg> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let got = read_once(stream).await;
+        if got.len() >= at_least || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    tokio::time::sleep(quiet).await;
+    read_once(stream).await
+}
+
+/// Whether the stream exists (its metadata names a leader).
+pub async fn stream_exists(stream: &str) -> bool {
+    let client = testkit::stream::client().await;
+    let found = client
+        .metadata(vec![stream.to_string()])
+        .await
+        .map(|m| {
+            m.get(stream)
+                .is_some_and(|s| format!("{:?}", s.response_code) == "Ok")
+        })
+        .unwrap_or(false);
+    let _ = client.close().await;
+    found
+}
+
+/// The checks of exactly once: `msgs` (a whole stream in offset order) holds every
+/// `seq` of `1..=n` exactly once under `aggregate_type = 'seq'`, nothing else, in
+/// strictly increasing `(commit_lsn, tx_index)` and seq order. Returns the number of
+/// duplicates (always 0 when it returns).
+pub fn assert_exactly_once(msgs: &[StreamMsg], n: u64) -> usize {
+    let mut seen = vec![0u32; n as usize + 1];
+    let mut foreign = Vec::new();
+    for m in msgs {
+        match (m.prop("aggregate_type"), m.prop("aggregate_id")) {
+            (Some("seq"), Some(id)) => {
+                let s: usize = id.parse().unwrap_or_else(|_| panic!("seq {id:?}"));
+                assert!(s >= 1 && s <= n as usize, "seq {s} out of range 1..={n}");
+                seen[s] += 1;
+            }
+            _ => foreign.push(m.clone()),
+        }
+    }
+    assert!(
+        foreign.is_empty(),
+        "unexpected messages: {:?}",
+        &foreign[..foreign.len().min(5)]
+    );
+    let duplicates: Vec<usize> = (1..=n as usize).filter(|&s| seen[s] > 1).collect();
+    let missing: Vec<usize> = (1..=n as usize).filter(|&s| seen[s] == 0).collect();
+    assert!(
+        duplicates.is_empty() && missing.is_empty(),
+        "{} messages for {n} rows: {} duplicated (first {:?}), {} missing (first {:?})",
+        msgs.len(),
+        duplicates.len(),
+        &duplicates[..duplicates.len().min(10)],
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    assert_eq!(msgs.len() as u64, n, "exactly one message per row");
+    for w in msgs.windows(2) {
+        assert!(
+            w[0].order_key() < w[1].order_key(),
+            "not in commit order at offsets {} and {}: {:?} then {:?}",
+            w[0].offset,
+            w[1].offset,
+            w[0].props,
+            w[1].props
+        );
+        let (a, b): (u64, u64) = (
+            w[0].prop("aggregate_id").unwrap().parse().unwrap(),
+            w[1].prop("aggregate_id").unwrap().parse().unwrap(),
+        );
+        assert_eq!(
+            a + 1,
+            b,
+            "seq order at offsets {} and {}",
+            w[0].offset,
+            w[1].offset
+        );
+    }
+    0
+}
