@@ -170,19 +170,7 @@ pub(super) fn validate_amqp_url(
             ))
         }
     }
-    // Nothing of the URL is quoted below: the user name or password may be in it.
-    if publisher::error::userinfo_is_ambiguous(url) {
-        return Err(ConfigError::invalid(
-            KEY,
-            format!("{which}: {}", publisher::error::PERCENT_ENCODE_PASSWORD),
-        ));
-    }
-    if url.contains(char::is_whitespace) {
-        return Err(ConfigError::invalid(
-            KEY,
-            format!("{which} holds a space or other whitespace: percent-encode it (%20)"),
-        ));
-    }
+    check_userinfo_and_spaces(KEY, &which, url)?;
     let after_userinfo = url
         .split_once("://")
         .map_or(url, |(_, r)| r.rfind('@').map_or(r, |at| &r[at + 1..]));
@@ -246,23 +234,29 @@ pub(super) fn validate_stream_url(url: &str, index: usize) -> Result<(), ConfigE
             ))
         }
     }
-    // Nothing of the URL is quoted below: the user name or password may be in it.
-    if publisher::error::userinfo_is_ambiguous(url) {
+    check_userinfo_and_spaces(KEY, &which, url)?;
+    if url.contains(",rabbitmq-stream") {
         return Err(ConfigError::invalid(
             KEY,
+            format!("{which} looks like a comma-separated list: give a TOML array of URLs instead"),
+        ));
+    }
+    Ok(())
+}
+
+/// The checks every broker URL gets after its scheme: an ambiguous user-info part
+/// and whitespace. Nothing of the URL is quoted: the user name or password may be in it.
+fn check_userinfo_and_spaces(key: &str, which: &str, url: &str) -> Result<(), ConfigError> {
+    if publisher::error::userinfo_is_ambiguous(url) {
+        return Err(ConfigError::invalid(
+            key,
             format!("{which}: {}", publisher::error::PERCENT_ENCODE_PASSWORD),
         ));
     }
     if url.contains(char::is_whitespace) {
         return Err(ConfigError::invalid(
-            KEY,
+            key,
             format!("{which} holds a space or other whitespace: percent-encode it (%20)"),
-        ));
-    }
-    if url.contains(",rabbitmq-stream") {
-        return Err(ConfigError::invalid(
-            KEY,
-            format!("{which} looks like a comma-separated list: give a TOML array of URLs instead"),
         ));
     }
     Ok(())
