@@ -161,9 +161,54 @@ if ! rabbitmq-plugins -q is_enabled rabbitmq_stream >/dev/null 2>&1; then
   log "enabling the RabbitMQ stream plugin"
   rabbitmq-plugins -q enable rabbitmq_stream >/dev/null
 fi
-stream_ok() { (exec 3<>"/dev/tcp/127.0.0.1/$STREAM_PORT") 2>/dev/null; }
+
+# TLS listeners (AMQPS 5671, stream 5551) with a test CA, for the tests of
+# rabbitmq-stream+tls:// and amqps://. A changed rabbitmq.conf needs a node restart,
+# so the block is written (and the node restarted) only when it is missing or differs.
+RMQ_CERTS=/etc/rabbitmq/outbox-test-certs
+STREAM_TLS_PORT=5551
+AMQPS_PORT=5671
+if [ ! -f "$RMQ_CERTS/server.crt" ]; then
+  log "generating a test CA and certificate for RabbitMQ"
+  mkdir -p "$RMQ_CERTS"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox-relay RabbitMQ test CA" \
+    -keyout "$RMQ_CERTS/ca.key" -out "$RMQ_CERTS/ca.crt" >/dev/null 2>&1
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$RMQ_CERTS/server.key" -out "$RMQ_CERTS/server.csr" >/dev/null 2>&1
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$RMQ_CERTS/san.ext"
+  openssl x509 -req -in "$RMQ_CERTS/server.csr" -CA "$RMQ_CERTS/ca.crt" -CAkey "$RMQ_CERTS/ca.key" \
+    -CAcreateserial -days 3650 -extfile "$RMQ_CERTS/san.ext" -out "$RMQ_CERTS/server.crt" >/dev/null 2>&1
+  chown -R rabbitmq:rabbitmq "$RMQ_CERTS"
+  chmod 600 "$RMQ_CERTS/server.key" "$RMQ_CERTS/ca.key"
+  chmod 644 "$RMQ_CERTS/ca.crt" "$RMQ_CERTS/server.crt"
+  chmod 755 "$RMQ_CERTS"
+fi
+RMQ_CONF=/etc/rabbitmq/rabbitmq.conf
+TLS_BLOCK="# outbox-relay test TLS listeners (scripts/test-services.sh)
+listeners.ssl.default = 127.0.0.1:$AMQPS_PORT
+stream.listeners.ssl.default = $STREAM_TLS_PORT
+ssl_options.cacertfile = $RMQ_CERTS/ca.crt
+ssl_options.certfile = $RMQ_CERTS/server.crt
+ssl_options.keyfile = $RMQ_CERTS/server.key
+ssl_options.verify = verify_none
+ssl_options.fail_if_no_peer_cert = false
+# end outbox-relay test TLS listeners"
+if ! grep -qF "$TLS_BLOCK" "$RMQ_CONF" 2>/dev/null; then
+  log "configuring RabbitMQ's TLS listeners ($AMQPS_PORT, $STREAM_TLS_PORT) and restarting it"
+  touch "$RMQ_CONF"
+  # Drop an older version of the block, then append the current one.
+  sed -i '/^# outbox-relay test TLS listeners/,/^# end outbox-relay test TLS listeners/d' "$RMQ_CONF"
+  printf '%s\n' "$TLS_BLOCK" >> "$RMQ_CONF"
+  rabbitmqctl -q shutdown >/dev/null 2>&1 || true
+  for i in $(seq 1 30); do pgrep -f 'beam.*rabbit' >/dev/null 2>&1 || break; sleep 1; done
+  rabbitmq-server -detached >/dev/null 2>&1 || true
+  for i in $(seq 1 90); do rabbit_ok && break; sleep 1; done
+  rabbit_ok || { log "RabbitMQ did not start after configuring TLS (see $RMQ_CONF)"; exit 1; }
+fi
+port_ok() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+stream_ok() { port_ok "$STREAM_PORT" && port_ok "$STREAM_TLS_PORT"; }
 for i in $(seq 1 60); do stream_ok && break; sleep 1; done
-stream_ok || { log "RabbitMQ stream port $STREAM_PORT does not accept connections"; exit 1; }
+stream_ok || { log "RabbitMQ stream ports $STREAM_PORT/$STREAM_TLS_PORT do not accept connections"; exit 1; }
 
 mkdir -p "$ROOT/target"
 cat > "$ROOT/target/test-services.env" <<ENVEOF
@@ -175,6 +220,9 @@ OUTBOX_TEST_FAULT_PG_CLUSTER=$VERSION/$FAULT_NAME
 OUTBOX_TEST_PG_BIN=$PGBIN
 OUTBOX_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/%2f
 OUTBOX_TEST_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:$STREAM_PORT/%2f
+OUTBOX_TEST_STREAM_TLS_URL=rabbitmq-stream+tls://guest:guest@localhost:$STREAM_TLS_PORT/%2f
+OUTBOX_TEST_AMQPS=amqps://guest:guest@localhost:$AMQPS_PORT/%2f
+OUTBOX_TEST_RABBITMQ_CA=$RMQ_CERTS/ca.crt
 ENVEOF
 cat "$ROOT/target/test-services.env"
 log "ready"

@@ -111,6 +111,10 @@ fn scrub_error(error: PublishError, url: &str) -> PublishError {
             url: u,
             reason: scrub(&reason, url),
         },
+        TlsRefused { url: u, reason } => TlsRefused {
+            url: u,
+            reason: scrub(&reason, url),
+        },
         VirtualHost { url: u, reason } => VirtualHost {
             url: u,
             reason: scrub(&reason, url),
@@ -265,6 +269,9 @@ fn classify(url: &str, exchange: &str, stage: Stage, error: &lapin::Error) -> Pu
             _ => PublishError::Unreachable { url, reason },
         },
         ErrorKind::AuthProviderError(_) => PublishError::AuthenticationRefused { url, reason },
+        _ if crate::error::is_certificate_error(&reason) => {
+            PublishError::TlsRefused { url, reason }
+        }
         _ => PublishError::Unreachable { url, reason },
     }
 }

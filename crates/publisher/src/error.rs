@@ -11,6 +11,10 @@ pub enum PublishError {
     /// No broker URL answered (TCP, TLS or an AMQP handshake that died midway).
     #[error("cannot reach RabbitMQ at {url}: {reason}; check that the broker is running and the [rabbitmq] url host and port are right")]
     Unreachable { url: String, reason: String },
+    /// The TLS handshake failed on the broker's certificate (unknown issuer, wrong
+    /// host name, expired): the configuration must change, so it is not retried.
+    #[error("the TLS handshake with RabbitMQ at {url} failed: {reason}; set [rabbitmq] ca_file to the PEM file of the CA that signed the broker's certificate, and connect by a host name the certificate names")]
+    TlsRefused { url: String, reason: String },
     /// The broker refused the user name or password.
     #[error("RabbitMQ at {url} refused the login: {reason}; fix the user name and password in the [rabbitmq] url")]
     AuthenticationRefused { url: String, reason: String },
@@ -46,11 +50,17 @@ impl PublishError {
         match self {
             PublishError::Unreachable { .. } => 0,
             PublishError::VirtualHost { .. } => 1,
-            PublishError::AuthenticationRefused { .. } => 2,
+            PublishError::AuthenticationRefused { .. } | PublishError::TlsRefused { .. } => 2,
             PublishError::Exchange { .. } | PublishError::Stream { .. } => 3,
             PublishError::InvalidConfig { .. } | PublishError::CaFile { .. } => 4,
         }
     }
+}
+
+/// True when a connection error's text is a refused server certificate (the
+/// TLS libraries of lapin and the stream client both say it in rustls' words).
+pub(crate) fn is_certificate_error(reason: &str) -> bool {
+    reason.contains("invalid peer certificate") || reason.contains("certificate verify failed")
 }
 
 /// The program's one redaction (docs/security.md): the password of every URL,
@@ -196,6 +206,23 @@ mod tests {
                 .validate()
                 .is_ok()
         );
+    }
+
+    #[test]
+    fn a_refused_certificate_is_definite_and_names_ca_file() {
+        assert!(is_certificate_error(
+            "IO error: invalid peer certificate: UnknownIssuer"
+        ));
+        assert!(is_certificate_error(
+            "invalid peer certificate: NotValidForName"
+        ));
+        assert!(!is_certificate_error("Connection refused (os error 111)"));
+        let e = PublishError::TlsRefused {
+            url: "amqps://u:***@h/".into(),
+            reason: "invalid peer certificate: UnknownIssuer".into(),
+        };
+        assert!(!e.is_transient());
+        assert!(e.to_string().contains("set [rabbitmq] ca_file"), "{e}");
     }
 
     #[test]

@@ -342,6 +342,9 @@ pub(super) fn classify(url: &str, error: &ClientError) -> PublishError {
         ClientError::RequestError(ResponseCode::VirtualHostAccessFailure) => {
             PublishError::VirtualHost { url, reason }
         }
+        _ if crate::error::is_certificate_error(&reason) => {
+            PublishError::TlsRefused { url, reason }
+        }
         _ => PublishError::Unreachable { url, reason },
     }
 }
