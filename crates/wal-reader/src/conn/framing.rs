@@ -23,6 +23,9 @@ pub(super) const MAX_MESSAGE_LEN: usize = (1 << 30) + (1 << 20);
 pub(super) const MAX_STARTUP_MESSAGE_LEN: usize = 30_000;
 /// Initial read buffer; grows for larger messages.
 pub(super) const READ_BUFFER: usize = 256 * 1024;
+/// How many bytes one `fill` takes at most once the first read returned: enough to
+/// batch thousands of small messages, small enough to hand them on promptly.
+pub(super) const FILL_TARGET: usize = 128 * 1024;
 
 /// One whole backend message, split off the read buffer.
 #[derive(Debug)]

@@ -27,6 +27,7 @@ use std::io;
 use std::time::Duration;
 
 use bytes::BytesMut;
+use futures_util::FutureExt;
 use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -35,8 +36,8 @@ use tokio::net::{TcpStream, UnixStream};
 use crate::conninfo::{PgConnectOptions, SslMode};
 use crate::error::ReaderError;
 use framing::{
-    parse_error, split_frame, text_row, Frame, MAX_MESSAGE_LEN, MAX_STARTUP_MESSAGE_LEN,
-    READ_BUFFER,
+    parse_error, split_frame, text_row, Frame, FILL_TARGET, MAX_MESSAGE_LEN,
+    MAX_STARTUP_MESSAGE_LEN, READ_BUFFER,
 };
 pub(crate) use transport::Transport;
 
@@ -59,6 +60,8 @@ pub struct ReplicationConnection {
     max_message: usize,
     /// The slot being streamed, once `START_REPLICATION` succeeded (words errors).
     streaming_slot: Option<String>,
+    /// A read error met after `fill` had bytes to return; the next `fill` returns it.
+    read_error: Option<io::Error>,
 }
 
 /// A row of a simple query's result, in text form.
@@ -129,6 +132,7 @@ impl ReplicationConnection {
             superuser: false,
             max_message: MAX_STARTUP_MESSAGE_LEN,
             streaming_slot: None,
+            read_error: None,
         };
         conn.startup(opts).await?;
         conn.max_message = MAX_MESSAGE_LEN;
@@ -214,14 +218,42 @@ impl ReplicationConnection {
         split_frame(&mut self.rbuf, self.max_message)
     }
 
-    /// Reads more bytes into the buffer: one `read`, however many messages it
-    /// brings. Cancel-safe. `Ok(0)` is end of stream.
+    /// Reads more bytes into the buffer: waits for one `read`, then takes whatever
+    /// else is readable at once (up to [`FILL_TARGET`] bytes), however many messages
+    /// that brings. Over TLS one read returns one record's plaintext — a single small
+    /// message when the walsender flushes each one — so without the second step the
+    /// stream would decode and hand on one message per wake-up (docs/performance.md,
+    /// "TLS on loopback"). Cancel-safe: the only await comes before anything is read.
+    /// `Ok(0)` is end of stream.
     pub(crate) async fn fill(&mut self) -> Result<usize, ReaderError> {
+        if let Some(e) = self.read_error.take() {
+            return Err(e.into());
+        }
+        self.reserve_read();
+        let mut n = self.stream.read_buf(&mut self.rbuf).await?;
+        if n == 0 {
+            return Ok(0);
+        }
+        while self.rbuf.len() < FILL_TARGET {
+            self.reserve_read();
+            match self.stream.read_buf(&mut self.rbuf).now_or_never() {
+                // End of stream: the next `fill` reads 0 again.
+                Some(Ok(0)) | None => break,
+                // Kept for the next `fill`, after the bytes read so far are used.
+                Some(Err(e)) => {
+                    self.read_error = Some(e);
+                    break;
+                }
+                Some(Ok(k)) => n += k,
+            }
+        }
+        Ok(n)
+    }
+
+    fn reserve_read(&mut self) {
         if self.rbuf.capacity() - self.rbuf.len() < 8 * 1024 {
             self.rbuf.reserve(READ_BUFFER);
         }
-        let n = self.stream.read_buf(&mut self.rbuf).await?;
-        Ok(n)
     }
 
     /// Reads one whole message.
