@@ -711,6 +711,8 @@ pub async fn run(
     // The highest offset applied (or found applied) in this run: redeliveries below
     // it are skipped without a transaction.
     let mut seen = last;
+    // Whether a message arrived yet in this run (for the retention check).
+    let mut first_delivery = true;
     let mut backoff = Backoff(0);
     tokio::pin!(shutdown);
     let result = 'outer: loop {
@@ -758,6 +760,18 @@ pub async fn run(
                     ))
                 }
                 Some(Ok(delivery)) => {
+                    if std::mem::take(&mut first_delivery) {
+                        if let Some(l) = last.filter(|l| delivery.offset() > l + 1) {
+                            // The broker starts at the first offset it still has.
+                            tracing::error!(
+                                stored_offset = l,
+                                first_offset = delivery.offset(),
+                                "the messages after the stored offset and before the first \
+                                 one received were removed by the stream's retention before \
+                                 this consumer read them; raise max_age / max_length_bytes"
+                            );
+                        }
+                    }
                     if seen.is_some_and(|s| delivery.offset() <= s) {
                         Stats::add(&stats.skipped, 1);
                         continue;

@@ -353,6 +353,10 @@ async fn relay_stream_applied_exactly_once_across_sigkills() {
             );
         }
         assert!(!stderr.contains("guest:guest"), "password logged: {stderr}");
+        assert!(
+            !stderr.contains("removed by the stream's retention"),
+            "round {round}: the first message after a restart is the stored offset + 1: {stderr}"
+        );
     }
 
     // Everything is in the stream: one last run until idle.
