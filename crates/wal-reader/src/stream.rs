@@ -23,8 +23,10 @@
 //! - Between transactions the reader emits [`WalItem::Keepalive`] with the server's
 //!   WAL end; the publisher passes it through the same ordered watermark, so an idle
 //!   outbox (or WAL from other tables) does not pin WAL on the server.
-//! - A status update is sent whenever `acked` advances, on every `status_interval`
-//!   (capped at half of `wal_sender_timeout`), and at once when the server asks.
+//! - A status update is sent when `acked` advances (at most one per
+//!   [`STATUS_COALESCE`], so a watermark moving with every confirm costs the server
+//!   one update per few milliseconds), on every `status_interval` (capped at half of
+//!   `wal_sender_timeout`), and at once when the server asks.
 //!
 //! # Backpressure and memory
 //!
@@ -109,6 +111,14 @@ pub struct ReaderExit {
     pub flushed: Lsn,
 }
 
+/// Least time between two status updates sent because the acked watermark moved:
+/// under load the watermark moves with every confirm, and each update costs the
+/// walsender a slot update (and, when the slot's restart point moves, a write of
+/// the slot file). A moved watermark is reported at most this much later; the
+/// duplicate bound is unchanged, since a message counts against `max_in_flight`
+/// until a position past it was *sent* (docs/design.md §1.3, §4).
+const STATUS_COALESCE: Duration = Duration::from_millis(5);
+
 /// A streaming replication session on one slot.
 pub struct WalReader {
     conn: ReplicationConnection,
@@ -122,6 +132,8 @@ pub struct WalReader {
     /// `flushed`, for the publisher: what Postgres was actually sent (the duplicate
     /// bound counts a message until a position past it is here).
     flushed_tx: watch::Sender<Lsn>,
+    /// When the last status update went out (for [`STATUS_COALESCE`]).
+    last_status: Instant,
     status_buf: BytesMut,
     /// Commit LSN and time of each transaction with events sent but not yet acked,
     /// oldest first: the source of the outbox lag (docs/design.md §7).
@@ -221,6 +233,7 @@ impl WalReader {
             received: start_lsn,
             flushed: slot_confirmed.max(start_lsn),
             flushed_tx: watch::Sender::new(slot_confirmed.max(start_lsn)),
+            last_status: Instant::now(),
             status_buf: BytesMut::with_capacity(64),
             unacked: VecDeque::new(),
             held: Vec::new(),
@@ -274,6 +287,8 @@ impl WalReader {
         let mut last_recv = Instant::now();
         let mut asked_at: Option<Instant> = None;
         let mut consumer_gone = false;
+        // A moved watermark waiting for its coalesced status update.
+        let mut status_due: Option<Instant> = None;
 
         loop {
             if consumer_gone {
@@ -303,6 +318,17 @@ impl WalReader {
                         return Ok(ReaderExit { flushed: self.flushed });
                     }
                     let a = *acked.borrow_and_update();
+                    if a > self.flushed {
+                        if self.last_status.elapsed() >= STATUS_COALESCE {
+                            self.send_status(a, false).await?;
+                        } else if status_due.is_none() {
+                            status_due = Some(self.last_status + STATUS_COALESCE);
+                        }
+                    }
+                }
+                _ = async { tokio::time::sleep_until(status_due.expect("guarded").into()).await }, if status_due.is_some() => {
+                    status_due = None;
+                    let a = *acked.borrow();
                     if a > self.flushed {
                         self.send_status(a, false).await?;
                     }
@@ -456,6 +482,7 @@ impl WalReader {
             self.flushed_tx.send_replace(flush);
         }
         self.flushed = flush;
+        self.last_status = Instant::now();
         Ok(())
     }
 }
