@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -106,6 +106,8 @@ pub struct Sink {
     pub exchange: String,
     pub queue: String,
     pub count: Arc<AtomicUsize>,
+    /// When the first message arrived.
+    pub first: Arc<OnceLock<Instant>>,
     /// Latencies (seconds) computed from a `t` field (epoch seconds) in the body.
     pub latencies: Arc<Mutex<Vec<f64>>>,
     conn: Connection,
@@ -159,10 +161,12 @@ impl Sink {
                 FieldTable::default(),
             )
             .await?;
-        let (c, l) = (count.clone(), latencies.clone());
+        let first = Arc::new(OnceLock::new());
+        let (c, l, f) = (count.clone(), latencies.clone(), first.clone());
         tokio::spawn(async move {
             let _keep = cch;
             while let Some(Ok(d)) = consumer.next().await {
+                let _ = f.set(Instant::now());
                 if measure_latency {
                     let now = epoch_secs();
                     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&d.data) {
@@ -180,6 +184,7 @@ impl Sink {
             exchange,
             queue,
             count,
+            first,
             latencies,
             conn,
         })
@@ -441,6 +446,8 @@ pub async fn stream_client() -> anyhow::Result<StreamClient> {
 pub struct StreamSink {
     pub stream: String,
     pub count: Arc<AtomicUsize>,
+    /// When the first message arrived.
+    pub first: Arc<OnceLock<Instant>>,
     client: StreamClient,
 }
 
@@ -457,12 +464,14 @@ impl StreamSink {
         }
         let count = Arc::new(AtomicUsize::new(0));
         let (credit_tx, mut credit_rx) = mpsc::unbounded_channel::<()>();
-        let counted = count.clone();
+        let first = Arc::new(OnceLock::new());
+        let (counted, first_at) = (count.clone(), first.clone());
         // Chunks may arrive twice or out of order (client 0.4 on RabbitMQ 3.10, see
         // testkit::stream::read): count each chunk once.
         let seen = Arc::new(Mutex::new(HashSet::new()));
         let handler = move |item: MessageResult| {
             let (counted, seen, credit_tx) = (counted.clone(), seen.clone(), credit_tx.clone());
+            let first_at = first_at.clone();
             async move {
                 if let Some(Ok(response)) = item {
                     if let ResponseKind::Deliver(d) = response.kind() {
@@ -471,6 +480,7 @@ impl StreamSink {
                             .map(|mut s| s.insert(d.chunk_first_offset))
                             .unwrap_or(false);
                         if new {
+                            let _ = first_at.set(Instant::now());
                             counted.fetch_add(d.messages.len(), Ordering::Relaxed);
                         }
                         let _ = credit_tx.send(());
@@ -504,6 +514,7 @@ impl StreamSink {
         Ok(StreamSink {
             stream,
             count,
+            first,
             client,
         })
     }

@@ -33,6 +33,7 @@
 //! unless `--out` says otherwise: a smoke run never overwrites docs/benchmarks.md.
 
 mod harness;
+mod plot;
 mod scenarios;
 
 use std::path::PathBuf;
@@ -67,6 +68,10 @@ pub struct Args {
     /// reader,drain,stream-drain,steady,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from
+    /// several runs) beside it, and exit.
+    #[arg(long, value_name = "REPORT.md")]
+    pub plot: Option<PathBuf>,
     /// Where to write the markdown report (default: docs/benchmarks.md; with --quick,
     /// target/bench-quick.md).
     #[arg(long)]
@@ -76,6 +81,22 @@ pub struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    if let Some(report) = &args.plot {
+        let text = std::fs::read_to_string(report)
+            .with_context(|| format!("read {}", report.display()))?;
+        let figures = plot::parse_markdown(&text);
+        if figures.is_empty() {
+            bail!(
+                "{} holds no figure table; give a report written by outbox-bench",
+                report.display()
+            );
+        }
+        let svg = report.with_extension("svg");
+        std::fs::write(&svg, plot::svg(&figures))
+            .with_context(|| format!("write {}", svg.display()))?;
+        println!("wrote {} ({} figures)", svg.display(), figures.len());
+        return Ok(());
+    }
     if args.quick {
         args.events = args.events.min(20_000);
         args.runs = 1;
@@ -94,9 +115,16 @@ async fn main() -> anyhow::Result<()> {
             root.join("docs/benchmarks.md")
         }
     });
-    std::fs::write(&out, report.markdown(&args))
+    let svg = out.with_extension("svg");
+    let svg_name = svg
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    std::fs::write(&svg, plot::svg(&report.figures))
+        .with_context(|| format!("write {}", svg.display()))?;
+    std::fs::write(&out, report.markdown(&args, Some(&svg_name)))
         .with_context(|| format!("write {}", out.display()))?;
-    println!("wrote {}", out.display());
+    println!("wrote {} and {}", out.display(), svg.display());
     let problems = report.problems();
     if !problems.is_empty() {
         bail!(

@@ -33,7 +33,7 @@ const PUBLISHING_ID_PROPERTY: &str = "x-outbox-publishing-id";
 pub struct Figure {
     pub scenario: String,
     pub value: f64,
-    pub unit: &'static str,
+    pub unit: String,
     pub conditions: String,
 }
 
@@ -59,7 +59,7 @@ impl Report {
         let f = Figure {
             scenario: scenario.into(),
             value,
-            unit,
+            unit: unit.to_string(),
             conditions: conditions.into(),
         };
         println!(
@@ -235,7 +235,8 @@ impl Report {
         t
     }
 
-    pub fn markdown(&self, args: &Args) -> String {
+    /// The report; `plot` names the SVG written beside it, linked from it.
+    pub fn markdown(&self, args: &Args, plot: Option<&str>) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "# Benchmarks\n");
         if args.quick || !self.release {
@@ -260,6 +261,9 @@ impl Report {
             args.window,
             args.runs
         );
+        if let Some(plot) = plot {
+            let _ = writeln!(s, "Plot of these figures: [{plot}]({plot}).\n");
+        }
         let _ = writeln!(
             s,
             "| figure | value | unit | conditions |\n|---|---|---|---|"
@@ -483,6 +487,13 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
                     args.window
                 ),
             );
+            let first = pick(|r| r.relay.map(|m| m.first));
+            report.add(
+                &names.relay_first,
+                median(first),
+                "s",
+                format!("{cond}: included in the rate above"),
+            );
             let cpu = pick(|r| r.relay.map(|m| m.cpu_per_10k));
             report.add(&names.relay_cpu, median(cpu), "core-s", &cond);
             let rss = pick(|r| r.relay.map(|m| m.peak_rss));
@@ -498,6 +509,13 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
                     "{cond}, window {}, until a consumer from the stream's first offset has all",
                     args.window
                 ),
+            );
+            let first = pick(|r| r.stream.map(|m| m.first));
+            report.add(
+                &names.stream_first,
+                median(first),
+                "s",
+                format!("{cond}: included in the rate above"),
             );
             let cpu = pick(|r| r.stream.map(|m| m.cpu_per_10k));
             report.add(&names.stream_cpu, median(cpu), "core-s", &cond);
@@ -530,9 +548,11 @@ struct DrainNames {
     recvlogical: String,
     reader: String,
     relay: String,
+    relay_first: String,
     relay_cpu: String,
     relay_rss: String,
     stream: String,
+    stream_first: String,
     stream_cpu: String,
     stream_rss: String,
 }
@@ -543,9 +563,11 @@ impl DrainNames {
             recvlogical: format!("pg_recvlogical {per_tx}-row tx"),
             reader: format!("reader {per_tx}-row tx"),
             relay: format!("drain {per_tx}-row tx: relay"),
+            relay_first: format!("drain {per_tx}-row tx: relay start → first message"),
             relay_cpu: format!("drain {per_tx}-row tx: relay CPU per 10k events"),
             relay_rss: format!("drain {per_tx}-row tx: relay peak RSS"),
             stream: format!("stream drain {per_tx}-row tx: relay"),
+            stream_first: format!("stream drain {per_tx}-row tx: relay start → first message"),
             stream_cpu: format!("stream drain {per_tx}-row tx: relay CPU per 10k events"),
             stream_rss: format!("stream drain {per_tx}-row tx: relay peak RSS"),
         }
@@ -795,6 +817,8 @@ struct DrainRun {
 #[derive(Debug, Clone, Copy)]
 struct RelayDrain {
     rate: f64,
+    /// Seconds from starting the relay to the first message at the consumer.
+    first: f64,
     cpu_per_10k: f64,
     peak_rss: f64,
 }
@@ -894,7 +918,8 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
                 args.window,
             )?;
             let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
-            let measured = relay_drain(&relay, n, end - start);
+            let first = sink.first.get().copied().unwrap_or(end);
+            let measured = relay_drain(&relay, n, start, first, end);
             relay.stop();
             Ok::<_, anyhow::Error>(measured)
         }
@@ -915,7 +940,8 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
                 args.window,
             )?;
             let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
-            let measured = relay_drain(&relay, n, end - start);
+            let first = sink.first.get().copied().unwrap_or(end);
+            let measured = relay_drain(&relay, n, start, first, end);
             relay.stop();
             Ok::<_, anyhow::Error>(measured)
         }
@@ -926,11 +952,18 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
     Ok(out)
 }
 
-/// The rate, CPU per 10k events and peak RSS of a relay that delivered `n` events in
-/// `elapsed`.
-fn relay_drain(relay: &RelayProc, n: usize, elapsed: Duration) -> RelayDrain {
+/// The rate, start-up time, CPU per 10k events and peak RSS of a relay started at
+/// `start` that delivered its first event at `first` and all `n` at `end`.
+fn relay_drain(
+    relay: &RelayProc,
+    n: usize,
+    start: Instant,
+    first: Instant,
+    end: Instant,
+) -> RelayDrain {
     RelayDrain {
-        rate: n as f64 / elapsed.as_secs_f64(),
+        rate: n as f64 / (end - start).as_secs_f64(),
+        first: (first - start).as_secs_f64(),
         cpu_per_10k: relay.cpu_seconds() / n as f64 * 10_000.0,
         peak_rss: relay.peak_rss_mb(),
     }
