@@ -432,11 +432,18 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 /// test helper's panic when the broker is unreachable.
 pub async fn stream_client() -> anyhow::Result<StreamClient> {
     tokio::spawn(testkit::stream::client()).await.map_err(|_| {
+        // Host and port only: the URL's user info may hold a password.
+        let url = testkit::stream::stream_url();
+        let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+        let host = rest
+            .rsplit_once('@')
+            .map_or(rest, |(_, r)| r)
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
         anyhow::anyhow!(
-            "cannot connect to the RabbitMQ stream port {} (is rabbitmq_stream enabled?)",
-            testkit::stream::stream_url()
-                .rsplit_once('@')
-                .map_or("", |(_, r)| r)
+            "cannot connect to the RabbitMQ stream port at {host} (is rabbitmq_stream enabled? OUTBOX_TEST_STREAM_URL sets the URL)"
         )
     })
 }

@@ -179,7 +179,7 @@ mod tests {
     fn numbers_and_escapes() {
         assert_eq!(number(1234567.8), "1,234,568");
         assert_eq!(number(999.4), "999");
-        assert_eq!(number(3.14159), "3.14");
+        assert_eq!(number(2.345), "2.35");
         assert_eq!(escape("a<b & \"c\">"), "a&lt;b &amp; &quot;c&quot;&gt;");
     }
 
