@@ -1,10 +1,11 @@
 //! Shared plumbing: databases with an outbox, slots, the relay process, consumers,
 //! process CPU and memory readings.
 
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -15,7 +16,10 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
+use rabbitmq_stream_client::types::{MessageResult, OffsetSpecification, ResponseKind};
+use rabbitmq_stream_client::Client as StreamClient;
 use testkit::{unique_name, TestDb};
+use tokio::sync::mpsc;
 
 pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
     id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -102,6 +106,8 @@ pub struct Sink {
     pub exchange: String,
     pub queue: String,
     pub count: Arc<AtomicUsize>,
+    /// When the first message arrived.
+    pub first: Arc<OnceLock<Instant>>,
     /// Latencies (seconds) computed from a `t` field (epoch seconds) in the body.
     pub latencies: Arc<Mutex<Vec<f64>>>,
     conn: Connection,
@@ -155,10 +161,12 @@ impl Sink {
                 FieldTable::default(),
             )
             .await?;
-        let (c, l) = (count.clone(), latencies.clone());
+        let first = Arc::new(OnceLock::new());
+        let (c, l, f) = (count.clone(), latencies.clone(), first.clone());
         tokio::spawn(async move {
             let _keep = cch;
             while let Some(Ok(d)) = consumer.next().await {
+                let _ = f.set(Instant::now());
                 if measure_latency {
                     let now = epoch_secs();
                     if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&d.data) {
@@ -176,6 +184,7 @@ impl Sink {
             exchange,
             queue,
             count,
+            first,
             latencies,
             conn,
         })
@@ -218,26 +227,73 @@ pub fn epoch_secs() -> f64 {
         .unwrap_or(0.0)
 }
 
-/// The release relay binary (built on demand).
+/// Environment variable naming a prebuilt relay binary (the quick run uses the
+/// debug build; nothing is built then).
+pub const RELAY_BIN_ENV: &str = "OUTBOX_BENCH_RELAY_BIN";
+
+/// The relay binary: `$OUTBOX_BENCH_RELAY_BIN`, or built on demand in the harness's
+/// own profile (release for `cargo run --release`) next to the harness binary.
 pub fn relay_binary() -> anyhow::Result<PathBuf> {
+    if let Some(bin) = std::env::var_os(RELAY_BIN_ENV) {
+        let bin = PathBuf::from(bin);
+        if !bin.is_file() {
+            bail!(
+                "{RELAY_BIN_ENV}={} is not a file; build outbox-relay or unset it",
+                bin.display()
+            );
+        }
+        return Ok(bin);
+    }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let status = Command::new("cargo")
-        .args([
-            "build",
-            "--release",
-            "--locked",
-            "-p",
-            "outbox-relay",
-            "--bin",
-            "outbox-relay",
-        ])
+    let mut build = Command::new("cargo");
+    build.args([
+        "build",
+        "--locked",
+        "-p",
+        "outbox-relay",
+        "--bin",
+        "outbox-relay",
+    ]);
+    if !cfg!(debug_assertions) {
+        build.arg("--release");
+    }
+    let status = build
         .current_dir(&root)
         .status()
         .context("run cargo build")?;
     if !status.success() {
         bail!("building outbox-relay failed");
     }
-    Ok(root.join("target/release/outbox-relay"))
+    // Cargo puts both binaries of one profile in the same directory (wherever
+    // CARGO_TARGET_DIR points).
+    let exe = std::env::current_exe().context("locate the harness binary")?;
+    let bin = exe
+        .parent()
+        .map(|d| d.join("outbox-relay"))
+        .context("the harness binary has no directory")?;
+    if !bin.is_file() {
+        bail!(
+            "built outbox-relay but found no {}; set {RELAY_BIN_ENV}",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// Whether a relay binary is a release build (judged by its directory name).
+pub fn is_release(bin: &Path) -> bool {
+    bin.parent()
+        .and_then(|d| d.file_name())
+        .is_some_and(|n| n == "release")
+}
+
+/// Where the relay publishes.
+#[derive(Debug, Clone, Copy)]
+pub enum Target<'a> {
+    /// An exchange over AMQP (publisher confirms).
+    Exchange(&'a str),
+    /// A stream over the stream protocol (named producer, publishing ids).
+    Stream(&'a str),
 }
 
 /// A running relay process.
@@ -251,17 +307,24 @@ impl RelayProc {
         bin: &Path,
         db: &BenchDb,
         slot: &str,
-        exchange: &str,
+        target: Target<'_>,
         window: usize,
     ) -> anyhow::Result<RelayProc> {
         let dir = std::env::temp_dir().join(unique_name("bench"));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("relay.toml");
+        let target = match target {
+            Target::Exchange(exchange) => format!("exchange = {exchange:?}\n"),
+            Target::Stream(stream) => format!(
+                "stream = {stream:?}\nstream_url = {:?}\n",
+                testkit::stream::stream_url()
+            ),
+        };
         std::fs::write(
             &config,
             format!(
                 "[postgres]\nurl = {:?}\nslot = {slot:?}\npublication = {:?}\n\n\
-                 [rabbitmq]\nurl = {:?}\nexchange = {exchange:?}\nmax_in_flight = {window}\n\n\
+                 [rabbitmq]\nurl = {:?}\n{target}max_in_flight = {window}\n\n\
                  [relay]\nmetrics_listen = \"\"\n",
                 db.db.url(),
                 db.publication,
@@ -294,6 +357,7 @@ impl RelayProc {
         proc_status_kb(self.child.id(), "VmRSS:") as f64 / 1024.0
     }
 
+    /// Asks the relay to stop (SIGTERM) and waits up to 30 s; then as on drop.
     pub fn stop(mut self) {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
@@ -305,7 +369,15 @@ impl RelayProc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = self.child.kill();
+    }
+}
+
+impl Drop for RelayProc {
+    /// Kills the relay if it still runs (a failed scenario leaves none behind).
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -354,4 +426,156 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx.min(sorted.len() - 1)]
+}
+
+/// A client on the stream port (`OUTBOX_TEST_STREAM_URL`); an error instead of the
+/// test helper's panic when the broker is unreachable.
+pub async fn stream_client() -> anyhow::Result<StreamClient> {
+    tokio::spawn(testkit::stream::client()).await.map_err(|_| {
+        // Host and port only: the URL's user info may hold a password.
+        let url = testkit::stream::stream_url();
+        let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+        let host = rest
+            .rsplit_once('@')
+            .map_or(rest, |(_, r)| r)
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_string();
+        anyhow::anyhow!(
+            "cannot connect to the RabbitMQ stream port at {host} (is rabbitmq_stream enabled? OUTBOX_TEST_STREAM_URL sets the URL)"
+        )
+    })
+}
+
+/// A fresh stream with a consumer reading it from the first offset, counting the
+/// messages it holds.
+pub struct StreamSink {
+    pub stream: String,
+    pub count: Arc<AtomicUsize>,
+    /// When the first message arrived.
+    pub first: Arc<OnceLock<Instant>>,
+    client: StreamClient,
+}
+
+impl StreamSink {
+    pub async fn new() -> anyhow::Result<StreamSink> {
+        let stream = unique_name("bstream");
+        let client = stream_client().await?;
+        let response = client
+            .create_stream(&stream, HashMap::new())
+            .await
+            .context("create stream")?;
+        if !response.is_ok() {
+            bail!("creating stream {stream}: {:?}", response.code());
+        }
+        let count = Arc::new(AtomicUsize::new(0));
+        let (credit_tx, mut credit_rx) = mpsc::unbounded_channel::<()>();
+        let first = Arc::new(OnceLock::new());
+        let (counted, first_at) = (count.clone(), first.clone());
+        // Chunks may arrive twice or out of order (client 0.4 on RabbitMQ 3.10, see
+        // testkit::stream::read): count each chunk once.
+        let seen = Arc::new(Mutex::new(HashSet::new()));
+        let handler = move |item: MessageResult| {
+            let (counted, seen, credit_tx) = (counted.clone(), seen.clone(), credit_tx.clone());
+            let first_at = first_at.clone();
+            async move {
+                if let Some(Ok(response)) = item {
+                    if let ResponseKind::Deliver(d) = response.kind() {
+                        let new = seen
+                            .lock()
+                            .map(|mut s| s.insert(d.chunk_first_offset))
+                            .unwrap_or(false);
+                        if new {
+                            let _ = first_at.set(Instant::now());
+                            counted.fetch_add(d.messages.len(), Ordering::Relaxed);
+                        }
+                        let _ = credit_tx.send(());
+                    }
+                }
+                Ok(())
+            }
+        };
+        client.set_handler(handler).await;
+        let response = client
+            .subscribe(
+                STREAM_SUBSCRIPTION,
+                &stream,
+                OffsetSpecification::First,
+                STREAM_CREDIT,
+                HashMap::new(),
+            )
+            .await
+            .context("subscribe to the stream")?;
+        if !response.is_ok() {
+            bail!("subscribing to stream {stream}: {:?}", response.code());
+        }
+        let credit_client = client.clone();
+        tokio::spawn(async move {
+            while credit_rx.recv().await.is_some() {
+                if credit_client.credit(STREAM_SUBSCRIPTION, 1).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(StreamSink {
+            stream,
+            count,
+            first,
+            client,
+        })
+    }
+
+    /// Waits until the stream holds `n` messages; errors after `timeout`.
+    pub async fn wait_for(&self, n: usize, timeout: Duration) -> anyhow::Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let have = self.count.load(Ordering::Relaxed);
+            if have >= n {
+                return Ok(Instant::now());
+            }
+            if Instant::now() > deadline {
+                bail!("timed out with {have} of {n} messages in the stream");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Deletes the stream.
+    pub async fn cleanup(self) {
+        let _ = self.client.unsubscribe(STREAM_SUBSCRIPTION).await;
+        let _ = self.client.delete_stream(&self.stream).await;
+        let _ = self.client.close().await;
+    }
+}
+
+const STREAM_SUBSCRIPTION: u8 = 1;
+/// Chunks the consumer asks for ahead.
+const STREAM_CREDIT: u16 = 32;
+
+/// Waits until `count` reaches `n` while `relay` runs; errors when the relay exits
+/// first or after `timeout`.
+pub async fn wait_relay(
+    count: &AtomicUsize,
+    n: usize,
+    timeout: Duration,
+    relay: &mut RelayProc,
+) -> anyhow::Result<Instant> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let have = count.load(Ordering::Relaxed);
+        if have >= n {
+            return Ok(Instant::now());
+        }
+        if let Ok(Some(status)) = relay.child.try_wait() {
+            bail!("the relay exited ({status}) with {have} of {n} messages delivered");
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "timed out after {}s with {have} of {n} messages delivered",
+                timeout.as_secs()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

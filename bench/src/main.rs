@@ -11,20 +11,34 @@
 //! - **recvlogical**: `pg_recvlogical` draining a slot holding N outbox inserts: the
 //!   decode limit.
 //! - **reader**: the wal-reader draining the same slot shape into a counting sink.
+//! - **stream-raw**: a raw stream publisher (rabbitmq-stream-client, named producer,
+//!   explicit publishing ids) with the relay's stream message shape and window, into
+//!   a fresh stream: the broker's stream limit, until a consumer from the first
+//!   offset holds all N (and, as a second figure, until all are confirmed).
 //! - **drain**: N preloaded outbox rows (1-row and 100-row transactions); the relay
 //!   binary starts; time until a consumer holds all N. Relay CPU and peak RSS.
+//! - **stream-drain**: the same WAL, the relay with `[rabbitmq] stream` set; time
+//!   until a consumer reading the fresh stream from its first offset holds all N.
 //! - **steady**: single-row transactions at a fixed rate; commit → receive latency
 //!   percentiles at the consumer, relay CPU share and RSS.
 //! - **large**: one 1M-row transaction: time and the relay's peak RSS.
 //!
 //! Needs the services of `scripts/test-services.sh` (Postgres 55432 with
-//! wal_level=logical, RabbitMQ 5672) and a release build of `outbox-relay`.
+//! wal_level=logical, RabbitMQ 5672 and its stream port 5552, or
+//! `OUTBOX_TEST_STREAM_URL`). The relay binary is `$OUTBOX_BENCH_RELAY_BIN`, or built
+//! in the harness's profile (release with `cargo run --release`).
+//!
+//! Exits non-zero when a scenario failed or produced no figure (after writing the
+//! report, which lists the problems). `--quick` writes to `target/bench-quick.md`
+//! unless `--out` says otherwise: a smoke run never overwrites docs/benchmarks.md.
 
 mod harness;
+mod plot;
 mod scenarios;
 
 use std::path::PathBuf;
 
+use anyhow::{bail, Context};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
@@ -50,10 +64,16 @@ pub struct Args {
     /// Small numbers, one run: a smoke test of the harness itself.
     #[arg(long)]
     pub quick: bool,
-    /// Only these scenarios (comma-separated: lapin,channels,recvlogical,reader,drain,steady,large).
+    /// Only these scenarios (comma-separated: lapin,channels,stream-raw,recvlogical,
+    /// reader,drain,stream-drain,steady,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
-    /// Where to write the markdown report (default: docs/benchmarks.md).
+    /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from
+    /// several runs) beside it, and exit.
+    #[arg(long, value_name = "REPORT.md")]
+    pub plot: Option<PathBuf>,
+    /// Where to write the markdown report (default: docs/benchmarks.md; with --quick,
+    /// target/bench-quick.md).
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -61,6 +81,22 @@ pub struct Args {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
+    if let Some(report) = &args.plot {
+        let text = std::fs::read_to_string(report)
+            .with_context(|| format!("read {}", report.display()))?;
+        let figures = plot::parse_markdown(&text);
+        if figures.is_empty() {
+            bail!(
+                "{} holds no figure table; give a report written by outbox-bench",
+                report.display()
+            );
+        }
+        let svg = report.with_extension("svg");
+        std::fs::write(&svg, plot::svg(&figures))
+            .with_context(|| format!("write {}", svg.display()))?;
+        println!("wrote {} ({} figures)", svg.display(), figures.len());
+        return Ok(());
+    }
     if args.quick {
         args.events = args.events.min(20_000);
         args.runs = 1;
@@ -69,11 +105,34 @@ async fn main() -> anyhow::Result<()> {
     }
     let report = scenarios::run_all(&args).await?;
     println!("{}", report.table());
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md"));
-    std::fs::write(&out, report.markdown(&args))?;
-    println!("wrote {}", out.display());
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = args.out.clone().unwrap_or_else(|| {
+        if args.quick {
+            std::env::var_os("CARGO_TARGET_DIR")
+                .map_or_else(|| root.join("target"), PathBuf::from)
+                .join("bench-quick.md")
+        } else {
+            root.join("docs/benchmarks.md")
+        }
+    });
+    let svg = out.with_extension("svg");
+    let svg_name = svg
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    std::fs::write(&svg, plot::svg(&report.figures))
+        .with_context(|| format!("write {}", svg.display()))?;
+    std::fs::write(&out, report.markdown(&args, Some(&svg_name)))
+        .with_context(|| format!("write {}", out.display()))?;
+    println!("wrote {} and {}", out.display(), svg.display());
+    let problems = report.problems();
+    if !problems.is_empty() {
+        bail!(
+            "{} problem(s): {}; see {}",
+            problems.len(),
+            problems.join("; "),
+            out.display()
+        );
+    }
     Ok(())
 }

@@ -9,6 +9,7 @@ use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Connection, ConnectionProperties};
 use outbox_event::{Lsn, WalItem};
+use rabbitmq_stream_client::types::{Message, MessageResult, ResponseKind, SimpleValue};
 use tokio::sync::{mpsc, watch};
 use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName, WalReader};
 
@@ -16,19 +17,35 @@ use crate::harness::*;
 use crate::Args;
 
 const WAIT: Duration = Duration::from_secs(600);
+/// The quick run's bound: a smoke test fails fast.
+const QUICK_WAIT: Duration = Duration::from_secs(120);
+/// Messages in one stream publish frame, at most (as the relay: publisher::stream::run).
+const STREAM_BATCH: usize = 1000;
+/// Estimated bytes in one stream publish frame, at most (as the relay).
+const STREAM_BATCH_BYTES: usize = 512 * 1024;
+/// The relay's application properties naming its producer and the publishing id
+/// (docs/streams.md, "The message").
+const PRODUCER_PROPERTY: &str = "x-outbox-producer";
+const PUBLISHING_ID_PROPERTY: &str = "x-outbox-publishing-id";
 
 /// One measured figure.
 #[derive(Debug, Clone)]
 pub struct Figure {
     pub scenario: String,
     pub value: f64,
-    pub unit: &'static str,
+    pub unit: String,
     pub conditions: String,
 }
 
 #[derive(Debug, Default)]
 pub struct Report {
     pub figures: Vec<Figure>,
+    /// Scenarios that failed: (scenario, error).
+    pub failures: Vec<(String, String)>,
+    /// Figures the scenarios that ran must have produced.
+    pub expected: Vec<String>,
+    /// Whether the relay binary was a release build.
+    pub release: bool,
 }
 
 impl Report {
@@ -42,17 +59,47 @@ impl Report {
         let f = Figure {
             scenario: scenario.into(),
             value,
-            unit,
+            unit: unit.to_string(),
             conditions: conditions.into(),
         };
         println!(
-            "  {:<44} {:>12.2} {:<12} {}",
+            "  {:<52} {:>12.2} {:<12} {}",
             f.scenario, f.value, f.unit, f.conditions
         );
         self.figures.push(f);
     }
 
-    fn get(&self, scenario: &str) -> Option<f64> {
+    fn expect(&mut self, names: &[&str]) {
+        self.expected.extend(names.iter().map(|n| n.to_string()));
+    }
+
+    fn fail(&mut self, scenario: impl Into<String>, error: &anyhow::Error) {
+        let scenario = scenario.into();
+        eprintln!("  {scenario} FAILED: {error:#}");
+        self.failures.push((scenario, format!("{error:#}")));
+    }
+
+    /// What makes the run a failure: failed scenarios, and expected figures that are
+    /// missing, not finite or not positive.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p: Vec<String> = self
+            .failures
+            .iter()
+            .map(|(s, e)| format!("{s} failed: {e}"))
+            .collect();
+        for name in &self.expected {
+            match self.get(name) {
+                None => p.push(format!("{name}: no figure")),
+                Some(v) if !(v.is_finite() && v > 0.0) => {
+                    p.push(format!("{name}: implausible figure {v}"));
+                }
+                Some(_) => {}
+            }
+        }
+        p
+    }
+
+    pub fn get(&self, scenario: &str) -> Option<f64> {
         self.figures
             .iter()
             .find(|f| f.scenario == scenario)
@@ -63,18 +110,21 @@ impl Report {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<44} {:>12} {:<12} conditions",
+            "{:<52} {:>12} {:<12} conditions",
             "figure", "value", "unit"
         );
         for f in &self.figures {
             let _ = writeln!(
                 s,
-                "{:<44} {:>12.2} {:<12} {}",
+                "{:<52} {:>12.2} {:<12} {}",
                 f.scenario, f.value, f.unit, f.conditions
             );
         }
         for line in self.targets() {
             let _ = writeln!(s, "{line}");
+        }
+        for problem in self.problems() {
+            let _ = writeln!(s, "PROBLEM: {problem}");
         }
         s
     }
@@ -124,6 +174,37 @@ impl Report {
             "≥ 1.0",
             r.map(|r| r >= 1.0),
         ));
+        for per_tx in [100usize, 1] {
+            let stream = format!("stream drain {per_tx}-row tx: relay");
+            let r = self.ratio(&stream, "stream raw publisher");
+            t.push(fmt(
+                &format!("stream drain ({per_tx}-row tx) / raw stream"),
+                r,
+                "≥ 0.80",
+                r.map(|r| r >= 0.8),
+            ));
+            let r = self.ratio(&stream, &format!("drain {per_tx}-row tx: relay"));
+            t.push(fmt(
+                &format!("stream drain / queue drain ({per_tx}-row tx)"),
+                r,
+                "≥ 3",
+                r.map(|r| r >= 3.0),
+            ));
+            let limit = match (
+                self.get("stream raw publisher"),
+                self.get(&format!("pg_recvlogical {per_tx}-row tx")),
+            ) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                _ => None,
+            };
+            let r = self.get(&stream).zip(limit).map(|(s, l)| s / l);
+            t.push(fmt(
+                &format!("stream drain / min(raw stream, pg_recvlogical) ({per_tx}-row tx)"),
+                r,
+                "≥ 0.80",
+                r.map(|r| r >= 0.8),
+            ));
+        }
         let p50 = self.get("steady latency p50");
         t.push(fmt("steady p50 (ms)", p50, "≤ 5", p50.map(|v| v <= 5.0)));
         let p99 = self.get("steady latency p99");
@@ -131,6 +212,13 @@ impl Report {
         let cpu = self.get("drain 100-row tx: relay CPU per 10k events");
         t.push(fmt(
             "relay CPU s per 10k events (100-row tx)",
+            cpu,
+            "≤ 0.25",
+            cpu.map(|v| v <= 0.25),
+        ));
+        let cpu = self.get("stream drain 100-row tx: relay CPU per 10k events");
+        t.push(fmt(
+            "stream relay CPU s per 10k events (100-row tx)",
             cpu,
             "≤ 0.25",
             cpu.map(|v| v <= 0.25),
@@ -147,18 +235,35 @@ impl Report {
         t
     }
 
-    pub fn markdown(&self, args: &Args) -> String {
+    /// The report; `plot` names the SVG written beside it, linked from it.
+    pub fn markdown(&self, args: &Args, plot: Option<&str>) -> String {
         let mut s = String::new();
         let _ = writeln!(s, "# Benchmarks\n");
+        if args.quick || !self.release {
+            let _ = writeln!(
+                s,
+                "**A smoke run of the harness (`--quick` and/or a debug build of the relay): \
+                 these figures are not benchmarks.**\n"
+            );
+        }
         let _ = writeln!(
             s,
-            "Produced by `cargo run --release -p outbox-bench -- --events {} --runs {}` \
-             (see `bench/src/main.rs`) on a 2-core machine with Postgres and RabbitMQ on \
-             loopback; persistent ~300-byte messages, publisher confirms, one connection \
-             and channel, window {}. Every figure is the median of {} run(s); these machines \
+            "Produced by `{}` (see `bench/src/main.rs`) on a 2-core machine with Postgres \
+             and RabbitMQ on loopback; persistent ~300-byte messages, publisher confirms, \
+             one connection and channel, window {}. Stream figures: the stream protocol \
+             (port 5552), a named producer with explicit publishing ids, publish frames of \
+             at most 1000 messages, the same window of unconfirmed messages; a stream rate \
+             is N divided by the time until a consumer reading the fresh stream from its \
+             first offset holds all N (as the queue figures count until the queue's \
+             consumer has all). Every figure is the median of {} run(s); these machines \
              are noisy, so compare ratios within one run, not absolute numbers across runs.\n",
-            args.events, args.runs, args.window, args.runs
+            command_line(args),
+            args.window,
+            args.runs
         );
+        if let Some(plot) = plot {
+            let _ = writeln!(s, "Plot of these figures: [{plot}]({plot}).\n");
+        }
         let _ = writeln!(
             s,
             "| figure | value | unit | conditions |\n|---|---|---|---|"
@@ -177,113 +282,300 @@ impl Report {
         for line in self.targets() {
             let _ = writeln!(s, "{line}");
         }
+        let problems = self.problems();
+        if !problems.is_empty() {
+            let _ = writeln!(s, "\n## Problems\n");
+            for p in problems {
+                let _ = writeln!(s, "- {p}");
+            }
+        }
         s
     }
+}
+
+/// The command that reproduces a run.
+pub fn command_line(args: &Args) -> String {
+    let mut c = format!(
+        "cargo run --release -p outbox-bench -- --events {} --runs {}",
+        args.events, args.runs
+    );
+    if args.quick {
+        c = "scripts/bench-quick.sh (outbox-bench --quick, debug build)".to_string();
+    }
+    if !args.only.is_empty() {
+        let _ = write!(c, " --only {}", args.only.join(","));
+    }
+    c
 }
 
 fn wants(args: &Args, name: &str) -> bool {
     args.only.is_empty() || args.only.iter().any(|o| o == name)
 }
 
+/// How long a scenario waits for its messages before failing.
+fn wait(args: &Args) -> Duration {
+    if args.quick {
+        QUICK_WAIT
+    } else {
+        WAIT
+    }
+}
+
+/// The scenario names `--only` accepts.
+pub const SCENARIOS: &[&str] = &[
+    "lapin",
+    "channels",
+    "stream-raw",
+    "recvlogical",
+    "reader",
+    "drain",
+    "stream-drain",
+    "steady",
+    "large",
+];
+
 pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
     let mut report = Report::default();
-    let bin = relay_binary()?;
-    if wants(args, "lapin") {
-        let mut rates = Vec::new();
-        for _ in 0..args.runs {
-            rates.push(lapin_baseline(args.events, args.window, 1).await?);
-        }
-        report.add(
-            "lapin raw publisher",
-            median(rates),
-            "msgs/s",
-            format!(
-                "N={}, window={}, until the consumer has all",
-                args.events, args.window
-            ),
+    if let Some(unknown) = args.only.iter().find(|o| !SCENARIOS.contains(&o.as_str())) {
+        bail!(
+            "unknown scenario {unknown:?} in --only; choose from {}",
+            SCENARIOS.join(",")
         );
+    }
+    let bin = relay_binary()?;
+    report.release = is_release(&bin);
+    println!("relay binary: {}", bin.display());
+    if wants(args, "lapin") {
+        report.expect(&["lapin raw publisher"]);
+        let mut rates = Vec::new();
+        let result: anyhow::Result<()> = async {
+            for _ in 0..args.runs {
+                rates.push(lapin_baseline(args, 1).await?);
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => report.add(
+                "lapin raw publisher",
+                median(rates),
+                "msgs/s",
+                format!(
+                    "N={}, window={}, until the consumer has all",
+                    args.events, args.window
+                ),
+            ),
+            Err(e) => report.fail("lapin", &e),
+        }
     }
     if wants(args, "channels") {
         // Would publishing over several channels (e.g. partitioned by aggregate_id)
         // raise the total? Same messages, one queue, the window split between them.
         for channels in [2usize, 4] {
+            let name = format!("lapin raw publisher, {channels} channels");
+            report.expect(&[&name]);
             let mut rates = Vec::new();
-            for _ in 0..args.runs {
-                rates.push(lapin_baseline(args.events, args.window, channels).await?);
+            let result: anyhow::Result<()> = async {
+                for _ in 0..args.runs {
+                    rates.push(lapin_baseline(args, channels).await?);
+                }
+                Ok(())
             }
-            report.add(
-                format!("lapin raw publisher, {channels} channels"),
-                median(rates),
-                "msgs/s",
-                format!(
-                    "N={}, window={} in total, one queue",
-                    args.events, args.window
+            .await;
+            match result {
+                Ok(()) => report.add(
+                    name,
+                    median(rates),
+                    "msgs/s",
+                    format!(
+                        "N={}, window={} in total, one queue",
+                        args.events, args.window
+                    ),
                 ),
-            );
+                Err(e) => report.fail(format!("channels ({channels})"), &e),
+            }
+        }
+    }
+    if wants(args, "stream-raw") {
+        report.expect(&[
+            "stream raw publisher",
+            "stream raw publisher: all confirmed",
+        ]);
+        let (mut consumed, mut confirmed) = (Vec::new(), Vec::new());
+        let result: anyhow::Result<()> = async {
+            for _ in 0..args.runs {
+                let r = stream_baseline(args).await?;
+                consumed.push(r.consumed);
+                confirmed.push(r.confirmed);
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                let cond = format!(
+                    "N={}, window={}, frames ≤ {STREAM_BATCH} msgs, named producer",
+                    args.events, args.window
+                );
+                report.add(
+                    "stream raw publisher",
+                    median(consumed),
+                    "msgs/s",
+                    format!("{cond}, until a consumer from the first offset has all"),
+                );
+                report.add(
+                    "stream raw publisher: all confirmed",
+                    median(confirmed),
+                    "msgs/s",
+                    format!("{cond}, until the broker confirmed all"),
+                );
+            }
+            Err(e) => report.fail("stream-raw", &e),
         }
     }
     for per_tx in [100usize, 1] {
-        if !(wants(args, "drain") || wants(args, "reader") || wants(args, "recvlogical")) {
+        if !["drain", "reader", "recvlogical", "stream-drain"]
+            .iter()
+            .any(|s| wants(args, s))
+        {
             break;
         }
-        let (mut recv, mut reader, mut relay, mut cpu, mut rss) =
-            (vec![], vec![], vec![], vec![], vec![]);
-        for _ in 0..args.runs {
-            let r = drain_run(args, &bin, per_tx).await?;
-            recv.extend(r.recvlogical);
-            reader.extend(r.reader);
-            relay.extend(r.relay);
-            cpu.extend(r.cpu_per_10k);
-            rss.extend(r.peak_rss);
+        let names = DrainNames::new(per_tx);
+        if wants(args, "recvlogical") {
+            report.expect(&[&names.recvlogical]);
         }
+        if wants(args, "reader") {
+            report.expect(&[&names.reader]);
+        }
+        if wants(args, "drain") {
+            report.expect(&[&names.relay, &names.relay_cpu, &names.relay_rss]);
+        }
+        if wants(args, "stream-drain") {
+            report.expect(&[&names.stream, &names.stream_cpu, &names.stream_rss]);
+        }
+        let mut runs = Vec::new();
+        let result: anyhow::Result<()> = async {
+            for _ in 0..args.runs {
+                runs.push(drain_run(args, &bin, per_tx).await?);
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            report.fail(format!("drain {per_tx}-row tx"), &e);
+            continue;
+        }
+        let pick =
+            |f: fn(&DrainRun) -> Option<f64>| -> Vec<f64> { runs.iter().filter_map(f).collect() };
         let cond = format!("N={}, {per_tx}-row transactions", args.events);
+        let recv = pick(|r| r.recvlogical);
         if !recv.is_empty() {
-            report.add(
-                format!("pg_recvlogical {per_tx}-row tx"),
-                median(recv),
-                "rows/s",
-                &cond,
-            );
+            report.add(&names.recvlogical, median(recv), "rows/s", &cond);
         }
+        let reader = pick(|r| r.reader);
         if !reader.is_empty() {
-            report.add(
-                format!("reader {per_tx}-row tx"),
-                median(reader),
-                "rows/s",
-                &cond,
-            );
+            report.add(&names.reader, median(reader), "rows/s", &cond);
         }
+        let relay = pick(|r| r.relay.map(|m| m.rate));
         if !relay.is_empty() {
             report.add(
-                format!("drain {per_tx}-row tx: relay"),
+                &names.relay,
                 median(relay),
                 "events/s",
-                format!("{cond}, window {}", args.window),
+                format!(
+                    "{cond}, window {}, until the queue's consumer has all",
+                    args.window
+                ),
             );
+            let first = pick(|r| r.relay.map(|m| m.first));
             report.add(
-                format!("drain {per_tx}-row tx: relay CPU per 10k events"),
-                median(cpu),
-                "core-s",
-                &cond,
+                &names.relay_first,
+                median(first),
+                "s",
+                format!("{cond}: included in the rate above"),
             );
+            let cpu = pick(|r| r.relay.map(|m| m.cpu_per_10k));
+            report.add(&names.relay_cpu, median(cpu), "core-s", &cond);
+            let rss = pick(|r| r.relay.map(|m| m.peak_rss));
+            report.add(&names.relay_rss, median(rss), "MB", &cond);
+        }
+        let stream = pick(|r| r.stream.map(|m| m.rate));
+        if !stream.is_empty() {
             report.add(
-                format!("drain {per_tx}-row tx: relay peak RSS"),
-                median(rss),
-                "MB",
-                &cond,
+                &names.stream,
+                median(stream),
+                "events/s",
+                format!(
+                    "{cond}, window {}, until a consumer from the stream's first offset has all",
+                    args.window
+                ),
             );
+            let first = pick(|r| r.stream.map(|m| m.first));
+            report.add(
+                &names.stream_first,
+                median(first),
+                "s",
+                format!("{cond}: included in the rate above"),
+            );
+            let cpu = pick(|r| r.stream.map(|m| m.cpu_per_10k));
+            report.add(&names.stream_cpu, median(cpu), "core-s", &cond);
+            let rss = pick(|r| r.stream.map(|m| m.peak_rss));
+            report.add(&names.stream_rss, median(rss), "MB", &cond);
         }
     }
     if wants(args, "steady") {
-        steady(args, &bin, &mut report).await?;
+        report.expect(&[
+            "steady latency p50",
+            "steady latency p99",
+            "steady relay CPU share",
+            "steady relay RSS",
+        ]);
+        if let Err(e) = steady(args, &bin, &mut report).await {
+            report.fail("steady", &e);
+        }
     }
     if wants(args, "large") {
-        large(args, &bin, &mut report).await?;
+        report.expect(&["large tx: commit → all received", "large tx relay peak RSS"]);
+        if let Err(e) = large(args, &bin, &mut report).await {
+            report.fail("large", &e);
+        }
     }
     Ok(report)
 }
 
-async fn lapin_baseline(n: usize, window: usize, channels: usize) -> anyhow::Result<f64> {
+/// The figure names of one transaction size's drain.
+struct DrainNames {
+    recvlogical: String,
+    reader: String,
+    relay: String,
+    relay_first: String,
+    relay_cpu: String,
+    relay_rss: String,
+    stream: String,
+    stream_first: String,
+    stream_cpu: String,
+    stream_rss: String,
+}
+
+impl DrainNames {
+    fn new(per_tx: usize) -> DrainNames {
+        DrainNames {
+            recvlogical: format!("pg_recvlogical {per_tx}-row tx"),
+            reader: format!("reader {per_tx}-row tx"),
+            relay: format!("drain {per_tx}-row tx: relay"),
+            relay_first: format!("drain {per_tx}-row tx: relay start → first message"),
+            relay_cpu: format!("drain {per_tx}-row tx: relay CPU per 10k events"),
+            relay_rss: format!("drain {per_tx}-row tx: relay peak RSS"),
+            stream: format!("stream drain {per_tx}-row tx: relay"),
+            stream_first: format!("stream drain {per_tx}-row tx: relay start → first message"),
+            stream_cpu: format!("stream drain {per_tx}-row tx: relay CPU per 10k events"),
+            stream_rss: format!("stream drain {per_tx}-row tx: relay peak RSS"),
+        }
+    }
+}
+
+async fn lapin_baseline(args: &Args, channels: usize) -> anyhow::Result<f64> {
+    let (n, window) = (args.events, args.window);
     let sink = Sink::new(false).await?;
     let conn = Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
     let start = Instant::now();
@@ -304,11 +596,143 @@ async fn lapin_baseline(n: usize, window: usize, channels: usize) -> anyhow::Res
     for t in tasks {
         t.await??;
     }
-    let end = sink.wait_for(n, WAIT).await?;
+    let end = sink.wait_for(n, wait(args)).await?;
     let rate = n as f64 / (end - start).as_secs_f64();
     let _ = conn.close(200, "done".into()).await;
     sink.cleanup().await;
     Ok(rate)
+}
+
+/// The body of every baseline message: the relay's (the payload's jsonb text).
+fn bench_body() -> String {
+    format!(
+        "{{\"n\": 1, \"pad\": \"{}\", \"customer\": \"c-1\"}}",
+        "x".repeat(240)
+    )
+}
+
+struct StreamBaseline {
+    /// Messages/s until the consumer held all.
+    consumed: f64,
+    /// Messages/s until the broker confirmed all.
+    confirmed: f64,
+}
+
+/// A raw stream publisher into a fresh stream, read by a consumer from the first
+/// offset.
+async fn stream_baseline(args: &Args) -> anyhow::Result<StreamBaseline> {
+    let n = args.events;
+    let sink = StreamSink::new().await?;
+    let result = async {
+        let (start, confirmed) = stream_publish(&sink.stream, n, args.window).await?;
+        let end = sink.wait_for(n, wait(args)).await?;
+        Ok(StreamBaseline {
+            consumed: n as f64 / (end - start).as_secs_f64(),
+            confirmed: n as f64 / (confirmed - start).as_secs_f64(),
+        })
+    }
+    .await;
+    sink.cleanup().await;
+    result
+}
+
+/// Publishes `n` relay-shaped stream messages under a named producer with explicit
+/// publishing ids 1..=n, at most `window` unconfirmed; returns when it started (after
+/// connecting) and when the last confirm arrived.
+async fn stream_publish(
+    stream: &str,
+    n: usize,
+    window: usize,
+) -> anyhow::Result<(Instant, Instant)> {
+    const PUBLISHER: u8 = 1;
+    let window = window.max(1);
+    let client = stream_client().await?;
+    let (tx, mut confirms) = mpsc::unbounded_channel::<Result<usize, String>>();
+    let handler = move |item: MessageResult| {
+        let tx = tx.clone();
+        async move {
+            let event = match item {
+                Some(Ok(response)) => match response.kind() {
+                    ResponseKind::PublishConfirm(c) => Some(Ok(c.publishing_ids.len())),
+                    ResponseKind::PublishError(e) => Some(Err(format!(
+                        "the broker refused {} message(s): {:?}",
+                        e.publishing_errors.len(),
+                        e.publishing_errors.first().map(|p| &p.error_code)
+                    ))),
+                    _ => None,
+                },
+                Some(Err(e)) => Some(Err(e.to_string())),
+                None => Some(Err("connection closed".into())),
+            };
+            if let Some(event) = event {
+                let _ = tx.send(event);
+            }
+            Ok(())
+        }
+    };
+    client.set_handler(handler).await;
+    let producer = testkit::unique_name("bench-producer");
+    let response = client
+        .declare_publisher(PUBLISHER, Some(producer.clone()), stream)
+        .await
+        .context("declare the stream publisher")?;
+    if !response.is_ok() {
+        bail!("declaring a publisher on {stream}: {:?}", response.code());
+    }
+    let body = bench_body().into_bytes();
+    let start = Instant::now();
+    let (mut sent, mut confirmed) = (0usize, 0usize);
+    while confirmed < n {
+        if sent < n && sent - confirmed < window {
+            let room = (n - sent).min(window - (sent - confirmed));
+            let mut batch = Vec::with_capacity(room.min(STREAM_BATCH));
+            let mut bytes = 0;
+            while batch.len() < room.min(STREAM_BATCH) && bytes < STREAM_BATCH_BYTES {
+                let id = (sent + batch.len() + 1) as u64;
+                bytes += body.len() + 256;
+                batch.push(stream_message(&body, &producer, id));
+            }
+            sent += batch.len();
+            client
+                .publish(PUBLISHER, batch)
+                .await
+                .context("publish to the stream")?;
+            while let Ok(c) = confirms.try_recv() {
+                confirmed += c.map_err(anyhow::Error::msg)?;
+            }
+            continue;
+        }
+        match confirms.recv().await {
+            Some(c) => confirmed += c.map_err(anyhow::Error::msg)?,
+            None => bail!("the stream connection closed"),
+        }
+    }
+    let done = Instant::now();
+    let _ = client.close().await;
+    Ok((start, done))
+}
+
+/// One event as the relay puts it into a stream (publisher::stream::message): body,
+/// message-id, content-type, creation-time and the same application properties.
+fn stream_message(body: &[u8], producer: &str, id: u64) -> Message {
+    let app = Message::builder()
+        .body(body.to_vec())
+        .properties()
+        .message_id(format!("00000000-0000-4000-8000-{id:012}"))
+        .content_type("application/json")
+        .creation_time(chrono::Utc::now())
+        .message_builder()
+        .application_properties()
+        .insert("aggregate_type", "bench")
+        .insert("aggregate_id", id.to_string())
+        .insert("event_type", "tick")
+        .insert("table", "public.outbox")
+        .insert("commit_lsn", "0/16B3748")
+        .insert("tx_index", SimpleValue::from(0u64))
+        .insert("xid", SimpleValue::from(id))
+        .insert(PRODUCER_PROPERTY, producer)
+        .insert(PUBLISHING_ID_PROPERTY, SimpleValue::from(id));
+    app.message_builder().publising_id(id).build()
 }
 
 /// Publishes `n` relay-shaped messages on `ch` with a pipelined confirm window.
@@ -320,10 +744,7 @@ async fn publish_share(
     window: usize,
 ) -> anyhow::Result<()> {
     let window = window.max(1);
-    let body = format!(
-        "{{\"n\": 1, \"pad\": \"{}\", \"customer\": \"c-1\"}}",
-        "x".repeat(240)
-    );
+    let body = bench_body();
     let mut pending = VecDeque::with_capacity(window);
     for i in first..first + n {
         let mut headers = FieldTable::default();
@@ -387,18 +808,30 @@ async fn publish_share(
 struct DrainRun {
     recvlogical: Option<f64>,
     reader: Option<f64>,
-    relay: Option<f64>,
-    cpu_per_10k: Option<f64>,
-    peak_rss: Option<f64>,
+    /// The relay publishing to a queue (through an exchange).
+    relay: Option<RelayDrain>,
+    /// The relay publishing to a stream.
+    stream: Option<RelayDrain>,
 }
 
-/// One database, three slots over the same WAL: pg_recvlogical, the reader, the relay.
+#[derive(Debug, Clone, Copy)]
+struct RelayDrain {
+    rate: f64,
+    /// Seconds from starting the relay to the first message at the consumer.
+    first: f64,
+    cpu_per_10k: f64,
+    peak_rss: f64,
+}
+
+/// One database, four slots over the same WAL: pg_recvlogical, the reader, the relay
+/// to a queue, the relay to a stream.
 async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow::Result<DrainRun> {
     let n = args.events;
     let db = BenchDb::new();
     let recv_slot = db.create_slot();
     let reader_slot = db.create_slot();
     let relay_slot = db.create_slot();
+    let stream_slot = db.create_slot();
     db.preload(n, per_tx);
     let end_lsn = db.current_lsn();
     let mut out = DrainRun::default();
@@ -476,23 +909,77 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
     if wants(args, "drain") {
         let sink = Sink::new(false).await?;
         let start = Instant::now();
-        let relay = RelayProc::start(bin, &db, &relay_slot, &sink.exchange, args.window)?;
-        let end = sink.wait_for(n, WAIT).await?;
-        let secs = (end - start).as_secs_f64();
-        out.relay = Some(n as f64 / secs);
-        out.cpu_per_10k = Some(relay.cpu_seconds() / n as f64 * 10_000.0);
-        out.peak_rss = Some(relay.peak_rss_mb());
-        relay.stop();
+        let result = async {
+            let mut relay = RelayProc::start(
+                bin,
+                &db,
+                &relay_slot,
+                Target::Exchange(&sink.exchange),
+                args.window,
+            )?;
+            let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
+            let first = sink.first.get().copied().unwrap_or(end);
+            let measured = relay_drain(&relay, n, start, first, end);
+            relay.stop();
+            Ok::<_, anyhow::Error>(measured)
+        }
+        .await;
         sink.cleanup().await;
+        out.relay = Some(result?);
+    }
+
+    if wants(args, "stream-drain") {
+        let sink = StreamSink::new().await?;
+        let start = Instant::now();
+        let result = async {
+            let mut relay = RelayProc::start(
+                bin,
+                &db,
+                &stream_slot,
+                Target::Stream(&sink.stream),
+                args.window,
+            )?;
+            let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
+            let first = sink.first.get().copied().unwrap_or(end);
+            let measured = relay_drain(&relay, n, start, first, end);
+            relay.stop();
+            Ok::<_, anyhow::Error>(measured)
+        }
+        .await;
+        sink.cleanup().await;
+        out.stream = Some(result?);
     }
     Ok(out)
+}
+
+/// The rate, start-up time, CPU per 10k events and peak RSS of a relay started at
+/// `start` that delivered its first event at `first` and all `n` at `end`.
+fn relay_drain(
+    relay: &RelayProc,
+    n: usize,
+    start: Instant,
+    first: Instant,
+    end: Instant,
+) -> RelayDrain {
+    RelayDrain {
+        rate: n as f64 / (end - start).as_secs_f64(),
+        first: (first - start).as_secs_f64(),
+        cpu_per_10k: relay.cpu_seconds() / n as f64 * 10_000.0,
+        peak_rss: relay.peak_rss_mb(),
+    }
 }
 
 async fn steady(args: &Args, bin: &std::path::Path, report: &mut Report) -> anyhow::Result<()> {
     let db = BenchDb::new();
     let slot = db.create_slot();
     let sink = Sink::new(true).await?;
-    let relay = RelayProc::start(bin, &db, &slot, &sink.exchange, args.window)?;
+    let mut relay = RelayProc::start(
+        bin,
+        &db,
+        &slot,
+        Target::Exchange(&sink.exchange),
+        args.window,
+    )?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let cpu0 = relay.cpu_seconds();
     let clients = 4u32;
@@ -526,7 +1013,7 @@ async fn steady(args: &Args, bin: &std::path::Path, report: &mut Report) -> anyh
         t.await??;
     }
     let insert_secs = started.elapsed().as_secs_f64();
-    sink.wait_for(total, WAIT).await?;
+    wait_relay(&sink.count, total, wait(args), &mut relay).await?;
     let wall = started.elapsed().as_secs_f64();
     let cpu = relay.cpu_seconds() - cpu0;
     let rss = relay.rss_mb();
@@ -567,7 +1054,13 @@ async fn large(args: &Args, bin: &std::path::Path, report: &mut Report) -> anyho
     let db = BenchDb::new();
     let slot = db.create_slot();
     let sink = Sink::new(false).await?;
-    let relay = RelayProc::start(bin, &db, &slot, &sink.exchange, args.window)?;
+    let mut relay = RelayProc::start(
+        bin,
+        &db,
+        &slot,
+        Target::Exchange(&sink.exchange),
+        args.window,
+    )?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let n = args.large_rows;
     let start = Instant::now();
@@ -583,7 +1076,7 @@ async fn large(args: &Args, bin: &std::path::Path, report: &mut Report) -> anyho
     })
     .await?;
     let committed = Instant::now();
-    let end = sink.wait_for(n, WAIT).await?;
+    let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
     let cond = format!("one transaction of {n} rows, window {}", args.window);
     report.add(
         "large tx: commit → all received",

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A smoke run of the benchmark harness (bench/, issue #17): every scenario with
+# small numbers and one run (`outbox-bench --quick`), on DEBUG builds so CI needs no
+# release build. Writes the report to $CARGO_TARGET_DIR/bench-quick.md (never to
+# docs/benchmarks.md) and exits non-zero if any scenario failed or produced no
+# figure. The figures of a debug build are not benchmarks; see docs/benchmarks.md.
+#
+# Needs the services of scripts/test-services.sh and their environment, e.g.:
+#   set -a; . target/test-services.env; set +a; bash scripts/bench-quick.sh
+# Extra arguments go to the harness (e.g. --only stream-raw,stream-drain).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+target="${CARGO_TARGET_DIR:-$root/target}"
+out="$target/bench-quick.md"
+started=$(date +%s)
+
+cargo build --locked -p outbox-relay --bin outbox-relay -p outbox-bench --bin outbox-bench
+built=$(date +%s)
+
+rm -f "$out"
+rc=0
+OUTBOX_BENCH_RELAY_BIN="$target/debug/outbox-relay" \
+    "$target/debug/outbox-bench" --quick --out "$out" "$@" || rc=$?
+finished=$(date +%s)
+
+if [[ $rc -eq 0 && ! -s "$out" ]]; then
+    echo "bench-quick: the harness wrote no report to $out" >&2
+    rc=1
+fi
+echo "bench-quick: build $((built - started)) s, run $((finished - built)) s, total $((finished - started)) s; report: $out"
+if [[ $rc -ne 0 ]]; then
+    echo "bench-quick: FAILED (exit $rc)" >&2
+fi
+exit "$rc"
