@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use lapin::types::AMQPValue;
@@ -44,8 +45,11 @@ fn stderr(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// The SDK's reading of each message (scripts/ce-consumer.py), in order.
+/// The SDK's reading of each message (scripts/ce-consumer.py), in order. One script
+/// at a time: on a fresh machine the first run installs the SDK.
 fn sdk_events(messages: &[Value]) -> Vec<Value> {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/ce-consumer.py");
     let mut child = Command::new("python3")
         .arg(&script)
