@@ -108,6 +108,8 @@ pub struct PublisherConfig {
     pub backoff_max: Duration,
     /// Headers added to every message, e.g. `("replay", "true")`.
     pub extra_headers: Vec<(String, String)>,
+    /// The messages' shape (`[message] format`, docs/cloudevents.md).
+    pub format: message::MessageFormat,
     /// The `connection_name` client property (shown by `rabbitmqctl list_connections`).
     pub connection_name: String,
     /// How long [`Publisher::run`] waits for outstanding confirms after its input
@@ -130,6 +132,7 @@ impl PublisherConfig {
             backoff_initial: DEFAULT_BACKOFF_INITIAL,
             backoff_max: DEFAULT_BACKOFF_MAX,
             extra_headers: Vec::new(),
+            format: message::MessageFormat::Native,
             connection_name: "outbox-relay".into(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
@@ -271,6 +274,7 @@ impl std::fmt::Debug for PublisherConfig {
             .field("backoff_initial", &self.backoff_initial)
             .field("backoff_max", &self.backoff_max)
             .field("extra_headers", &self.extra_headers)
+            .field("format", &self.format)
             .field("connection_name", &self.connection_name)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .finish()

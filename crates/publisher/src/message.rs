@@ -3,6 +3,12 @@
 //! The routing-key template is compiled once ([`RoutingKeyTemplate::parse`]); the
 //! constant header keys and the operator's extra headers are built once
 //! ([`MessageBuilder`]), and per message only the values are filled in.
+//!
+//! `[message] format` ([`MessageFormat`]) chooses the message's shape: `native`, the
+//! headers of docs/design.md §5, or `cloudevents`, the same message with the
+//! CloudEvents 1.0 attributes added ([`cloudevents`], docs/cloudevents.md).
+
+pub mod cloudevents;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -14,6 +20,37 @@ use outbox_event::{Lsn, OutboxEvent, OutboxTable};
 
 use crate::engine::{DeadLetterReason, EventKey, Keyed};
 use crate::error::PublishError;
+use cloudevents::{CloudEvents, CloudEventsFormat};
+
+/// The shape of the messages (`[message] format`, docs/cloudevents.md); both targets
+/// honour it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum MessageFormat {
+    /// The relay's own headers (docs/design.md §5).
+    #[default]
+    Native,
+    /// The native message plus the CloudEvents 1.0 attributes as `cloudEvents:`
+    /// headers (binary content mode of the AMQP binding).
+    CloudEvents(CloudEventsFormat),
+}
+
+impl MessageFormat {
+    /// The `[message] format` value that selects it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            MessageFormat::Native => "native",
+            MessageFormat::CloudEvents(_) => "cloudevents",
+        }
+    }
+
+    /// The attribute builder of the `cloudevents` format, `None` for `native`.
+    pub(crate) fn builder(&self) -> Option<CloudEvents> {
+        match self {
+            MessageFormat::Native => None,
+            MessageFormat::CloudEvents(f) => Some(CloudEvents::new(f.clone())),
+        }
+    }
+}
 
 /// Header keys of the headers column that are never copied to a message
 /// (docs/operations.md, "Reserved headers"): `CC`/`BCC` are routing instructions to
@@ -263,6 +300,8 @@ pub struct MessageBuilder {
     table_cache: Option<(Arc<OutboxTable>, AMQPValue)>,
     /// Reserved header keys already logged as dropped (once each).
     dropped_logged: HashSet<String>,
+    /// The CloudEvents attributes' builder (`format = "cloudevents"`).
+    cloudevents: Option<CloudEvents>,
 }
 
 impl MessageBuilder {
@@ -285,7 +324,14 @@ impl MessageBuilder {
             delivery_mode: 2,
             table_cache: None,
             dropped_logged: HashSet::new(),
+            cloudevents: None,
         })
+    }
+
+    /// The builder for messages of `format` (the default is [`MessageFormat::Native`]).
+    pub fn with_format(mut self, format: &MessageFormat) -> Self {
+        self.cloudevents = format.builder();
+        self
     }
 
     /// The headers table of one event (docs/design.md §5): the headers column's keys first, so
@@ -293,7 +339,12 @@ impl MessageBuilder {
     pub fn headers(&mut self, event: &OutboxEvent) -> FieldTable {
         let mut table = FieldTable::default();
         if let Some(raw) = &event.headers {
-            add_json_headers(&mut table, raw, &mut self.dropped_logged);
+            add_json_headers(
+                &mut table,
+                raw,
+                &mut self.dropped_logged,
+                self.cloudevents.is_some(),
+            );
         }
         for (key, value) in &self.extra_headers {
             table.insert(key.clone(), value.clone());
@@ -320,6 +371,21 @@ impl MessageBuilder {
             "tx_index".into(),
             AMQPValue::LongLongInt(i64::try_from(event.index).unwrap_or(i64::MAX)),
         );
+        if let Some(ce) = &mut self.cloudevents {
+            let a = ce.attributes(event);
+            let text = |s: String| AMQPValue::LongString(LongString::from(s));
+            table.insert(
+                cloudevents::SPECVERSION_KEY.into(),
+                AMQPValue::LongString(LongString::from(cloudevents::SPECVERSION)),
+            );
+            table.insert(cloudevents::ID.into(), text(a.id));
+            table.insert(cloudevents::SOURCE.into(), text(a.source));
+            table.insert(cloudevents::TYPE.into(), text(a.kind));
+            table.insert(cloudevents::TIME.into(), text(a.time));
+            if let Some(subject) = a.subject {
+                table.insert(cloudevents::SUBJECT.into(), text(subject));
+            }
+        }
         table
     }
 
@@ -355,8 +421,13 @@ impl MessageBuilder {
 
 /// Adds every key of a JSON object: strings as strings, other values as their JSON
 /// text. Anything that is not a JSON object adds nothing (and is logged).
-fn add_json_headers(table: &mut FieldTable, raw: &[u8], logged: &mut HashSet<String>) {
-    for (key, value) in json_headers(raw, logged) {
+fn add_json_headers(
+    table: &mut FieldTable,
+    raw: &[u8],
+    logged: &mut HashSet<String>,
+    cloudevents: bool,
+) {
+    for (key, value) in json_headers(raw, logged, cloudevents) {
         if key.len() > SHORT_STRING_MAX {
             tracing::warn!(
                 key_len = key.len(),
@@ -374,14 +445,22 @@ fn add_json_headers(table: &mut FieldTable, raw: &[u8], logged: &mut HashSet<Str
 /// The keys of the headers column's JSON object with their values as text (strings
 /// as they are, other values as their JSON text), reserved keys
 /// ([`is_reserved_header`]) dropped and logged once each. Anything that is not a JSON
-/// object gives nothing (and is logged). Both targets use it (the AMQP headers
-/// table, the stream's application properties).
-pub(crate) fn json_headers(raw: &[u8], logged: &mut HashSet<String>) -> Vec<(String, String)> {
+/// object gives nothing (and is logged). With `cloudevents`, keys that would set one
+/// of the CloudEvents attributes the relay sets are dropped as reserved too
+/// ([`cloudevents::RELAY_ATTRIBUTES`]). Both targets use it (the AMQP headers table,
+/// the stream's application properties).
+pub(crate) fn json_headers(
+    raw: &[u8],
+    logged: &mut HashSet<String>,
+    cloudevents: bool,
+) -> Vec<(String, String)> {
     match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw) {
         Ok(map) => {
             let mut out = Vec::with_capacity(map.len());
             for (key, value) in map {
-                if is_reserved_header(&key) {
+                if is_reserved_header(&key)
+                    || (cloudevents && cloudevents::is_relay_attribute(&key))
+                {
                     if logged.len() < 64 && logged.insert(key.clone()) {
                         tracing::warn!(
                             header = %key,

@@ -109,7 +109,8 @@ impl Runner {
             session,
             status,
         } = publisher;
-        let builder = MessageBuilder::new(&config.routing_key, &config.extra_headers)?;
+        let builder = MessageBuilder::new(&config.routing_key, &config.extra_headers)?
+            .with_format(&config.format);
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
         status.set_poison(None);

@@ -132,6 +132,8 @@ pub struct Config {
     pub mapping: MappingConfig,
     /// `[rabbitmq]`: the broker and how messages are routed.
     pub rabbitmq: RabbitMqConfig,
+    /// `[message]`: the messages' shape (docs/cloudevents.md).
+    pub message: MessageConfig,
     /// `[relay]`: the relay process itself.
     pub relay: RelayConfig,
     /// `[retention]`: deletion of confirmed outbox rows.
@@ -332,6 +334,41 @@ impl fmt::Debug for RabbitMqConfig {
             .field("max_length_bytes", &self.max_length_bytes)
             .field("max_age", &self.max_age)
             .finish()
+    }
+}
+
+/// `message.format` values.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MessageFormatKind {
+    /// The relay's own headers (docs/design.md §5).
+    #[default]
+    Native,
+    /// The native message plus the CloudEvents 1.0 attributes (docs/cloudevents.md).
+    CloudEvents,
+}
+
+/// `[message]`: the messages' shape (docs/cloudevents.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MessageConfig {
+    /// `native` (the default) or `cloudevents`.
+    pub format: MessageFormatKind,
+    /// The CloudEvents `source`: a URI reference over `{database}` and `{table}`.
+    /// Checked at load.
+    pub cloudevents_source: String,
+    /// Prepended to the event type to form the CloudEvents `type`; `""` = none.
+    pub cloudevents_type_prefix: String,
+}
+
+impl Default for MessageConfig {
+    fn default() -> MessageConfig {
+        MessageConfig {
+            format: MessageFormatKind::Native,
+            // The publisher's default (one source for both).
+            cloudevents_source: publisher::message::cloudevents::DEFAULT_SOURCE.to_string(),
+            cloudevents_type_prefix: String::new(),
+        }
     }
 }
 

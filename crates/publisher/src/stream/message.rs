@@ -7,7 +7,8 @@ use outbox_event::{Lsn, OutboxEvent};
 use rabbitmq_stream_client::types::{Message, SimpleValue};
 
 use super::tail::Tail;
-use crate::message::json_headers;
+use crate::message::cloudevents::{self, CloudEvents};
+use crate::message::{json_headers, MessageFormat};
 
 /// Application property naming the producer reference.
 pub const PRODUCER_PROPERTY: &str = "x-outbox-producer";
@@ -30,6 +31,8 @@ pub(super) struct StreamMessageBuilder {
     producer: Option<String>,
     /// Reserved header keys already logged as dropped.
     logged: HashSet<String>,
+    /// The CloudEvents attributes' builder (`format = "cloudevents"`).
+    cloudevents: Option<CloudEvents>,
 }
 
 fn text(value: Option<&bytes::Bytes>) -> SimpleValue {
@@ -45,7 +48,14 @@ impl StreamMessageBuilder {
             extra: extra.to_vec(),
             producer,
             logged: HashSet::new(),
+            cloudevents: None,
         }
+    }
+
+    /// The builder for messages of `format` (the default is [`MessageFormat::Native`]).
+    pub fn with_format(mut self, format: &MessageFormat) -> Self {
+        self.cloudevents = format.builder();
+        self
     }
 
     pub fn build(&mut self, event: &OutboxEvent, id: u64) -> Pending {
@@ -61,7 +71,7 @@ impl StreamMessageBuilder {
         let mut app = properties.message_builder().application_properties();
         if let Some(raw) = &event.headers {
             size += raw.len();
-            for (key, value) in json_headers(raw, &mut self.logged) {
+            for (key, value) in json_headers(raw, &mut self.logged, self.cloudevents.is_some()) {
                 app = app.insert(key, SimpleValue::from(value));
             }
         }
@@ -80,6 +90,20 @@ impl StreamMessageBuilder {
             )
             .insert("tx_index", SimpleValue::from(event.index))
             .insert("xid", SimpleValue::from(u64::from(event.xid)));
+        if let Some(ce) = &mut self.cloudevents {
+            let a = ce.attributes(event);
+            size += 160 + a.id.len() + a.source.len() + a.kind.len();
+            app = app
+                .insert(cloudevents::SPECVERSION_KEY, cloudevents::SPECVERSION)
+                .insert(cloudevents::ID, a.id)
+                .insert(cloudevents::SOURCE, a.source)
+                .insert(cloudevents::TYPE, a.kind)
+                .insert(cloudevents::TIME, a.time);
+            if let Some(subject) = a.subject {
+                size += subject.len();
+                app = app.insert(cloudevents::SUBJECT, subject);
+            }
+        }
         if let Some(producer) = &self.producer {
             app = app
                 .insert(PRODUCER_PROPERTY, producer.as_str())
@@ -118,4 +142,104 @@ pub(super) fn tail_of(message: &Message, producer: &str, id: u64) -> Option<Tail
         commit_lsn,
         tx_index,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use outbox_event::OutboxTable;
+
+    use super::*;
+    use crate::message::cloudevents::CloudEventsFormat;
+
+    fn event() -> OutboxEvent {
+        OutboxEvent {
+            table: Arc::new(OutboxTable {
+                qualified_name: "public.outbox".into(),
+                schema: "public".into(),
+                name: "outbox".into(),
+                payload_type: 0,
+                headers_type: None,
+                content_type: "application/json",
+            }),
+            xid: 9,
+            commit_lsn: Lsn(0x2_0000_0010),
+            commit_time_micros: 1_700_000_000_000_001,
+            index: 1,
+            id: Some(Bytes::from_static(b"id-1")),
+            aggregate_type: Some(Bytes::from_static(b"order")),
+            aggregate_id: Some(Bytes::from_static(b"o-1")),
+            event_type: Some(Bytes::from_static(b"created")),
+            payload: Some(Bytes::from_static(b"{}")),
+            body: Bytes::from_static(b"{}"),
+            headers: Some(Bytes::from_static(
+                br#"{"cloudEvents:source":"spoof","tenant":"t"}"#,
+            )),
+            correlation_id: None,
+        }
+    }
+
+    fn prop(m: &Message, key: &str) -> Option<String> {
+        match m.application_properties()?.get(key)? {
+            SimpleValue::String(s) => Some(s.clone()),
+            other => Some(format!("{other:?}")),
+        }
+    }
+
+    #[test]
+    fn native_has_no_cloudevents_properties() {
+        let mut b = StreamMessageBuilder::new(&[], Some("p".into()));
+        let p = b.build(&event(), 7);
+        let app = p.message.application_properties().unwrap();
+        let ce: Vec<&String> = app
+            .keys()
+            .filter(|k| k.starts_with("cloudEvents"))
+            .collect();
+        // Only the headers column's key, copied as is in the native format.
+        assert_eq!(ce, ["cloudEvents:source"]);
+        assert_eq!(
+            prop(&p.message, "cloudEvents:source").as_deref(),
+            Some("spoof")
+        );
+        assert_eq!(prop(&p.message, "tenant").as_deref(), Some("t"));
+    }
+
+    #[test]
+    fn cloudevents_application_properties() {
+        let format = CloudEventsFormat::new("urn:{database}:{table}", "db", "x.").unwrap();
+        let mut b = StreamMessageBuilder::new(&[], Some("p".into()))
+            .with_format(&MessageFormat::CloudEvents(format));
+        let p = b.build(&event(), 7);
+        let m = &p.message;
+        for (key, value) in [
+            ("cloudEvents:specversion", "1.0"),
+            ("cloudEvents:id", "id-1"),
+            ("cloudEvents:source", "urn:db:public.outbox"),
+            ("cloudEvents:type", "x.created"),
+            ("cloudEvents:time", "2023-11-14T22:13:20.000001Z"),
+            ("cloudEvents:subject", "o-1"),
+            ("tenant", "t"),
+            ("event_type", "created"),
+            ("commit_lsn", "2/10"),
+        ] {
+            assert_eq!(prop(m, key).as_deref(), Some(value), "{key}");
+        }
+        let props = m.properties().unwrap();
+        assert_eq!(
+            props.content_type.as_ref().unwrap().as_ref() as &str,
+            "application/json"
+        );
+        // The stream's own properties still identify the message (exactly once).
+        assert_eq!(
+            tail_of(m, "p", 7),
+            Some(Tail {
+                commit_lsn: Lsn(0x2_0000_0010),
+                tx_index: 1
+            })
+        );
+    }
 }

@@ -125,6 +125,8 @@ pub struct StreamConfig {
     pub max_in_flight: usize,
     /// Application properties added to every message, e.g. `("replay", "true")`.
     pub extra_properties: Vec<(String, String)>,
+    /// The messages' shape (`[message] format`, docs/cloudevents.md).
+    pub format: crate::message::MessageFormat,
     /// PEM CA for `rabbitmq-stream+tls://`; without it the system's CA bundle.
     pub ca_file: Option<PathBuf>,
     pub backoff_initial: Duration,
@@ -145,6 +147,7 @@ impl StreamConfig {
             producer_reference: None,
             max_in_flight: crate::DEFAULT_MAX_IN_FLIGHT,
             extra_properties: Vec::new(),
+            format: crate::message::MessageFormat::Native,
             ca_file: None,
             backoff_initial: crate::DEFAULT_BACKOFF_INITIAL,
             backoff_max: crate::DEFAULT_BACKOFF_MAX,
@@ -196,6 +199,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("producer_reference", &self.producer_reference)
             .field("max_in_flight", &self.max_in_flight)
             .field("extra_properties", &self.extra_properties)
+            .field("format", &self.format)
             .field("ca_file", &self.ca_file)
             .field("backoff_initial", &self.backoff_initial)
             .field("backoff_max", &self.backoff_max)

@@ -79,7 +79,8 @@ impl Runner {
             builder: StreamMessageBuilder::new(
                 &config.extra_properties,
                 config.producer_reference.clone(),
-            ),
+            )
+            .with_format(&config.format),
             window: Window::new(config.max_in_flight, start),
             url_index: session.url_index,
             session: Some(session),

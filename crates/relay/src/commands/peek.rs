@@ -19,7 +19,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
 use outbox_event::{Lsn, OutboxEvent, WalItem};
-use publisher::message::RoutingKeyTemplate;
+use publisher::message::cloudevents::{self, CloudEvents};
+use publisher::message::{MessageFormat, RoutingKeyTemplate};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 use wal_reader::admin::{self, ident::quote_ident};
@@ -59,9 +60,13 @@ pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
     let limit = usize::try_from(args.limit).unwrap_or(usize::MAX);
     let events = read_pending(&client, cfg, limit, &routing).await?;
     if args.json {
+        let mut ce = match cfg.message_format() {
+            MessageFormat::CloudEvents(f) => Some(CloudEvents::new(f)),
+            MessageFormat::Native => None,
+        };
         let list: Vec<serde_json::Value> = events
             .iter()
-            .map(|p| for_target(to_json(p), cfg.stream()))
+            .map(|p| with_cloudevents(for_target(to_json(p), cfg.stream()), p, ce.as_mut()))
             .collect();
         println!(
             "{}",
@@ -205,6 +210,31 @@ fn for_target(mut v: serde_json::Value, stream: Option<&str>) -> serde_json::Val
     v
 }
 
+/// With `[message] format = "cloudevents"`, `--json` shows the CloudEvents attributes
+/// the message will carry (docs/cloudevents.md) under `"cloudevents"`.
+fn with_cloudevents(
+    mut v: serde_json::Value,
+    p: &Pending,
+    ce: Option<&mut CloudEvents>,
+) -> serde_json::Value {
+    if let (Some(ce), Some(map)) = (ce, v.as_object_mut()) {
+        let a = ce.attributes(&p.event);
+        map.insert(
+            "cloudevents".into(),
+            json!({
+                "specversion": cloudevents::SPECVERSION,
+                "id": a.id,
+                "source": a.source,
+                "type": a.kind,
+                "time": a.time,
+                "subject": a.subject,
+                "datacontenttype": p.event.table.content_type,
+            }),
+        );
+    }
+    v
+}
+
 /// One line: commit LSN, xid, table, id, event type, aggregate, routing key, payload.
 fn to_line(p: &Pending) -> String {
     let e = &p.event;
@@ -330,5 +360,32 @@ mod tests {
         assert_eq!(v["commit_time"], "2023-11-14T22:13:20.000000Z");
         assert_eq!(v["content_type"], "application/json");
         assert!(v["headers"].is_null());
+        assert!(v.get("cloudevents").is_none());
+    }
+
+    #[test]
+    fn json_shows_the_cloudevents_attributes_with_that_format() {
+        use publisher::message::cloudevents::CloudEventsFormat;
+        let rk = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
+        let p = committed(vec![WalItem::Event(event(1, "{}")), commit(1)], 1, &rk)
+            .pop()
+            .unwrap();
+        let mut ce = CloudEvents::new(CloudEventsFormat::with_default_source("app", "x."));
+        let v = with_cloudevents(to_json(&p), &p, Some(&mut ce));
+        assert_eq!(
+            v["cloudevents"],
+            json!({
+                "specversion": "1.0",
+                "id": "id-1",
+                "source": "/outbox-relay/app/public.outbox",
+                "type": "x.created",
+                "time": "2023-11-14T22:13:20.000000Z",
+                "subject": "o-1",
+                "datacontenttype": "application/json",
+            })
+        );
+        // The same instant as the `commit_time` field.
+        assert_eq!(v["cloudevents"]["time"], v["commit_time"]);
+        assert_eq!(with_cloudevents(to_json(&p), &p, None), to_json(&p));
     }
 }

@@ -12,8 +12,10 @@ use secrecy::ExposeSecret;
 use wal_reader::conninfo::ConnInfoError;
 use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName};
 
-use super::{redact_url, Config};
+use super::{redact_url, Config, MessageFormatKind};
 use crate::pipeline::sink::{producer_reference, SinkConfig};
+use publisher::message::cloudevents::CloudEventsFormat;
+use publisher::message::MessageFormat;
 use publisher::stream::StreamConfig;
 
 impl Config {
@@ -132,6 +134,26 @@ impl Config {
         })
     }
 
+    /// The messages' shape for both publishers (`[message]`, docs/cloudevents.md):
+    /// with `cloudevents`, `{database}` of the source is the Postgres URL's database.
+    pub fn message_format(&self) -> MessageFormat {
+        let m = &self.message;
+        match m.format {
+            MessageFormatKind::Native => MessageFormat::Native,
+            MessageFormatKind::CloudEvents => {
+                let database = self.pg_options().map(|o| o.dbname).unwrap_or_default();
+                let prefix = &m.cloudevents_type_prefix;
+                // The source was checked at load, so the fallback is never taken.
+                MessageFormat::CloudEvents(
+                    CloudEventsFormat::new(&m.cloudevents_source, &database, prefix)
+                        .unwrap_or_else(|_| {
+                            CloudEventsFormat::with_default_source(&database, prefix)
+                        }),
+                )
+            }
+        }
+    }
+
     /// `rabbitmq.stream`, `None` when events go to the exchange.
     pub fn stream(&self) -> Option<&str> {
         Some(self.rabbitmq.stream.as_str()).filter(|s| !s.is_empty())
@@ -169,6 +191,7 @@ impl Config {
         s.max_in_flight = self.rabbitmq.max_in_flight;
         s.ca_file = self.ca_file().map(|p| p.to_path_buf());
         s.shutdown_timeout = self.shutdown_timeout();
+        s.format = self.message_format();
         s
     }
 
@@ -197,6 +220,7 @@ impl Config {
         p.dead_letter_exchange = self.dead_letter_exchange().map(str::to_string);
         p.shutdown_timeout = self.shutdown_timeout();
         p.connection_name = format!("outbox-relay {}", self.postgres.slot);
+        p.format = self.message_format();
         p
     }
 }

@@ -204,6 +204,7 @@ fn every_key_has_a_working_env_var() {
             ("relay.metrics_listen", _) => "0.0.0.0:1",
             ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
             ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
+            ("message.format", _) => "cloudevents",
             (_, Kind::Bool) => "false",
             (_, Kind::UInt) => "123",
             (_, Kind::UrlList) => "amqp://h",
@@ -239,6 +240,9 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.declare_stream" => !c.rabbitmq.declare_stream,
             "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
             "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
+            "message.format" => c.message.format == MessageFormatKind::CloudEvents,
+            "message.cloudevents_source" => c.message.cloudevents_source == value,
+            "message.cloudevents_type_prefix" => c.message.cloudevents_type_prefix == value,
             "relay.status_interval_ms" => c.relay.status_interval_ms == 123,
             "relay.metrics_listen" => c.metrics_listen() == value.parse().ok(),
             "relay.replay_window" => c.replay_window() == Some(Duration::from_secs(300)),
@@ -703,5 +707,91 @@ fn invalid_stream_values_name_the_key() {
         let msg = err_about(load_toml(toml), key);
         assert!(msg.contains(fix), "{toml}: {msg}");
         assert!(!msg.contains("s3cret"), "{toml}: {msg}");
+    }
+}
+
+#[test]
+fn message_format_defaults_to_native() {
+    let c = Config::default();
+    assert_eq!(c.message.format, MessageFormatKind::Native);
+    assert_eq!(
+        c.message.cloudevents_source,
+        "/outbox-relay/{database}/{table}"
+    );
+    assert_eq!(c.message.cloudevents_type_prefix, "");
+    assert_eq!(
+        c.message_format(),
+        publisher::message::MessageFormat::Native
+    );
+    assert_eq!(c.publisher_config().format.name(), "native");
+    assert_eq!(c.stream_config().format.name(), "native");
+}
+
+#[test]
+fn cloudevents_format_reaches_both_publishers() {
+    use publisher::message::cloudevents::CloudEventsFormat;
+    use publisher::message::MessageFormat;
+    let c = load_toml(
+        "[postgres]\nurl = \"postgresql://u@h/orders\"\n\
+         [message]\nformat = \"cloudevents\"\ncloudevents_type_prefix = \"com.example.\"\n",
+    )
+    .unwrap();
+    let expected = MessageFormat::CloudEvents(CloudEventsFormat::with_default_source(
+        "orders",
+        "com.example.",
+    ));
+    assert_eq!(c.message_format(), expected);
+    assert_eq!(c.publisher_config().format, expected);
+    assert_eq!(c.stream_config().format, expected);
+    let MessageFormat::CloudEvents(f) = c.message_format() else {
+        panic!("not cloudevents");
+    };
+    assert_eq!(
+        f.source_of("public.outbox"),
+        "/outbox-relay/orders/public.outbox"
+    );
+
+    let c = load_env(&[
+        ("OUTBOX_RELAY_POSTGRES_URL", "host=h dbname=app"),
+        ("OUTBOX_RELAY_MESSAGE_FORMAT", "cloudevents"),
+        ("OUTBOX_RELAY_MESSAGE_CLOUDEVENTS_SOURCE", "urn:app:{table}"),
+    ])
+    .unwrap();
+    let MessageFormat::CloudEvents(f) = c.message_format() else {
+        panic!("not cloudevents");
+    };
+    assert_eq!(f.source_of("s.t"), "urn:app:s.t");
+    assert_eq!(f.type_prefix(), "");
+}
+
+#[test]
+fn unknown_message_format_names_the_valid_values() {
+    let file = TempToml::new("[message]\nformat = \"cloud-events\"\n");
+    let e = Config::load_with_env(Some(&file.path), NO_ENV).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "invalid `message.format` in {}: \"cloud-events\" is not one of native, cloudevents: use one of them",
+            file.path.display()
+        )
+    );
+    let e = load_env(&[("OUTBOX_RELAY_MESSAGE_FORMAT", "CloudEvents")]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid `message.format` in environment variable OUTBOX_RELAY_MESSAGE_FORMAT: \"CloudEvents\" is not one of native, cloudevents: use one of them"
+    );
+}
+
+#[test]
+fn bad_cloudevents_source_is_refused() {
+    for (source, fix) in [
+        ("", "set a URI reference"),
+        ("/x/{db}", "use only {database} and {table}"),
+        ("/x/{table", "fix the template"),
+        ("/a b", "percent-encode it"),
+    ] {
+        let toml = format!("[message]\ncloudevents_source = {source:?}\n");
+        let msg = err_about(load_toml(&toml), "message.cloudevents_source");
+        assert!(msg.contains(fix), "{source:?}: {msg}");
     }
 }

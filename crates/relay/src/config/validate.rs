@@ -8,6 +8,7 @@ use secrecy::ExposeSecret;
 use wal_reader::TableName;
 
 use super::error::closest;
+use publisher::message::cloudevents::validate_source;
 use publisher::message::{RoutingKeyError, RoutingKeyTemplate, PLACEHOLDERS};
 
 use super::{Config, ConfigError, MIN_STATUS_INTERVAL_MS};
@@ -104,6 +105,12 @@ impl Config {
             for (i, u) in r.stream_url.iter().enumerate() {
                 validate_stream_url(u.expose_secret(), i)?;
             }
+        }
+        if let Err(e) = validate_source(&self.message.cloudevents_source) {
+            return Err(ConfigError::invalid(
+                "message.cloudevents_source",
+                e.to_string(),
+            ));
         }
         if self.relay.status_interval_ms < MIN_STATUS_INTERVAL_MS {
             return Err(ConfigError::invalid(
