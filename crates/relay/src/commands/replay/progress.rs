@@ -83,11 +83,11 @@ impl Snapshot {
     }
 
     fn percent(&self) -> u64 {
-        if self.total == 0 {
-            100
-        } else {
-            self.done.saturating_mul(100) / self.total
-        }
+        // An empty range is complete.
+        self.done
+            .saturating_mul(100)
+            .checked_div(self.total)
+            .unwrap_or(100)
     }
 
     /// The plain line (without the `replay progress: ` prefix).
