@@ -219,6 +219,9 @@ fn new_bar(total: u64, unit: Unit) -> ProgressBar {
     if let Ok(style) = ProgressStyle::with_template(template) {
         bar.set_style(style);
     }
+    if unit == Unit::WalBytes {
+        bar.set_message("0 events");
+    }
     bar
 }
 
