@@ -4,7 +4,9 @@
 
 use std::process::{Command, Output};
 
-use support::scenarios::{stderr, stdout, WAIT};
+use support::scenarios::{
+    anchor, confirmed, insert_numbered, lsn_text, poll, stderr, stdout, stop, WAIT, WINDOW_ENV,
+};
 use support::*;
 
 /// Runs the binary with an environment that could not load any configuration: the
@@ -168,5 +170,68 @@ async fn a_table_replay_without_a_terminal_prints_progress_lines() {
     assert!(done.windows(2).all(|w| w[0] <= w[1]), "{done:?}");
     let msgs = got.wait_for(2 * ROWS as usize, WAIT).await;
     assert_eq!(msgs.len(), 2 * ROWS as usize);
+    env.cleanup().await;
+}
+
+/// `replay progress: E events, D of T WAL bytes confirmed (P%), R events/s, ETA Ns` → (E, D, T).
+fn wal_progress(err: &str) -> Vec<(u64, u64, u64)> {
+    err.lines()
+        .filter_map(|l| l.strip_prefix("replay progress: "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(
+                (w[1], w[3], w[5], w[6]),
+                ("events,", "of", "WAL", "bytes"),
+                "{l}"
+            );
+            assert!(l.contains(" events/s, ETA "), "{l}");
+            (
+                w[0].parse().unwrap(),
+                w[2].parse().unwrap(),
+                w[4].parse().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A WAL replay whose stderr is a pipe prints the events beside the WAL bytes
+/// confirmed; the last line counts every event replayed.
+#[tokio::test]
+async fn a_wal_replay_without_a_terminal_prints_progress_lines() {
+    const ROWS: usize = 300;
+    let mut env = Env::new().await;
+    let window = [(WINDOW_ENV, "1h")];
+    let out = env.cli_env(&["slot", "create"], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let from = confirmed(&env, &anchor(&env)).unwrap();
+    let got = env.consumer().await;
+    let relay = env.start_env(&[], &window);
+    insert_numbered(&env, 1, ROWS);
+    got.wait_for(ROWS, WAIT).await;
+    let end = confirmed(&env, &env.slot).unwrap();
+    poll("the live slot to pass the rows", || {
+        confirmed(&env, &env.slot).unwrap() > end
+    })
+    .await;
+    let out = env.cli_env(&["replay", "--from-lsn", &lsn_text(from)], &window);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("replayed {ROWS} events")),
+        "{}",
+        stdout(&out)
+    );
+    let lines = wal_progress(&stderr(&out));
+    assert!(!lines.is_empty(), "no progress line in:\n{}", stderr(&out));
+    assert!(
+        lines
+            .windows(2)
+            .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1),
+        "{lines:?}"
+    );
+    let (events, done, total) = *lines.last().unwrap();
+    assert_eq!(events, ROWS as u64, "{lines:?}");
+    assert!(done > 0 && done <= total, "{lines:?}");
+    got.wait_for(2 * ROWS, WAIT).await;
+    stop(relay);
     env.cleanup().await;
 }
