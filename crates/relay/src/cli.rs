@@ -10,6 +10,8 @@
 //!   replay --from-lsn LSN [--to-lsn LSN]
 //!   replay --from-table [--since TIME] [--until TIME]
 //!   check
+//!   completions <bash|zsh|fish|elvish|powershell>
+//!   man                       (hidden: the man page, docs/man/outbox-relay.1)
 //! ```
 //!
 //! Parsing only: each command's behaviour lives elsewhere. Clap rejects bad usage
@@ -70,6 +72,20 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Validate the configuration and every precondition, one line each.
     Check,
+    /// Print a shell completion script to stdout, e.g.
+    /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`.
+    Completions(CompletionsArgs),
+    /// Print the man page (roff) to stdout; docs/man/outbox-relay.1 is its output.
+    #[command(hide = true)]
+    Man,
+}
+
+/// `completions`.
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// The shell to complete for.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
 }
 
 /// `run`.
@@ -280,6 +296,24 @@ mod tests {
         assert_eq!((p.limit, p.json), (5, true));
         assert!(parse(&["peek", "--limit", "0"]).is_err());
         assert!(parse(&["peek", "--limit", "-3"]).is_err());
+    }
+
+    #[test]
+    fn completions_take_a_known_shell() {
+        let Command::Completions(c) = parse(&["completions", "zsh"]).unwrap().command else {
+            panic!("not completions")
+        };
+        assert_eq!(c.shell, clap_complete::Shell::Zsh);
+        let e = parse(&["completions", "tcsh"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
+        let text = e.to_string();
+        assert!(
+            text.contains("invalid value 'tcsh'")
+                && text.contains("bash, elvish, fish, powershell, zsh"),
+            "{text}"
+        );
+        assert!(parse(&["completions"]).is_err());
+        assert!(matches!(parse(&["man"]).unwrap().command, Command::Man));
     }
 
     fn replay(args: &[&str]) -> Result<ReplayArgs, clap::Error> {

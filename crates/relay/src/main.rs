@@ -18,7 +18,8 @@
 //!   conversions from the lower layers' errors.
 //! - `logging`: the tracing subscriber.
 //! - `commands`: one module per command (docs/design.md §6): `check`, `run`, `slot`,
-//!   `status` (with `standby`), `peek`, `replay`.
+//!   `status` (with `standby`), `peek`, `replay`; `completions` (with the hidden
+//!   `man`), which `main` runs before loading any configuration.
 //!
 //! What `run` runs:
 //! - `pipeline`: reader → publisher → LSN feedback, reconnects, clean stop.
@@ -57,6 +58,18 @@ use crate::error::CliError;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Generated from the command line alone: no configuration, logger or runtime.
+    let generated = match cli.command {
+        Command::Completions(ref args) => Some(commands::completions::completions(args.shell)),
+        Command::Man => Some(commands::completions::man()),
+        _ => None,
+    };
+    if let Some(result) = generated {
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => e.report(),
+        };
+    }
     if let Err(e) = logging::init(cli.log_format) {
         return e.report();
     }
@@ -86,6 +99,7 @@ fn main() -> ExitCode {
 /// Loads the configuration and executes the one command the command line names.
 async fn execute_command(cli: Cli) -> Result<(), CliError> {
     let config = Config::load(cli.config.as_deref())?;
+    let log_format = cli.log_format;
     tracing::debug!(source = %config.source, "configuration loaded");
     match cli.command {
         Command::Check => commands::check::execute(&config).await,
@@ -94,6 +108,7 @@ async fn execute_command(cli: Cli) -> Result<(), CliError> {
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
         Command::Status(args) => commands::status::status(&config, &args).await,
         Command::Peek(args) => commands::peek::peek(&config, &args).await,
-        Command::Replay(args) => commands::replay::replay(&config, &args).await,
+        Command::Replay(args) => commands::replay::replay(&config, &args, log_format).await,
+        Command::Completions(_) | Command::Man => Ok(()), // handled in main
     }
 }

@@ -2,6 +2,7 @@
 //! [`Config`](crate::config::Config).
 
 pub mod check;
+pub mod completions;
 pub mod peek;
 pub mod replay;
 pub mod run;

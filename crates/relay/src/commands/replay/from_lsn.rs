@@ -18,6 +18,9 @@
 //! live relay has delivered). The window is `[anchor's confirmed_flush_lsn, live
 //! slot's confirmed_flush_lsn]`; a start outside it exits 2.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use outbox_event::{Lsn, WalBatch, WalItem};
 use publisher::PublisherReport;
 use tokio::sync::{mpsc, watch};
@@ -26,13 +29,20 @@ use tracing::{info, warn};
 use wal_reader::admin::{self, ident};
 use wal_reader::WalReader;
 
-use super::{check_report, connect_publisher, drop_stale, replay_slot_prefix, spawn_progress};
+use super::progress::{self, Unit};
+use super::{check_report, connect_publisher, drop_stale, replay_slot_prefix};
 use crate::anchor::anchor_slot_name;
+use crate::cli::LogFormat;
 use crate::config::Config;
 use crate::error::CliError;
 
 /// Replays the commits in `[from, to]` (to the live slot's position by default).
-pub(super) async fn replay(cfg: &Config, from: Lsn, to: Option<Lsn>) -> Result<(), CliError> {
+pub(super) async fn replay(
+    cfg: &Config,
+    from: Lsn,
+    to: Option<Lsn>,
+    format: LogFormat,
+) -> Result<(), CliError> {
     let client = crate::sql::connect_for_command(cfg).await?;
     let slot = &cfg.postgres.slot;
     drop_stale(&client, slot).await?;
@@ -84,7 +94,7 @@ pub(super) async fn replay(cfg: &Config, from: Lsn, to: Option<Lsn>) -> Result<(
         })?;
     info!(slot = %tmp, from = %from, stop = %stop, "replaying from a copy of the anchor slot");
     let result = tokio::select! {
-        r = replay_copy(cfg, &client, &tmp, &anchor_name, from, stop, end) => r,
+        r = replay_copy(cfg, &client, &tmp, &anchor_name, (from, stop, end), format) => r,
         signal = interrupted() => Err(CliError::Runtime(format!(
             "{signal}: the replay stopped before the end of its range; run it again (consumers deduplicate on message_id)"
         ))),
@@ -129,9 +139,8 @@ async fn replay_copy(
     client: &Client,
     tmp: &str,
     anchor_name: &str,
-    from: Lsn,
-    stop: Lsn,
-    end: Lsn,
+    (from, stop, end): (Lsn, Lsn, Lsn),
+    format: LogFormat,
 ) -> Result<(u64, PublisherReport), CliError> {
     let copy = admin::require_slot(client, tmp).await?;
     let copied_at = copy.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
@@ -156,9 +165,16 @@ async fn replay_copy(
     let reader_task = tokio::spawn(reader.run(wal_tx, wm_rx.clone(), stop_rx));
     let pub_task = tokio::spawn(publisher.run(pub_rx, wm_tx));
     let total = stop.0.saturating_sub(from.0);
-    let progress = spawn_progress(wm_rx, total, "WAL bytes", move |l| {
-        l.0.saturating_sub(from.0)
-    });
+    // Events handed to the publisher, shown beside the WAL position.
+    let sent = Arc::new(AtomicU64::new(0));
+    let progress = progress::spawn(
+        wm_rx,
+        total,
+        Unit::WalBytes,
+        Some(sent.clone()),
+        format,
+        move |l| l.0.saturating_sub(from.0),
+    );
 
     let mut pub_tx = Some(pub_tx);
     let mut events = 0u64;
@@ -189,6 +205,7 @@ async fn replay_copy(
                 out.push(item);
             }
         }
+        sent.store(events, Ordering::Relaxed);
         if !out.is_empty() && tx.send(out).await.is_err() {
             // The publisher ended early: its result says why.
             pub_tx = None;

@@ -25,7 +25,9 @@ use tracing::warn;
 use wal_reader::admin::{self, ident};
 use wal_reader::pgtype;
 
-use super::{check_report, connect_publisher, drop_stale, spawn_progress};
+use super::progress::{self, Unit};
+use super::{check_report, connect_publisher, drop_stale};
+use crate::cli::LogFormat;
 use crate::config::Config;
 use crate::error::CliError;
 
@@ -39,6 +41,7 @@ pub(super) async fn replay(
     cfg: &Config,
     since: Option<SystemTime>,
     until: Option<SystemTime>,
+    format: LogFormat,
 ) -> Result<(), CliError> {
     let client = crate::sql::connect_for_command(cfg).await?;
     drop_stale(&client, &cfg.postgres.slot).await?;
@@ -69,7 +72,7 @@ pub(super) async fn replay(
     let (pub_tx, pub_rx) = mpsc::channel::<WalBatch>(4);
     let (wm_tx, wm_rx) = watch::channel(Lsn::ZERO);
     let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx));
-    let progress = spawn_progress(wm_rx, total, "rows", |l| l.0);
+    let progress = progress::spawn(wm_rx, total, Unit::Rows, None, format, |l| l.0);
 
     // The watermark is the number of rows sent: each batch's marker carries it.
     let mut sent = 0u64;

@@ -4,7 +4,7 @@
 //!
 //! The two modes are two files: `from_lsn.rs` (a copy of the anchor slot) and
 //! `from_table.rs` (the rows still in the outbox tables); this one holds what they
-//! share (the replay slots, the publisher, the progress display).
+//! share (the replay slots, the publisher) and `progress.rs` the progress display.
 //!
 //! # Restart safety
 //!
@@ -15,34 +15,26 @@
 
 mod from_lsn;
 mod from_table;
+mod progress;
 
-use std::io::IsTerminal;
-use std::time::{Duration, Instant};
-
-use indicatif::{ProgressBar, ProgressStyle};
-use outbox_event::Lsn;
 use publisher::stream::StreamConfig;
 use publisher::{PublisherConfig, PublisherReport};
 
 use crate::pipeline::sink::{Sink, SinkConfig};
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{info, warn};
 use wal_reader::admin;
 
-use crate::cli::{ReplayArgs, ReplaySource};
+use crate::cli::{LogFormat, ReplayArgs, ReplaySource};
 use crate::config::Config;
 use crate::error::CliError;
 
-/// Interval of the plain progress lines (no terminal).
-const PLAIN_PROGRESS_EVERY: Duration = Duration::from_secs(2);
-
-/// Runs the replay the arguments ask for.
-pub async fn replay(cfg: &Config, args: &ReplayArgs) -> Result<(), CliError> {
+/// Runs the replay the arguments ask for; `format` chooses how progress is shown
+/// (`progress.rs`).
+pub async fn replay(cfg: &Config, args: &ReplayArgs, format: LogFormat) -> Result<(), CliError> {
     match args.source()? {
-        ReplaySource::Wal { from, to } => from_lsn::replay(cfg, from, to).await,
-        ReplaySource::Table { since, until } => from_table::replay(cfg, since, until).await,
+        ReplaySource::Wal { from, to } => from_lsn::replay(cfg, from, to, format).await,
+        ReplaySource::Table { since, until } => from_table::replay(cfg, since, until, format).await,
     }
 }
 
@@ -132,70 +124,4 @@ pub(super) fn check_report(
         )));
     }
     Ok(report)
-}
-
-// ---------------------------------------------------------------------------------
-// Progress
-// ---------------------------------------------------------------------------------
-
-/// Shows progress from the publisher's watermark: a bar on a terminal, a plain line
-/// every few seconds otherwise (both on stderr).
-pub(super) struct Progress {
-    task: JoinHandle<()>,
-    bar: Option<ProgressBar>,
-}
-
-impl Progress {
-    /// Called once the publisher has returned: its watermark sender is gone, so the
-    /// task shows the last count and ends. The wait is bounded all the same; past it,
-    /// aborting loses nothing but a progress line.
-    pub(super) async fn finish(self) {
-        let mut task = self.task;
-        if tokio::time::timeout(Duration::from_secs(1), &mut task)
-            .await
-            .is_err()
-        {
-            task.abort();
-        }
-        if let Some(bar) = self.bar {
-            bar.finish();
-        }
-    }
-}
-
-pub(super) fn spawn_progress(
-    mut wm: watch::Receiver<Lsn>,
-    total: u64,
-    unit: &'static str,
-    done: impl Fn(Lsn) -> u64 + Send + 'static,
-) -> Progress {
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = ProgressBar::new(total);
-        if let Ok(style) = ProgressStyle::with_template(&format!(
-            "{{spinner}} replay [{{bar:40}}] {{pos}}/{{len}} {unit} confirmed ({{elapsed}})"
-        )) {
-            bar.set_style(style);
-        }
-        bar
-    });
-    let shown = bar.clone();
-    let task = tokio::spawn(async move {
-        let mut last_line = Instant::now();
-        loop {
-            let d = done(*wm.borrow_and_update()).min(total);
-            match &shown {
-                Some(bar) => bar.set_position(d),
-                None if last_line.elapsed() >= PLAIN_PROGRESS_EVERY => {
-                    eprintln!("replay: {d} of {total} {unit} confirmed");
-                    last_line = Instant::now();
-                }
-                None => {}
-            }
-            tokio::select! {
-                res = wm.changed() => if res.is_err() { return },
-                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-            }
-        }
-    });
-    Progress { task, bar }
 }
