@@ -33,6 +33,26 @@ need_pkg rabbitmqctl rabbitmq-server
 VERSION="$(ls /usr/lib/postgresql | sort -V | tail -n 1)"
 PGBIN="/usr/lib/postgresql/$VERSION/bin"
 
+# make_test_certs DIR CA_NAME OWNER: once, a test CA and a server certificate for
+# localhost / 127.0.0.1 signed by it, in DIR, readable by OWNER only where secret.
+make_test_certs() {
+  local DIR="$1" CA_NAME="$2" OWNER="$3"
+  [ -f "$DIR/server.crt" ] && return 0
+  log "generating a test CA and server certificate in $DIR"
+  mkdir -p "$DIR"
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=$CA_NAME" \
+    -keyout "$DIR/ca.key" -out "$DIR/ca.crt" >/dev/null 2>&1
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
+    -keyout "$DIR/server.key" -out "$DIR/server.csr" >/dev/null 2>&1
+  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$DIR/san.ext"
+  openssl x509 -req -in "$DIR/server.csr" -CA "$DIR/ca.crt" -CAkey "$DIR/ca.key" \
+    -CAcreateserial -days 3650 -extfile "$DIR/san.ext" -out "$DIR/server.crt" >/dev/null 2>&1
+  chown -R "$OWNER:$OWNER" "$DIR"
+  chmod 600 "$DIR/server.key" "$DIR/ca.key"
+  chmod 644 "$DIR/ca.crt" "$DIR/server.crt"
+  chmod 755 "$DIR"
+}
+
 # ---------------------------------------------------------------- Postgres clusters
 # setup_cluster NAME PORT: creates (once), configures and starts a cluster.
 setup_cluster() {
@@ -45,20 +65,7 @@ if [ ! -d "$CONF" ]; then
 fi
 
 local CERTS="$CONF/certs"
-if [ ! -f "$CERTS/server.crt" ]; then
-  log "generating a test CA and server certificate"
-  mkdir -p "$CERTS"
-  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox-relay test CA" \
-    -keyout "$CERTS/ca.key" -out "$CERTS/ca.crt" >/dev/null 2>&1
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
-    -keyout "$CERTS/server.key" -out "$CERTS/server.csr" >/dev/null 2>&1
-  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$CERTS/san.ext"
-  openssl x509 -req -in "$CERTS/server.csr" -CA "$CERTS/ca.crt" -CAkey "$CERTS/ca.key" \
-    -CAcreateserial -days 3650 -extfile "$CERTS/san.ext" -out "$CERTS/server.crt" >/dev/null 2>&1
-  chown -R postgres:postgres "$CERTS"
-  chmod 600 "$CERTS/server.key" "$CERTS/ca.key"
-  chmod 644 "$CERTS/ca.crt" "$CERTS/server.crt"
-fi
+make_test_certs "$CERTS" "outbox-relay test CA" postgres
 
 cat > "$CONF/conf.d/outbox-test.conf" <<CONFEOF
 # Written by outbox-relay scripts/test-services.sh
@@ -168,21 +175,7 @@ fi
 RMQ_CERTS=/etc/rabbitmq/outbox-test-certs
 STREAM_TLS_PORT=5551
 AMQPS_PORT=5671
-if [ ! -f "$RMQ_CERTS/server.crt" ]; then
-  log "generating a test CA and certificate for RabbitMQ"
-  mkdir -p "$RMQ_CERTS"
-  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=outbox-relay RabbitMQ test CA" \
-    -keyout "$RMQ_CERTS/ca.key" -out "$RMQ_CERTS/ca.crt" >/dev/null 2>&1
-  openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" \
-    -keyout "$RMQ_CERTS/server.key" -out "$RMQ_CERTS/server.csr" >/dev/null 2>&1
-  printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$RMQ_CERTS/san.ext"
-  openssl x509 -req -in "$RMQ_CERTS/server.csr" -CA "$RMQ_CERTS/ca.crt" -CAkey "$RMQ_CERTS/ca.key" \
-    -CAcreateserial -days 3650 -extfile "$RMQ_CERTS/san.ext" -out "$RMQ_CERTS/server.crt" >/dev/null 2>&1
-  chown -R rabbitmq:rabbitmq "$RMQ_CERTS"
-  chmod 600 "$RMQ_CERTS/server.key" "$RMQ_CERTS/ca.key"
-  chmod 644 "$RMQ_CERTS/ca.crt" "$RMQ_CERTS/server.crt"
-  chmod 755 "$RMQ_CERTS"
-fi
+make_test_certs "$RMQ_CERTS" "outbox-relay RabbitMQ test CA" rabbitmq
 RMQ_CONF=/etc/rabbitmq/rabbitmq.conf
 TLS_BLOCK="# outbox-relay test TLS listeners (scripts/test-services.sh)
 listeners.ssl.default = 127.0.0.1:$AMQPS_PORT

@@ -12,18 +12,6 @@ use support::*;
 const WAIT: Duration = Duration::from_secs(60);
 const QUIET: Duration = Duration::from_secs(2);
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-fn as_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
-    v.iter().map(|(k, s)| (*k, s.as_str())).collect()
-}
-
 fn service_var(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run scripts/test-services.sh and load target/test-services.env")

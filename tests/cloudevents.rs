@@ -37,14 +37,6 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 /// The SDK's reading of each message (scripts/ce-consumer.py), in order. One script
 /// at a time: on a fresh machine the first run installs the SDK.
 fn sdk_events(messages: &[Value]) -> Vec<Value> {

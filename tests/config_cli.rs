@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
-use support::bin;
+use support::{bin, stderr, stdout};
 
 const SECRET: &str = "hunter2-s3cret";
 
@@ -56,14 +56,6 @@ fn relay(cwd: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
     }
     let _ = child.kill();
     child.wait_with_output().unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn example() -> PathBuf {

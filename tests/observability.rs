@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::process::Output;
 use std::time::Duration;
 
 use support::*;
@@ -99,14 +98,6 @@ async fn wait_ready(addr: &str, want: u16, relay: &Relay) {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 fn amqp_target() -> SocketAddr {

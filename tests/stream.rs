@@ -11,24 +11,12 @@ use support::*;
 const WAIT: Duration = Duration::from_secs(60);
 const QUIET: Duration = Duration::from_secs(2);
 
-fn stdout(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn stderr(out: &std::process::Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
 /// The environment that points the relay at `stream`.
 fn stream_env(stream: &str) -> Vec<(&'static str, String)> {
     vec![
         ("OUTBOX_RELAY_RABBITMQ_STREAM", stream.to_string()),
         ("OUTBOX_RELAY_RABBITMQ_STREAM_URL", stream_url()),
     ]
-}
-
-fn as_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
-    v.iter().map(|(k, s)| (*k, s.as_str())).collect()
 }
 
 /// Rows in transactions of mixed sizes, a rolled-back one, headers: the stream holds

@@ -397,6 +397,21 @@ impl Drop for Relay {
     }
 }
 
+/// A command's stderr as text.
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A command's stdout as text.
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Owned environment pairs as the `&str` pairs `Env::cli_env` / `start_env` take.
+pub fn as_refs<'a>(v: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    v.iter().map(|(k, s)| (*k, s.as_str())).collect()
+}
+
 /// Checks the consumer-side guarantees for a sequence stream: every expected
 /// aggregate_id present, first occurrences in order, and returns the number of
 /// duplicates.

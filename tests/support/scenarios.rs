@@ -4,7 +4,6 @@
 //! (docs/compatibility.md). Each scenario has its own database, slot and exchange.
 
 use std::collections::HashSet;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use testkit::amqp::{Msg, Received};
@@ -24,13 +23,7 @@ pub fn lsn_text(v: u64) -> String {
     format!("{:X}/{:X}", v >> 32, v & 0xFFFF_FFFF)
 }
 
-pub fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-pub fn stdout(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
+pub use crate::{stderr, stdout};
 
 /// A slot's confirmed_flush_lsn, or None if the slot does not exist.
 pub fn confirmed(env: &Env, slot: &str) -> Option<u64> {
