@@ -29,6 +29,13 @@ need_pkg() {
 need_pkg pg_createcluster postgresql
 need_pkg openssl openssl
 need_pkg rabbitmqctl rabbitmq-server
+# For the checks and tests that run Python (PyYAML, kubernetes-validate, the
+# CloudEvents SDK, installed by pip on first use) and render the diagrams.
+need_pkg python3 python3
+if ! python3 -m pip --version >/dev/null 2>&1; then
+  need_pkg pip3 python3-pip
+fi
+need_pkg dot graphviz
 
 VERSION="$(ls /usr/lib/postgresql | sort -V | tail -n 1)"
 PGBIN="/usr/lib/postgresql/$VERSION/bin"
