@@ -349,6 +349,8 @@ if sm and svc:
 
 # ---------------- 3. the relay loads the configuration ----------------
 relay_bin = os.environ.get("RELAY_BIN")
+# Absolute: the check runs with its working directory in a temporary folder.
+relay_bin = os.path.abspath(relay_bin) if relay_bin else None
 if config_file and relay_bin and os.path.exists(relay_bin):
     def closed_port(url):
         # Keep the user, password and query (the relay checks them); reach nothing.
