@@ -19,8 +19,10 @@
 //!   binary starts; time until a consumer holds all N. Relay CPU and peak RSS.
 //! - **stream-drain**: the same WAL, the relay with `[rabbitmq] stream` set; time
 //!   until a consumer reading the fresh stream from its first offset holds all N.
-//! - **steady**: single-row transactions at a fixed rate; commit → receive latency
-//!   percentiles at the consumer, relay CPU share and RSS.
+//! - **steady**: single-row transactions at a fixed rate (`--rate`, by `--clients`
+//!   producers); commit → receive latency percentiles at the consumer, relay CPU
+//!   share and RSS.
+//! - **steady-high**: the same at ten times the rate by twice the producers.
 //! - **large**: one 1M-row transaction: time and the relay's peak RSS.
 //!
 //! Needs the services of `scripts/test-services.sh` (Postgres 55432 with
@@ -58,6 +60,10 @@ pub struct Args {
     pub rate: u32,
     #[arg(long, default_value_t = 20)]
     pub seconds: u32,
+    /// Steady scenario: producers (connections), each committing single-row
+    /// transactions at rate / clients per second.
+    #[arg(long, default_value_t = 4)]
+    pub clients: u32,
     /// Publisher window (the relay's max_in_flight) for lapin and the relay.
     #[arg(long, default_value_t = 10_000)]
     pub window: usize,
@@ -65,7 +71,7 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
     /// Only these scenarios (comma-separated: lapin,channels,stream-raw,recvlogical,
-    /// reader,drain,stream-drain,steady,large).
+    /// reader,drain,stream-drain,steady,steady-high,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from

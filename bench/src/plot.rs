@@ -19,7 +19,9 @@ pub fn svg(figures: &[Figure]) -> String {
     let throughput: Vec<&Figure> = figures.iter().filter(|f| f.unit.ends_with("/s")).collect();
     let latency: Vec<&Figure> = figures
         .iter()
-        .filter(|f| f.unit == "ms" && f.scenario.starts_with("steady latency"))
+        .filter(|f| {
+            f.unit == "ms" && f.scenario.starts_with("steady") && f.scenario.contains("latency")
+        })
         .collect();
     let mut body = String::new();
     let mut y = 0.0;
