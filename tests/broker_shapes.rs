@@ -167,12 +167,28 @@ async fn consume(
                 distinct.fetch_add(1, Ordering::SeqCst);
             }
             total.fetch_add(1, Ordering::SeqCst);
+            // With `[message] headers = "minimal"` there is no aggregate_type or
+            // aggregate_id header: the kind is the routing key's first word and
+            // the sequence number is in the body.
+            let kind = headers.get("aggregate_type").cloned().unwrap_or_else(|| {
+                let key = headers
+                    .get("x-original-routing-key")
+                    .map_or(d.routing_key.as_str(), String::as_str);
+                key.split('.').next().unwrap_or_default().to_string()
+            });
+            let seq = headers
+                .get("aggregate_id")
+                .and_then(|s| s.parse().ok())
+                .or_else(|| {
+                    serde_json::from_slice::<serde_json::Value>(&d.data)
+                        .ok()?
+                        .get("seq")?
+                        .as_i64()
+                })
+                .unwrap_or(-1);
             sink.lock().unwrap().push(Delivery {
-                kind: headers.get("aggregate_type").cloned().unwrap_or_default(),
-                seq: headers
-                    .get("aggregate_id")
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(-1),
+                kind,
+                seq,
                 commit_lsn: headers
                     .get("commit_lsn")
                     .and_then(|s| parse_lsn(s))
@@ -494,9 +510,25 @@ fn stop(relay: Relay) -> Option<i32> {
 /// `x-original-routing-key`; then the slot must be past the last transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
-    const N: u64 = 20_000;
+    mixed_unroutable(20_000, "").await;
+}
+
+/// The same with `[message] headers = "minimal"` (docs/design.md §5): a returned
+/// message is matched to its event by the `commit_lsn` and `tx_index` headers, which
+/// the lean profile keeps, so the dead-lettering is as exact; and the messages carry
+/// only the lean profile's headers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn mixed_unroutable_rows_under_minimal_headers() {
+    mixed_unroutable(10_000, "\n[message]\nheaders = \"minimal\"").await;
+}
+
+/// `n` rows in transactions of 200 from two connections, every 9th unroutable, with
+/// a dead-letter exchange; `extra` is appended to the `[rabbitmq]` section.
+async fn mixed_unroutable(n: u64, extra: &str) {
     const PER_TX: u64 = 200;
     const EVERY: u64 = 9;
+    assert_eq!(n % PER_TX, 0);
+    let minimal = extra.contains("minimal");
     let started = Instant::now();
     let mut env = Env::new().await;
     let exchange = env.exchange.clone();
@@ -505,7 +537,12 @@ async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
     let dlx = env.broker.exchange_name("dlx");
     env.broker.declare_exchange(&dlx, "fanout").await;
     let dlq = env.broker.queue_bound(&dlx, "").await;
-    let config = write_config(&env, 1000, &format!("dead_letter_exchange = {dlx:?}"), "");
+    let config = write_config(
+        &env,
+        1000,
+        &format!("dead_letter_exchange = {dlx:?}{extra}"),
+        "",
+    );
     create_slot(&env, &config);
     let main = Recorder::start(&main_q, 2000, 0);
     let dead = Recorder::start(&dlq, 2000, 0);
@@ -518,7 +555,7 @@ async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
         let client = env.db.client().await;
         loaders.push(tokio::spawn(async move {
             let mut k = c;
-            while k * PER_TX < N {
+            while k * PER_TX < n {
                 let (from, to) = (k * PER_TX + 1, (k + 1) * PER_TX);
                 client
                     .batch_execute(&mixed_sql(from, to, EVERY))
@@ -533,7 +570,7 @@ async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
     }
     let inserted = started.elapsed();
     let all = rows(&pg).await;
-    assert_eq!(all.len(), N as usize);
+    assert_eq!(all.len(), n as usize);
     let good: HashSet<String> = all
         .iter()
         .filter(|(_, k)| k == "good")
@@ -544,7 +581,7 @@ async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
         .filter(|(_, k)| k == "bad")
         .map(|(id, _)| id.clone())
         .collect();
-    assert_eq!(bad.len(), (N / EVERY) as usize);
+    assert_eq!(bad.len(), (n / EVERY) as usize);
 
     let complete = wait_deliveries(
         &[&main, &dead],
@@ -623,6 +660,20 @@ async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
         bad_headers, 0,
         "DLQ copies without the x- headers: {summary}"
     );
+    // The profile's headers, and only them, of the relay's own.
+    let descriptive = ["aggregate_type", "aggregate_id", "outbox_table", "xid"];
+    for r in main_recs.iter().chain(&dead_recs) {
+        for key in ["event_type", "commit_lsn", "tx_index"] {
+            assert!(r.headers.contains_key(key), "{key} missing: {r:?}");
+        }
+        for key in descriptive {
+            assert_eq!(
+                r.headers.contains_key(key),
+                !minimal,
+                "{key} with minimal={minimal}: {r:?}"
+            );
+        }
+    }
     assert_eq!(
         m.duplicates + d.duplicates + in_both,
         0,

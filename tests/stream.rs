@@ -184,6 +184,67 @@ async fn stream_target_end_to_end() {
     env.cleanup().await;
 }
 
+/// `[message] headers = "minimal"` on the stream target (docs/design.md §5): the
+/// relay finds the stream's tail by the `commit_lsn` and `tx_index` properties,
+/// which the lean profile keeps, so a SIGKILL while rows are committed and a restart
+/// still store every row exactly once, in commit order; and the messages carry only
+/// the lean profile's properties.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
+    const N: usize = 3_000;
+    let env = Env::new().await;
+    let stream = testkit::unique_name("stream");
+    let mut vars = stream_env(&stream);
+    vars.push(("OUTBOX_RELAY_MESSAGE_HEADERS", "minimal".to_string()));
+    let vars = as_refs(&vars);
+    env.create_slot();
+    // `check` declares the stream, so the reads below never find it missing.
+    let out = env.cli_env(&["check"], &vars);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    env.insert_seq(1, 500, 50);
+    let relay = env.start_env(&[], &vars);
+    read_stream(&stream, 500, Duration::ZERO, WAIT).await;
+    // Commits go on while the relay is killed: 2,000 rows in transactions of 1 to 40.
+    let client = env.db.client().await;
+    let loader = tokio::spawn(async move {
+        let mut next = 501;
+        let mut size = 1;
+        while next <= 2_500 {
+            let end = (next + size - 1).min(2_500);
+            client
+                .batch_execute(&format!(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                     SELECT 'seq', s.n::text, 'tick', jsonb_build_object('seq', s.n)
+                       FROM generate_series({next}, {end}) AS s(n) ORDER BY s.n"
+                ))
+                .await
+                .unwrap();
+            next = end + 1;
+            size = size % 40 + 7;
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.kill();
+    loader.await.unwrap();
+    let relay = env.start_env(&[], &vars);
+    env.insert_seq(2_501, 500, 100);
+    let msgs = read_stream(&stream, N, QUIET, WAIT).await;
+    assert_exactly_once(&msgs, N as u64);
+    for m in &msgs {
+        for key in ["event_type", "commit_lsn", "tx_index", "x-outbox-producer"] {
+            assert!(m.prop(key).is_some(), "{key} missing: {m:?}");
+        }
+        for key in ["aggregate_type", "aggregate_id", "table", "xid"] {
+            assert!(m.prop(key).is_none(), "{key} under minimal: {m:?}");
+        }
+        assert!(m.message_id.is_some(), "{m:?}");
+    }
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    delete_stream(&stream).await;
+    env.cleanup().await;
+}
+
 /// `check` with `declare_stream = false` and a missing stream fails, naming it.
 #[tokio::test]
 async fn check_fails_for_a_missing_stream_not_declared() {

@@ -310,6 +310,19 @@ impl RelayProc {
         target: Target<'_>,
         window: usize,
     ) -> anyhow::Result<RelayProc> {
+        Self::start_with(bin, db, slot, target, window, "")
+    }
+
+    /// [`RelayProc::start`] with `extra` appended to the config file (whole
+    /// sections, e.g. `[message]\nheaders = "minimal"`).
+    pub fn start_with(
+        bin: &Path,
+        db: &BenchDb,
+        slot: &str,
+        target: Target<'_>,
+        window: usize,
+        extra: &str,
+    ) -> anyhow::Result<RelayProc> {
         let dir = std::env::temp_dir().join(unique_name("bench"));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("relay.toml");
@@ -325,7 +338,7 @@ impl RelayProc {
             format!(
                 "[postgres]\nurl = {:?}\nslot = {slot:?}\npublication = {:?}\n\n\
                  [rabbitmq]\nurl = {:?}\n{target}max_in_flight = {window}\n\n\
-                 [relay]\nmetrics_listen = \"\"\n",
+                 [relay]\nmetrics_listen = \"\"\n\n{extra}\n",
                 db.db.url(),
                 db.publication,
                 testkit::amqp_url()

@@ -249,6 +249,14 @@ impl Report {
             "≥ 0.90",
             r.map(|r| r >= 0.9),
         ));
+        // Its remedy, `[message] headers = "minimal"`, must itself cost < 10%.
+        let r = self.ratio("shape: minimal headers", "shape: no headers");
+        t.push(fmt(
+            "minimal headers / no headers (broker rate)",
+            r,
+            "≥ 0.90",
+            r.map(|r| r >= 0.9),
+        ));
         let rss = self.get("steady relay RSS");
         t.push(fmt("steady RSS (MB)", rss, "≤ 50", rss.map(|v| v <= 50.0)));
         let rss = self.get("large tx relay peak RSS");
@@ -361,6 +369,7 @@ pub const SCENARIOS: &[&str] = &[
     "recvlogical",
     "reader",
     "drain",
+    "drain-minimal",
     "stream-drain",
     "steady",
     "steady-high",
@@ -405,7 +414,12 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         // What the message's shape costs the broker: the relay's full message, the
         // same without the headers table, and the body with delivery mode alone.
         // The shapes alternate within each run so that noise hits all three alike.
-        let shapes = [Shape::Full, Shape::NoHeaders, Shape::BodyOnly];
+        let shapes = [
+            Shape::Full,
+            Shape::Minimal,
+            Shape::NoHeaders,
+            Shape::BodyOnly,
+        ];
         for shape in shapes {
             report.expect(&[shape.figure()]);
         }
@@ -504,9 +518,15 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         }
     }
     for per_tx in [100usize, 1] {
-        if !["drain", "reader", "recvlogical", "stream-drain"]
-            .iter()
-            .any(|s| wants(args, s))
+        if ![
+            "drain",
+            "drain-minimal",
+            "reader",
+            "recvlogical",
+            "stream-drain",
+        ]
+        .iter()
+        .any(|s| wants(args, s))
         {
             break;
         }
@@ -519,6 +539,9 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         }
         if wants(args, "drain") {
             report.expect(&[&names.relay, &names.relay_cpu, &names.relay_rss]);
+        }
+        if wants(args, "drain-minimal") {
+            report.expect(&[&names.minimal, &names.minimal_cpu]);
         }
         if wants(args, "stream-drain") {
             report.expect(&[&names.stream, &names.stream_cpu, &names.stream_rss]);
@@ -568,6 +591,20 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             report.add(&names.relay_cpu, median(cpu), "core-s", &cond);
             let rss = pick(|r| r.relay.map(|m| m.peak_rss));
             report.add(&names.relay_rss, median(rss), "MB", &cond);
+        }
+        let minimal = pick(|r| r.minimal.map(|m| m.rate));
+        if !minimal.is_empty() {
+            report.add(
+                &names.minimal,
+                median(minimal),
+                "events/s",
+                format!(
+                    "{cond}, window {}, [message] headers = \"minimal\", until the queue's consumer has all",
+                    args.window
+                ),
+            );
+            let cpu = pick(|r| r.minimal.map(|m| m.cpu_per_10k));
+            report.add(&names.minimal_cpu, median(cpu), "core-s", &cond);
         }
         let stream = pick(|r| r.stream.map(|m| m.rate));
         if !stream.is_empty() {
@@ -630,6 +667,8 @@ struct DrainNames {
     relay_first: String,
     relay_cpu: String,
     relay_rss: String,
+    minimal: String,
+    minimal_cpu: String,
     stream: String,
     stream_first: String,
     stream_cpu: String,
@@ -645,6 +684,10 @@ impl DrainNames {
             relay_first: format!("drain {per_tx}-row tx: relay start → first message"),
             relay_cpu: format!("drain {per_tx}-row tx: relay CPU per 10k events"),
             relay_rss: format!("drain {per_tx}-row tx: relay peak RSS"),
+            minimal: format!("drain {per_tx}-row tx: relay, minimal headers"),
+            minimal_cpu: format!(
+                "drain {per_tx}-row tx: relay CPU per 10k events, minimal headers"
+            ),
             stream: format!("stream drain {per_tx}-row tx: relay"),
             stream_first: format!("stream drain {per_tx}-row tx: relay start → first message"),
             stream_cpu: format!("stream drain {per_tx}-row tx: relay CPU per 10k events"),
@@ -658,6 +701,9 @@ impl DrainNames {
 enum Shape {
     /// The relay's message: properties and the headers table.
     Full,
+    /// The relay's properties and the headers of `[message] headers = "minimal"`
+    /// (event_type, commit_lsn, tx_index).
+    Minimal,
     /// The relay's properties (message id, type, content type, timestamp, app id,
     /// persistent), no headers.
     NoHeaders,
@@ -669,6 +715,7 @@ impl Shape {
     fn figure(self) -> &'static str {
         match self {
             Shape::Full => "shape: full message",
+            Shape::Minimal => "shape: minimal headers",
             Shape::NoHeaders => "shape: no headers",
             Shape::BodyOnly => "shape: body only",
         }
@@ -676,7 +723,8 @@ impl Shape {
 
     fn conditions(self) -> &'static str {
         match self {
-            Shape::Full => "the relay's properties and 6 headers",
+            Shape::Full => "the relay's properties and its 7 headers",
+            Shape::Minimal => "the relay's properties and the 3 minimal headers",
             Shape::NoHeaders => "the relay's properties, no headers",
             Shape::BodyOnly => "body and delivery mode 2 only",
         }
@@ -859,30 +907,33 @@ async fn publish_share(
     let mut pending = VecDeque::with_capacity(window);
     for i in first..first + n {
         let mut headers = FieldTable::default();
-        headers.insert(
-            "aggregate_type".into(),
-            AMQPValue::LongString(LongString::from("bench")),
-        );
-        headers.insert(
-            "aggregate_id".into(),
-            AMQPValue::LongString(LongString::from(i.to_string())),
-        );
+        if shape == Shape::Full {
+            headers.insert(
+                "aggregate_type".into(),
+                AMQPValue::LongString(LongString::from("bench")),
+            );
+            headers.insert(
+                "aggregate_id".into(),
+                AMQPValue::LongString(LongString::from(i.to_string())),
+            );
+            headers.insert(
+                "outbox_table".into(),
+                AMQPValue::LongString(LongString::from("public.outbox")),
+            );
+            headers.insert("xid".into(), AMQPValue::LongLongInt(i as i64));
+        }
         headers.insert(
             "event_type".into(),
             AMQPValue::LongString(LongString::from("tick")),
         );
         headers.insert(
-            "outbox_table".into(),
-            AMQPValue::LongString(LongString::from("public.outbox")),
-        );
-        headers.insert(
             "commit_lsn".into(),
             AMQPValue::LongString(LongString::from("0/16B3748")),
         );
-        headers.insert("xid".into(), AMQPValue::LongLongInt(i as i64));
+        headers.insert("tx_index".into(), AMQPValue::LongLongInt(i as i64));
         let props = match shape {
             Shape::BodyOnly => BasicProperties::default().with_delivery_mode(2),
-            Shape::Full | Shape::NoHeaders => {
+            Shape::Full | Shape::Minimal | Shape::NoHeaders => {
                 let props = BasicProperties::default()
                     .with_message_id(ShortString::from(format!(
                         "00000000-0000-4000-8000-{i:012}"
@@ -892,10 +943,10 @@ async fn publish_share(
                     .with_delivery_mode(2)
                     .with_timestamp(1)
                     .with_app_id("outbox-relay".into());
-                if shape == Shape::Full {
-                    props.with_headers(headers)
-                } else {
+                if shape == Shape::NoHeaders {
                     props
+                } else {
+                    props.with_headers(headers)
                 }
             }
         };
@@ -930,6 +981,8 @@ struct DrainRun {
     reader: Option<f64>,
     /// The relay publishing to a queue (through an exchange).
     relay: Option<RelayDrain>,
+    /// The same with `[message] headers = "minimal"`.
+    minimal: Option<RelayDrain>,
     /// The relay publishing to a stream.
     stream: Option<RelayDrain>,
 }
@@ -943,8 +996,8 @@ struct RelayDrain {
     peak_rss: f64,
 }
 
-/// One database, four slots over the same WAL: pg_recvlogical, the reader, the relay
-/// to a queue, the relay to a stream.
+/// One database, five slots over the same WAL: pg_recvlogical, the reader, the relay
+/// to a queue (with all headers and with the minimal ones), the relay to a stream.
 async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow::Result<DrainRun> {
     let n = args.events;
     let db = BenchDb::new();
@@ -952,6 +1005,7 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
     let reader_slot = db.create_slot();
     let relay_slot = db.create_slot();
     let stream_slot = db.create_slot();
+    let minimal_slot = db.create_slot();
     db.preload(n, per_tx);
     let end_lsn = db.current_lsn();
     let mut out = DrainRun::default();
@@ -1027,25 +1081,12 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
     }
 
     if wants(args, "drain") {
-        let sink = Sink::new(false).await?;
-        let start = Instant::now();
-        let result = async {
-            let mut relay = RelayProc::start(
-                bin,
-                &db,
-                &relay_slot,
-                Target::Exchange(&sink.exchange),
-                args.window,
-            )?;
-            let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
-            let first = sink.first.get().copied().unwrap_or(end);
-            let measured = relay_drain(&relay, n, start, first, end);
-            relay.stop();
-            Ok::<_, anyhow::Error>(measured)
-        }
-        .await;
-        sink.cleanup().await;
-        out.relay = Some(result?);
+        out.relay = Some(queue_drain(args, bin, &db, &relay_slot, "").await?);
+    }
+
+    if wants(args, "drain-minimal") {
+        let extra = "[message]\nheaders = \"minimal\"";
+        out.minimal = Some(queue_drain(args, bin, &db, &minimal_slot, extra).await?);
     }
 
     if wants(args, "stream-drain") {
@@ -1070,6 +1111,37 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
         out.stream = Some(result?);
     }
     Ok(out)
+}
+
+/// The relay draining `slot` into a queue, `extra` appended to its config.
+async fn queue_drain(
+    args: &Args,
+    bin: &std::path::Path,
+    db: &BenchDb,
+    slot: &str,
+    extra: &str,
+) -> anyhow::Result<RelayDrain> {
+    let n = args.events;
+    let sink = Sink::new(false).await?;
+    let start = Instant::now();
+    let result = async {
+        let mut relay = RelayProc::start_with(
+            bin,
+            db,
+            slot,
+            Target::Exchange(&sink.exchange),
+            args.window,
+            extra,
+        )?;
+        let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
+        let first = sink.first.get().copied().unwrap_or(end);
+        let measured = relay_drain(&relay, n, start, first, end);
+        relay.stop();
+        Ok::<_, anyhow::Error>(measured)
+    }
+    .await;
+    sink.cleanup().await;
+    result
 }
 
 /// The rate, start-up time, CPU per 10k events and peak RSS of a relay started at

@@ -110,6 +110,8 @@ pub struct PublisherConfig {
     pub extra_headers: Vec<(String, String)>,
     /// The messages' shape (`[message] format`, docs/cloudevents.md).
     pub format: message::MessageFormat,
+    /// Which of the relay's headers each message carries (`[message] headers`).
+    pub headers: message::HeaderProfile,
     /// The `connection_name` client property (shown by `rabbitmqctl list_connections`).
     pub connection_name: String,
     /// How long [`Publisher::run`] waits for outstanding confirms after its input
@@ -133,6 +135,7 @@ impl PublisherConfig {
             backoff_max: DEFAULT_BACKOFF_MAX,
             extra_headers: Vec::new(),
             format: message::MessageFormat::Native,
+            headers: message::HeaderProfile::Full,
             connection_name: "outbox-relay".into(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
@@ -275,6 +278,7 @@ impl std::fmt::Debug for PublisherConfig {
             .field("backoff_max", &self.backoff_max)
             .field("extra_headers", &self.extra_headers)
             .field("format", &self.format)
+            .field("headers", &self.headers)
             .field("connection_name", &self.connection_name)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .finish()

@@ -52,6 +52,40 @@ impl MessageFormat {
     }
 }
 
+/// Which of the relay's own headers every message carries (`[message] headers`,
+/// docs/design.md §5). The broker's rate falls with each header it stores
+/// (docs/performance.md, "The cost of the message shape"), so `Minimal` keeps only
+/// what the relay itself needs and what consumers route and deduplicate by.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum HeaderProfile {
+    /// All of them: `aggregate_type`, `aggregate_id`, `event_type`, `outbox_table`,
+    /// `commit_lsn`, `tx_index`, `xid`.
+    #[default]
+    Full,
+    /// `event_type`, `commit_lsn` and `tx_index` only. `commit_lsn` and `tx_index`
+    /// are how the relay matches a message the broker returned (and, on a stream,
+    /// finds the tail after a restart), so no profile drops them. The properties
+    /// (message id, type, content type, timestamp, correlation id) are unchanged,
+    /// and so are the headers column's keys and the operator's extra headers.
+    Minimal,
+}
+
+impl HeaderProfile {
+    /// The `[message] headers` value that selects it.
+    pub fn name(self) -> &'static str {
+        match self {
+            HeaderProfile::Full => "full",
+            HeaderProfile::Minimal => "minimal",
+        }
+    }
+
+    /// Whether the descriptive headers (`aggregate_type`, `aggregate_id`,
+    /// `outbox_table`/`table`, `xid`) are written.
+    pub fn descriptive(self) -> bool {
+        self == HeaderProfile::Full
+    }
+}
+
 /// Header keys of the headers column that are never copied to a message
 /// (docs/operations.md, "Reserved headers"): `CC`/`BCC` are routing instructions to
 /// RabbitMQ (which closes the channel when they are not arrays), `x-death` and
@@ -302,6 +336,8 @@ pub struct MessageBuilder {
     dropped_logged: HashSet<String>,
     /// The CloudEvents attributes' builder (`format = "cloudevents"`).
     cloudevents: Option<CloudEvents>,
+    /// Which of the relay's headers are written (`[message] headers`).
+    profile: HeaderProfile,
 }
 
 impl MessageBuilder {
@@ -325,7 +361,15 @@ impl MessageBuilder {
             table_cache: None,
             dropped_logged: HashSet::new(),
             cloudevents: None,
+            profile: HeaderProfile::Full,
         })
+    }
+
+    /// The builder that writes the relay's headers of `profile`
+    /// (the default is [`HeaderProfile::Full`]).
+    pub fn with_headers(mut self, profile: HeaderProfile) -> Self {
+        self.profile = profile;
+        self
     }
 
     /// The builder for messages of `format` (the default is [`MessageFormat::Native`]).
@@ -349,24 +393,27 @@ impl MessageBuilder {
         for (key, value) in &self.extra_headers {
             table.insert(key.clone(), value.clone());
         }
-        let outbox_table = match &self.table_cache {
-            Some((cached, value)) if Arc::ptr_eq(cached, &event.table) => value.clone(),
-            _ => {
-                let value =
-                    AMQPValue::LongString(LongString::from(event.table.qualified_name.as_str()));
-                self.table_cache = Some((event.table.clone(), value.clone()));
-                value
-            }
-        };
-        table.insert("aggregate_type".into(), long(event.aggregate_type.as_ref()));
-        table.insert("aggregate_id".into(), long(event.aggregate_id.as_ref()));
+        if self.profile.descriptive() {
+            let outbox_table = match &self.table_cache {
+                Some((cached, value)) if Arc::ptr_eq(cached, &event.table) => value.clone(),
+                _ => {
+                    let value = AMQPValue::LongString(LongString::from(
+                        event.table.qualified_name.as_str(),
+                    ));
+                    self.table_cache = Some((event.table.clone(), value.clone()));
+                    value
+                }
+            };
+            table.insert("aggregate_type".into(), long(event.aggregate_type.as_ref()));
+            table.insert("aggregate_id".into(), long(event.aggregate_id.as_ref()));
+            table.insert("outbox_table".into(), outbox_table);
+            table.insert("xid".into(), AMQPValue::LongLongInt(i64::from(event.xid)));
+        }
         table.insert("event_type".into(), long(event.event_type.as_ref()));
-        table.insert("outbox_table".into(), outbox_table);
         table.insert(
             "commit_lsn".into(),
             AMQPValue::LongString(LongString::from(event.commit_lsn.to_string())),
         );
-        table.insert("xid".into(), AMQPValue::LongLongInt(i64::from(event.xid)));
         table.insert(
             "tx_index".into(),
             AMQPValue::LongLongInt(i64::try_from(event.index).unwrap_or(i64::MAX)),

@@ -110,7 +110,8 @@ impl Runner {
             status,
         } = publisher;
         let builder = MessageBuilder::new(&config.routing_key, &config.extra_headers)?
-            .with_format(&config.format);
+            .with_format(&config.format)
+            .with_headers(config.headers);
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
         status.set_poison(None);

@@ -348,12 +348,26 @@ pub enum MessageFormatKind {
     CloudEvents,
 }
 
+/// `message.headers` values (docs/design.md §5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HeaderProfileKind {
+    /// All of the relay's headers.
+    #[default]
+    Full,
+    /// `event_type`, `commit_lsn` and `tx_index` only (docs/performance.md).
+    Minimal,
+}
+
 /// `[message]`: the messages' shape (docs/cloudevents.md).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MessageConfig {
     /// `native` (the default) or `cloudevents`.
     pub format: MessageFormatKind,
+    /// `full` (the default) or `minimal`: which of the relay's headers a message
+    /// carries.
+    pub headers: HeaderProfileKind,
     /// The CloudEvents `source`: a URI reference over `{database}` and `{table}`.
     /// Checked at load.
     pub cloudevents_source: String,
@@ -365,6 +379,7 @@ impl Default for MessageConfig {
     fn default() -> MessageConfig {
         MessageConfig {
             format: MessageFormatKind::Native,
+            headers: HeaderProfileKind::Full,
             // The publisher's default (one source for both).
             cloudevents_source: publisher::message::cloudevents::DEFAULT_SOURCE.to_string(),
             cloudevents_type_prefix: String::new(),

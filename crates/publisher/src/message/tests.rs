@@ -137,6 +137,64 @@ fn headers_and_properties() {
     assert!(m.body.is_empty());
 }
 
+#[test]
+fn minimal_headers_keep_what_the_relay_and_consumers_need() {
+    let mut b = MessageBuilder::new(
+        "{aggregate_type}.{event_type}",
+        &[("replay".into(), "true".into())],
+    )
+    .unwrap()
+    .with_headers(HeaderProfile::Minimal);
+    let mut e = event(JSON, Some(b"{}"));
+    e.headers = Some(Bytes::from_static(br#"{"traceparent":"00-abc-def-01"}"#));
+    let m = b.build(&e);
+    // The routing key and the properties do not depend on the profile.
+    assert_eq!(m.routing_key.as_str(), "order.created");
+    let p = &m.properties;
+    assert_eq!(
+        p.message_id().as_ref().unwrap().as_str(),
+        "6f1c2a4e-0000-4000-8000-000000000001"
+    );
+    assert_eq!(p.kind().as_ref().unwrap().as_str(), "created");
+    assert_eq!(*p.timestamp(), Some(1_700_000_000));
+    let h = p.headers().as_ref().unwrap().inner();
+    let mut keys: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "commit_lsn",
+            "event_type",
+            "replay",
+            "traceparent",
+            "tx_index"
+        ]
+    );
+    assert_eq!(text(h.get("commit_lsn")), "1/A0");
+    // A returned copy is still matched to its event.
+    assert_eq!(
+        returned_key(p),
+        Some(EventKey {
+            commit_lsn: Lsn(0x1_0000_00A0),
+            index: 3
+        })
+    );
+    // A refused message's notice keeps the headers the message had.
+    let notice = m.dead_letter_copy(
+        "dlx",
+        &DeadLetterReason::Refused {
+            reason: "too large".into(),
+        },
+    );
+    let h = notice.properties.headers().as_ref().unwrap().inner();
+    for key in ["commit_lsn", "tx_index", "event_type", "replay"] {
+        assert!(h.contains_key(key), "{key} missing from {h:?}");
+    }
+    assert!(!h.contains_key("traceparent"));
+    assert_eq!(HeaderProfile::Minimal.name(), "minimal");
+    assert_eq!(HeaderProfile::default(), HeaderProfile::Full);
+}
+
 mod reserved_tests {
     use super::*;
 

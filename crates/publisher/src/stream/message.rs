@@ -8,7 +8,7 @@ use rabbitmq_stream_client::types::{Message, SimpleValue};
 
 use super::tail::Tail;
 use crate::message::cloudevents::{self, CloudEvents};
-use crate::message::{json_headers, MessageFormat};
+use crate::message::{json_headers, HeaderProfile, MessageFormat};
 
 /// Application property naming the producer reference.
 pub const PRODUCER_PROPERTY: &str = "x-outbox-producer";
@@ -33,6 +33,8 @@ pub(super) struct StreamMessageBuilder {
     logged: HashSet<String>,
     /// The CloudEvents attributes' builder (`format = "cloudevents"`).
     cloudevents: Option<CloudEvents>,
+    /// Which of the relay's properties are written (`[message] headers`).
+    profile: HeaderProfile,
 }
 
 fn text(value: Option<&bytes::Bytes>) -> SimpleValue {
@@ -49,7 +51,15 @@ impl StreamMessageBuilder {
             producer,
             logged: HashSet::new(),
             cloudevents: None,
+            profile: HeaderProfile::Full,
         }
+    }
+
+    /// The builder that writes the relay's application properties of `profile`
+    /// (the default is [`HeaderProfile::Full`]).
+    pub fn with_headers(mut self, profile: HeaderProfile) -> Self {
+        self.profile = profile;
+        self
     }
 
     /// The builder for messages of `format` (the default is [`MessageFormat::Native`]).
@@ -79,17 +89,20 @@ impl StreamMessageBuilder {
             size += key.len() + value.len();
             app = app.insert(key.as_str(), value.as_str());
         }
+        if self.profile.descriptive() {
+            app = app
+                .insert("aggregate_type", text(event.aggregate_type.as_ref()))
+                .insert("aggregate_id", text(event.aggregate_id.as_ref()))
+                .insert("table", event.table.qualified_name.as_str())
+                .insert("xid", SimpleValue::from(u64::from(event.xid)));
+        }
         app = app
-            .insert("aggregate_type", text(event.aggregate_type.as_ref()))
-            .insert("aggregate_id", text(event.aggregate_id.as_ref()))
             .insert("event_type", text(event.event_type.as_ref()))
-            .insert("table", event.table.qualified_name.as_str())
             .insert(
                 "commit_lsn",
                 SimpleValue::from(event.commit_lsn.to_string()),
             )
-            .insert("tx_index", SimpleValue::from(event.index))
-            .insert("xid", SimpleValue::from(u64::from(event.xid)));
+            .insert("tx_index", SimpleValue::from(event.index));
         if let Some(ce) = &mut self.cloudevents {
             let a = ce.attributes(event);
             size += 160 + a.id.len() + a.source.len() + a.kind.len();
@@ -188,6 +201,38 @@ mod tests {
             SimpleValue::String(s) => Some(s.clone()),
             other => Some(format!("{other:?}")),
         }
+    }
+
+    #[test]
+    fn minimal_properties_still_find_the_tail() {
+        let mut b =
+            StreamMessageBuilder::new(&[], Some("p".into())).with_headers(HeaderProfile::Minimal);
+        let p = b.build(&event(), 7);
+        let app = p.message.application_properties().unwrap();
+        let mut keys: Vec<&str> = app.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            [
+                "cloudEvents:source",
+                "commit_lsn",
+                "event_type",
+                "tenant",
+                "tx_index",
+                PRODUCER_PROPERTY,
+                PUBLISHING_ID_PROPERTY,
+            ]
+        );
+        assert_eq!(
+            tail_of(&p.message, "p", 7),
+            Some(Tail {
+                commit_lsn: Lsn(0x2_0000_0010),
+                tx_index: 1
+            })
+        );
+        let full = StreamMessageBuilder::new(&[], Some("p".into())).build(&event(), 7);
+        let n = full.message.application_properties().unwrap().len();
+        assert_eq!(n, keys.len() + 4);
     }
 
     #[test]

@@ -127,6 +127,9 @@ pub struct StreamConfig {
     pub extra_properties: Vec<(String, String)>,
     /// The messages' shape (`[message] format`, docs/cloudevents.md).
     pub format: crate::message::MessageFormat,
+    /// Which of the relay's application properties each message carries
+    /// (`[message] headers`).
+    pub headers: crate::message::HeaderProfile,
     /// PEM CA for `rabbitmq-stream+tls://`; without it the system's CA bundle.
     pub ca_file: Option<PathBuf>,
     pub backoff_initial: Duration,
@@ -148,6 +151,7 @@ impl StreamConfig {
             max_in_flight: crate::DEFAULT_MAX_IN_FLIGHT,
             extra_properties: Vec::new(),
             format: crate::message::MessageFormat::Native,
+            headers: crate::message::HeaderProfile::Full,
             ca_file: None,
             backoff_initial: crate::DEFAULT_BACKOFF_INITIAL,
             backoff_max: crate::DEFAULT_BACKOFF_MAX,
@@ -200,6 +204,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("extra_properties", &self.extra_properties)
             .field("format", &self.format)
+            .field("headers", &self.headers)
             .field("ca_file", &self.ca_file)
             .field("backoff_initial", &self.backoff_initial)
             .field("backoff_max", &self.backoff_max)

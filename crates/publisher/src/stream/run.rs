@@ -80,7 +80,8 @@ impl Runner {
                 &config.extra_properties,
                 config.producer_reference.clone(),
             )
-            .with_format(&config.format),
+            .with_format(&config.format)
+            .with_headers(config.headers),
             window: Window::new(config.max_in_flight, start),
             url_index: session.url_index,
             session: Some(session),

@@ -12,10 +12,10 @@ use secrecy::ExposeSecret;
 use wal_reader::conninfo::ConnInfoError;
 use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName};
 
-use super::{redact_url, Config, MessageFormatKind};
+use super::{redact_url, Config, HeaderProfileKind, MessageFormatKind};
 use crate::pipeline::sink::{producer_reference, SinkConfig};
 use publisher::message::cloudevents::CloudEventsFormat;
-use publisher::message::MessageFormat;
+use publisher::message::{HeaderProfile, MessageFormat};
 use publisher::stream::StreamConfig;
 
 impl Config {
@@ -154,6 +154,14 @@ impl Config {
         }
     }
 
+    /// Which of the relay's headers every message carries (`message.headers`).
+    pub fn header_profile(&self) -> HeaderProfile {
+        match self.message.headers {
+            HeaderProfileKind::Full => HeaderProfile::Full,
+            HeaderProfileKind::Minimal => HeaderProfile::Minimal,
+        }
+    }
+
     /// `rabbitmq.stream`, `None` when events go to the exchange.
     pub fn stream(&self) -> Option<&str> {
         Some(self.rabbitmq.stream.as_str()).filter(|s| !s.is_empty())
@@ -192,6 +200,7 @@ impl Config {
         s.ca_file = self.ca_file().map(|p| p.to_path_buf());
         s.shutdown_timeout = self.shutdown_timeout();
         s.format = self.message_format();
+        s.headers = self.header_profile();
         s
     }
 
@@ -221,6 +230,7 @@ impl Config {
         p.shutdown_timeout = self.shutdown_timeout();
         p.connection_name = format!("outbox-relay {}", self.postgres.slot);
         p.format = self.message_format();
+        p.headers = self.header_profile();
         p
     }
 }

@@ -50,6 +50,7 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("rabbitmq", "max_length_bytes", Kind::UInt),
     ("rabbitmq", "max_age", Kind::Str),
     ("message", "format", Kind::Str),
+    ("message", "headers", Kind::Str),
     ("message", "cloudevents_source", Kind::Str),
     ("message", "cloudevents_type_prefix", Kind::Str),
     ("relay", "status_interval_ms", Kind::UInt),

@@ -205,6 +205,7 @@ fn every_key_has_a_working_env_var() {
             ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
             ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
             ("message.format", _) => "cloudevents",
+            ("message.headers", _) => "minimal",
             (_, Kind::Bool) => "false",
             (_, Kind::UInt) => "123",
             (_, Kind::UrlList) => "amqp://h",
@@ -241,6 +242,7 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
             "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
             "message.format" => c.message.format == MessageFormatKind::CloudEvents,
+            "message.headers" => c.header_profile() == publisher::message::HeaderProfile::Minimal,
             "message.cloudevents_source" => c.message.cloudevents_source == value,
             "message.cloudevents_type_prefix" => c.message.cloudevents_type_prefix == value,
             "relay.status_interval_ms" => c.relay.status_interval_ms == 123,
@@ -779,6 +781,22 @@ fn unknown_message_format_names_the_valid_values() {
     assert_eq!(
         e.to_string(),
         "invalid `message.format` in environment variable OUTBOX_RELAY_MESSAGE_FORMAT: \"CloudEvents\" is not one of native, cloudevents: use one of them"
+    );
+}
+
+#[test]
+fn header_profile_reaches_both_publishers() {
+    use publisher::message::HeaderProfile;
+    let c = Config::default();
+    assert_eq!(c.publisher_config().headers, HeaderProfile::Full);
+    assert_eq!(c.stream_config().headers, HeaderProfile::Full);
+    let c = load_toml("[message]\nheaders = \"minimal\"\n").unwrap();
+    assert_eq!(c.publisher_config().headers, HeaderProfile::Minimal);
+    assert_eq!(c.stream_config().headers, HeaderProfile::Minimal);
+    let e = load_env(&[("OUTBOX_RELAY_MESSAGE_HEADERS", "lean")]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid `message.headers` in environment variable OUTBOX_RELAY_MESSAGE_HEADERS: \"lean\" is not one of full, minimal: use one of them"
     );
 }
 
