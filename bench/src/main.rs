@@ -70,8 +70,8 @@ pub struct Args {
     /// Small numbers, one run: a smoke test of the harness itself.
     #[arg(long)]
     pub quick: bool,
-    /// Only these scenarios (comma-separated: lapin,channels,stream-raw,recvlogical,
-    /// reader,drain,stream-drain,steady,steady-high,large).
+    /// Only these scenarios (comma-separated: lapin,shape,channels,stream-raw,
+    /// recvlogical,reader,drain,drain-minimal,stream-drain,steady,steady-high,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from
