@@ -186,9 +186,11 @@ async fn stream_target_end_to_end() {
 
 /// `[message] headers = "minimal"` on the stream target (docs/design.md §5): the
 /// relay finds the stream's tail by the `commit_lsn` and `tx_index` properties,
-/// which the lean profile keeps, so a SIGKILL while rows are committed and a restart
-/// still store every row exactly once, in commit order; and the messages carry only
-/// the lean profile's properties.
+/// which the lean profile keeps. A SIGKILL while rows are committed, then the slot
+/// rewound to its start (a copy made at creation put back under its name, the
+/// stored position deleted), so that the restarted relay reads every event again:
+/// it must skip all that the stream holds and store every row exactly once, in
+/// commit order; and the messages carry only the lean profile's properties.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
     const N: usize = 3_000;
@@ -198,6 +200,11 @@ async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
     vars.push(("OUTBOX_RELAY_MESSAGE_HEADERS", "minimal".to_string()));
     let vars = as_refs(&vars);
     env.create_slot();
+    let rewind = format!("{}_rewind", env.slot);
+    env.db.psql(&format!(
+        "SELECT pg_copy_logical_replication_slot('{}', '{rewind}')",
+        env.slot
+    ));
     // `check` declares the stream, so the reads below never find it missing.
     let out = env.cli_env(&["check"], &vars);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
@@ -226,6 +233,29 @@ async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     relay.kill();
     loader.await.unwrap();
+    let stored = read_stream(&stream, 0, Duration::ZERO, WAIT).await.len();
+    assert!(
+        stored >= 500,
+        "{stored} messages in the stream before the kill"
+    );
+    // Rewind: the slot as it was created, no stored position (once the killed
+    // relay's walsender has let the slot go).
+    let slot = env.slot.clone();
+    let active = format!("SELECT active FROM pg_replication_slots WHERE slot_name = '{slot}'");
+    for _ in 0..100 {
+        if env.db.psql(&active).trim() == "f" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for sql in [
+        format!("SELECT pg_drop_replication_slot('{slot}')"),
+        format!("SELECT pg_copy_logical_replication_slot('{rewind}', '{slot}')"),
+        format!("SELECT pg_drop_replication_slot('{rewind}')"),
+        format!("DELETE FROM public.outbox_relay_state WHERE slot_name = '{slot}'"),
+    ] {
+        env.db.psql(&sql);
+    }
     let relay = env.start_env(&[], &vars);
     env.insert_seq(2_501, 500, 100);
     let msgs = read_stream(&stream, N, QUIET, WAIT).await;
@@ -241,6 +271,10 @@ async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
     }
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
+    assert!(
+        log.contains("skipped the events already in the stream"),
+        "the restarted relay read the stored events again and skipped them: {log}"
+    );
     delete_stream(&stream).await;
     env.cleanup().await;
 }
