@@ -235,11 +235,20 @@ fn long(value: Option<&Bytes>) -> AMQPValue {
 }
 
 /// A message ready to publish (and to publish again after a failure).
+///
+/// It keeps the event instead of its AMQP properties: lapin takes the properties by
+/// value, so a kept copy would be copied again (every header allocated twice) at
+/// every publish; building them from the event at publish time
+/// ([`MessageBuilder::properties_of`]) costs one copy and gives the same bytes
+/// every time (the builder's output depends on the event alone).
 #[derive(Debug, Clone)]
 pub struct OutboundMessage {
     pub routing_key: ShortString,
     pub body: Bytes,
-    pub properties: BasicProperties,
+    /// The event the properties are built from.
+    pub event: OutboxEvent,
+    /// Properties published instead of the built ones (the dead-letter copies).
+    pub fixed_properties: Option<BasicProperties>,
     /// Commit time of the event's transaction (µs since the Unix epoch).
     pub commit_time_micros: i64,
     /// `(commit_lsn, tx_index)`: what a returned copy of this message is matched by.
@@ -257,10 +266,16 @@ impl OutboundMessage {
     /// `x-outbox-error`, `x-original-exchange` and `x-original-routing-key`; for a
     /// message the broker refused, a notice without the body (what was refused) that
     /// keeps only the relay's own headers and says how large the body was.
-    pub(crate) fn dead_letter_copy(&self, exchange: &str, reason: &DeadLetterReason) -> Self {
+    /// `properties` are this message's ([`MessageBuilder::properties_of`]).
+    pub(crate) fn dead_letter_copy(
+        &self,
+        properties: BasicProperties,
+        exchange: &str,
+        reason: &DeadLetterReason,
+    ) -> Self {
         let text = |s: &str| AMQPValue::LongString(LongString::from(s));
         let mut message = self.clone();
-        let original = self.properties.headers().clone().unwrap_or_default();
+        let original = properties.headers().clone().unwrap_or_default();
         let mut headers = match reason {
             DeadLetterReason::Unroutable { .. } => original,
             DeadLetterReason::Refused { .. } => {
@@ -299,8 +314,15 @@ impl OutboundMessage {
                 message.body = Bytes::new();
             }
         }
-        message.properties = message.properties.with_headers(headers);
+        message.fixed_properties = Some(properties.with_headers(headers));
         message
+    }
+
+    /// The message id property (for logs).
+    pub(crate) fn message_id(&self) -> String {
+        short(self.event.id.as_ref())
+            .map(|id| id.to_string())
+            .unwrap_or_default()
     }
 }
 
@@ -436,8 +458,32 @@ impl MessageBuilder {
         table
     }
 
-    /// The complete message of one event.
+    /// The message of one event, to publish with [`Self::properties_of`].
     pub fn build(&mut self, event: &OutboxEvent) -> OutboundMessage {
+        OutboundMessage {
+            routing_key: ShortString::from(self.template.render(event)),
+            body: event.body.clone(),
+            event: event.clone(),
+            fixed_properties: None,
+            commit_time_micros: event.commit_time_micros,
+            key: EventKey {
+                commit_lsn: event.commit_lsn,
+                index: event.index,
+            },
+        }
+    }
+
+    /// The AMQP properties of `message`, headers included: built from its event, or
+    /// the fixed ones of a dead-letter copy.
+    pub fn properties_of(&mut self, message: &OutboundMessage) -> BasicProperties {
+        match &message.fixed_properties {
+            Some(fixed) => fixed.clone(),
+            None => self.properties(&message.event),
+        }
+    }
+
+    /// The AMQP properties of one event (docs/design.md §5).
+    pub fn properties(&mut self, event: &OutboxEvent) -> BasicProperties {
         let mut properties = BasicProperties::default()
             .with_content_type(event.table.content_type.into())
             .with_delivery_mode(self.delivery_mode)
@@ -453,16 +499,7 @@ impl MessageBuilder {
         if let Some(correlation) = short(event.correlation_id.as_ref()) {
             properties = properties.with_correlation_id(correlation);
         }
-        OutboundMessage {
-            routing_key: ShortString::from(self.template.render(event)),
-            body: event.body.clone(),
-            properties,
-            commit_time_micros: event.commit_time_micros,
-            key: EventKey {
-                commit_lsn: event.commit_lsn,
-                index: event.index,
-            },
-        }
+        properties
     }
 }
 

@@ -16,8 +16,8 @@ use futures_util::future::{BoxFuture, MaybeDone};
 use futures_util::StreamExt;
 use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
-use lapin::types::{AMQPValue, ShortString};
-use lapin::{Channel, Confirmation, Event, PublisherConfirm};
+use lapin::types::ShortString;
+use lapin::{BasicProperties, Channel, Confirmation, Event, PublisherConfirm};
 use outbox_event::{Lsn, WalBatch, WalItem};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -239,12 +239,15 @@ impl Runner {
                     let Some(original) = self.engine.message(seq) else {
                         continue;
                     };
-                    let copy = original.dead_letter_copy(&self.config.exchange, &reason);
+                    let properties = self.builder.properties_of(original);
+                    let copy =
+                        original.dead_letter_copy(properties, &self.config.exchange, &reason);
                     let dlx = self.dead_letter.clone().unwrap_or_default();
                     (tag, dlx, Arc::new(copy))
                 }
             };
-            let future = publish(&self.session.channel, exchange, message);
+            let properties = self.builder.properties_of(&message);
+            let future = publish(&self.session.channel, exchange, message, properties);
             self.publishing.push_back(PendingPublish {
                 tag,
                 future,
@@ -427,23 +430,23 @@ impl Runner {
 
 /// One debug event per acked message, with the fields a trace is correlated by.
 fn trace_published(message: &OutboundMessage) {
-    let headers = message.properties.headers().as_ref();
-    let xid = match headers.and_then(|h| h.inner().get("xid")) {
-        Some(AMQPValue::LongLongInt(x)) => *x,
-        _ => -1,
-    };
     tracing::debug!(
-        message_id = message.properties.message_id().as_ref().map_or("", |id| id.as_str()),
+        message_id = message.message_id(),
         commit_lsn = %message.key.commit_lsn,
         tx_index = message.key.index,
-        xid,
+        xid = message.event.xid,
         routing_key = message.routing_key.as_str(),
         "message published"
     );
 }
 
 /// Starts one publish; the future resolves once lapin wrote the frames.
-fn publish(channel: &Channel, exchange: ShortString, message: Message) -> PublishFuture {
+fn publish(
+    channel: &Channel,
+    exchange: ShortString,
+    message: Message,
+    properties: BasicProperties,
+) -> PublishFuture {
     let channel = channel.clone();
     let future: BoxFuture<'static, _> = Box::pin(async move {
         channel
@@ -455,7 +458,7 @@ fn publish(channel: &Channel, exchange: ShortString, message: Message) -> Publis
                     immediate: false,
                 },
                 &message.body,
-                message.properties.clone(),
+                properties,
             )
             .await
     });

@@ -43,6 +43,55 @@ fn text(v: Option<&AMQPValue>) -> String {
     }
 }
 
+/// A message is published again after a failure with properties built again from its
+/// event (nothing else is kept): every build must give the same properties, whatever
+/// was built in between (the builder's caches key on the table and the commit time).
+#[test]
+fn properties_are_the_same_at_every_publish() {
+    let other_table = |mut e: OutboxEvent| {
+        e.table = Arc::new(OutboxTable {
+            qualified_name: "billing.outbox".into(),
+            ..(*e.table).clone()
+        });
+        e.commit_time_micros += 1_000_001;
+        e.index += 1;
+        e
+    };
+    let builders = [
+        MessageBuilder::new("{aggregate_type}", &[("replay".into(), "true".into())]).unwrap(),
+        MessageBuilder::new("k", &[])
+            .unwrap()
+            .with_headers(HeaderProfile::Minimal),
+        MessageBuilder::new("k", &[])
+            .unwrap()
+            .with_format(&MessageFormat::CloudEvents(
+                cloudevents::CloudEventsFormat::with_default_source("app", "com.example."),
+            )),
+    ];
+    for mut b in builders {
+        let cold = b.clone();
+        let first = b.build(&event(JSON, Some(br#"{"a": 1}"#)));
+        let before = b.properties_of(&first);
+        let second = b.build(&other_table(event(BINARY, Some(b"\x00"))));
+        let between = b.properties_of(&second);
+        assert_ne!(before, between);
+        assert_eq!(b.properties_of(&first), before);
+        assert_eq!(cold.clone().properties_of(&second), between);
+        assert_eq!(cold.clone().properties_of(&first), before);
+        let copy = first.dead_letter_copy(
+            before.clone(),
+            "main",
+            &DeadLetterReason::Unroutable {
+                exchange: "main".into(),
+                routing_key: "k".into(),
+            },
+        );
+        let fixed = b.properties_of(&copy);
+        assert_ne!(fixed, before);
+        assert_eq!(b.properties_of(&copy), fixed);
+    }
+}
+
 #[test]
 fn routing_key_template() {
     let t = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
@@ -83,7 +132,7 @@ fn headers_and_properties() {
     let m = b.build(&e);
     assert_eq!(m.routing_key.as_str(), "order.created");
     assert_eq!(m.body.as_ref(), br#"{"a": 1}"#);
-    let p = &m.properties;
+    let p = &b.properties_of(&m);
     assert_eq!(
         p.message_id().as_ref().unwrap().as_str(),
         "6f1c2a4e-0000-4000-8000-000000000001"
@@ -126,12 +175,17 @@ fn headers_and_properties() {
     });
     other.headers = Some(Bytes::from_static(b"not json"));
     let m = b.build(&other);
-    let h = m.properties.headers().as_ref().unwrap().inner();
+    let mp = b.properties_of(&m);
+    let h = mp.headers().as_ref().unwrap().inner();
     assert_eq!(text(h.get("outbox_table")), "s.t");
     assert_eq!(h.len(), 8);
-    assert!(m.properties.correlation_id().is_none());
+    assert!(b.properties_of(&m).correlation_id().is_none());
     assert_eq!(
-        m.properties.content_type().as_ref().unwrap().as_str(),
+        b.properties_of(&m)
+            .content_type()
+            .as_ref()
+            .unwrap()
+            .as_str(),
         "application/octet-stream"
     );
     assert!(m.body.is_empty());
@@ -150,7 +204,7 @@ fn minimal_headers_keep_what_the_relay_and_consumers_need() {
     let m = b.build(&e);
     // The routing key and the properties do not depend on the profile.
     assert_eq!(m.routing_key.as_str(), "order.created");
-    let p = &m.properties;
+    let p = &b.properties_of(&m);
     assert_eq!(
         p.message_id().as_ref().unwrap().as_str(),
         "6f1c2a4e-0000-4000-8000-000000000001"
@@ -181,12 +235,20 @@ fn minimal_headers_keep_what_the_relay_and_consumers_need() {
     );
     // A refused message's notice keeps the headers the message had.
     let notice = m.dead_letter_copy(
+        b.properties_of(&m),
         "dlx",
         &DeadLetterReason::Refused {
             reason: "too large".into(),
         },
     );
-    let h = notice.properties.headers().as_ref().unwrap().inner();
+    let h = notice
+        .fixed_properties
+        .as_ref()
+        .unwrap()
+        .headers()
+        .as_ref()
+        .unwrap()
+        .inner();
     for key in ["commit_lsn", "tx_index", "event_type", "replay"] {
         assert!(h.contains_key(key), "{key} missing from {h:?}");
     }
@@ -229,7 +291,8 @@ mod reserved_tests {
         let m = b.build(&event(
         br#"{"CC":"x","BCC":["y"],"x-death":1,"x-first-death-queue":"q","x-outbox-error":"spoof","x-original-exchange":"e","cc":"kept","x-delay":5}"#,
     ));
-        let h = m.properties.headers().as_ref().unwrap().inner();
+        let mp = b.properties_of(&m);
+        let h = mp.headers().as_ref().unwrap().inner();
         for key in [
             "CC",
             "BCC",
@@ -249,7 +312,9 @@ mod reserved_tests {
         let mut b = MessageBuilder::new("k", &[("replay".into(), "true".into())]).unwrap();
         let m = b.build(&event(br#"{"tenant":"a"}"#));
         let text = |m: &OutboundMessage, k: &str| match m
-            .properties
+            .fixed_properties
+            .as_ref()
+            .unwrap()
             .headers()
             .as_ref()
             .unwrap()
@@ -260,6 +325,7 @@ mod reserved_tests {
             other => panic!("{k}: {other:?}"),
         };
         let copy = m.dead_letter_copy(
+            b.properties_of(&m),
             "main",
             &DeadLetterReason::Unroutable {
                 exchange: "main".into(),
@@ -270,9 +336,13 @@ mod reserved_tests {
         assert_eq!(text(&copy, "x-outbox-error"), "unroutable");
         assert_eq!(text(&copy, "x-original-routing-key"), "k");
         assert_eq!(text(&copy, "tenant"), "a");
-        assert_eq!(returned_key(&copy.properties), Some(m.key));
+        assert_eq!(
+            returned_key(copy.fixed_properties.as_ref().unwrap()),
+            Some(m.key)
+        );
 
         let notice = m.dead_letter_copy(
+            b.properties_of(&m),
             "main",
             &DeadLetterReason::Refused {
                 reason: "too large".into(),
@@ -281,17 +351,34 @@ mod reserved_tests {
         assert!(notice.body.is_empty());
         assert!(text(&notice, "x-outbox-error").contains("too large"));
         assert_eq!(text(&notice, "replay"), "true");
-        let h = notice.properties.headers().as_ref().unwrap().inner();
+        let h = notice
+            .fixed_properties
+            .as_ref()
+            .unwrap()
+            .headers()
+            .as_ref()
+            .unwrap()
+            .inner();
         assert!(h.get("tenant").is_none());
         assert_eq!(
             h.get("x-outbox-body-bytes"),
             Some(&AMQPValue::LongLongInt(2))
         );
         assert_eq!(
-            notice.properties.message_id().as_ref().unwrap().as_str(),
+            notice
+                .fixed_properties
+                .as_ref()
+                .unwrap()
+                .message_id()
+                .as_ref()
+                .unwrap()
+                .as_str(),
             "id-1"
         );
-        assert_eq!(returned_key(&notice.properties), Some(m.key));
+        assert_eq!(
+            returned_key(notice.fixed_properties.as_ref().unwrap()),
+            Some(m.key)
+        );
     }
 }
 
@@ -314,7 +401,8 @@ mod cloudevents_tests {
             .unwrap()
             .with_format(&MessageFormat::Native);
         let m = b.build(&event(JSON, Some(b"{}")));
-        let h = m.properties.headers().as_ref().unwrap().inner();
+        let mp = b.properties_of(&m);
+        let h = mp.headers().as_ref().unwrap().inner();
         assert!(
             h.keys().all(|k| !k.as_str().starts_with("cloudEvents")),
             "{h:?}"
@@ -332,10 +420,15 @@ mod cloudevents_tests {
         // The body stays the payload, datacontenttype is the content-type property.
         assert_eq!(m.body.as_ref(), br#"{"a": 1}"#);
         assert_eq!(
-            m.properties.content_type().as_ref().unwrap().as_str(),
+            b.properties_of(&m)
+                .content_type()
+                .as_ref()
+                .unwrap()
+                .as_str(),
             "application/json"
         );
-        let h = m.properties.headers().as_ref().unwrap().inner();
+        let mp = b.properties_of(&m);
+        let h = mp.headers().as_ref().unwrap().inner();
         assert_eq!(text(h.get("cloudEvents:specversion")), "1.0");
         assert_eq!(
             text(h.get("cloudEvents:id")),
@@ -362,10 +455,10 @@ mod cloudevents_tests {
         assert_eq!(h.get("tx_index"), Some(&AMQPValue::LongLongInt(3)));
         assert_eq!(h.len(), 7 + 2 + 6);
         assert_eq!(
-            m.properties.message_id().as_ref().unwrap().as_str(),
+            b.properties_of(&m).message_id().as_ref().unwrap().as_str(),
             "6f1c2a4e-0000-4000-8000-000000000001"
         );
-        assert_eq!(returned_key(&m.properties), Some(m.key));
+        assert_eq!(returned_key(&b.properties_of(&m)), Some(m.key));
     }
 
     #[test]
@@ -376,7 +469,8 @@ mod cloudevents_tests {
         e.aggregate_id = None;
         e.headers = None;
         let m = b.build(&e);
-        let h = m.properties.headers().as_ref().unwrap().inner();
+        let mp = b.properties_of(&m);
+        let h = mp.headers().as_ref().unwrap().inner();
         // No id column value: the event's position, stable across publishes.
         assert_eq!(text(h.get("cloudEvents:id")), "1/A0:3");
         assert_eq!(text(h.get("cloudEvents:type")), "created");
@@ -390,7 +484,8 @@ mod cloudevents_tests {
         });
         other.commit_time_micros += 1;
         let m = b.build(&other);
-        let h = m.properties.headers().as_ref().unwrap().inner();
+        let mp = b.properties_of(&m);
+        let h = mp.headers().as_ref().unwrap().inner();
         assert_eq!(
             text(h.get("cloudEvents:source")),
             "/outbox-relay/app/billing.outbox"
@@ -400,7 +495,8 @@ mod cloudevents_tests {
             "2023-11-14T22:13:20.123457Z"
         );
         let m = b.build(&e);
-        let h = m.properties.headers().as_ref().unwrap().inner();
+        let mp = b.properties_of(&m);
+        let h = mp.headers().as_ref().unwrap().inner();
         assert_eq!(
             text(h.get("cloudEvents:source")),
             "/outbox-relay/app/public.outbox"

@@ -75,12 +75,7 @@ impl Runner {
         let Some(message) = self.engine.message(poison.seq) else {
             return;
         };
-        let message_id = message
-            .properties
-            .message_id()
-            .as_ref()
-            .map(|m| m.to_string())
-            .unwrap_or_default();
+        let message_id = message.message_id();
         let due = match self.poison_logged {
             Some((seq, at)) => seq != poison.seq || at.elapsed() >= POISON_LOG_EVERY,
             None => true,
