@@ -4,7 +4,8 @@
 #   * a Postgres cluster of the tests' own ("outbox_test", port 55432 by default) with
 #     wal_level=logical, TLS (a CA and server certificate generated here) and pg_hba
 #     lines for SCRAM/md5/password test roles; started if stopped;
-#   * the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest); started if stopped.
+#   * the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest); started if stopped;
+#   * the build tools and the checks' tools (installed from Debian when missing).
 # Prints the environment the tests read (OUTBOX_TEST_PG_*), and writes it to
 # target/test-services.env as well.
 set -euo pipefail
@@ -26,6 +27,10 @@ need_pkg() {
   fi
 }
 
+# The build: the C parts of dependencies (ring's assembly, jemalloc, the relay's
+# allocator) need a C compiler and make.
+need_pkg cc gcc
+need_pkg make make
 need_pkg pg_createcluster postgresql
 need_pkg openssl openssl
 need_pkg rabbitmqctl rabbitmq-server

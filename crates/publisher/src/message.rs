@@ -249,15 +249,11 @@ pub struct OutboundMessage {
     pub event: OutboxEvent,
     /// Properties published instead of the built ones (the dead-letter copies).
     pub fixed_properties: Option<BasicProperties>,
-    /// Commit time of the event's transaction (µs since the Unix epoch).
-    pub commit_time_micros: i64,
-    /// `(commit_lsn, tx_index)`: what a returned copy of this message is matched by.
-    pub key: EventKey,
 }
 
 impl Keyed for Arc<OutboundMessage> {
     fn key(&self) -> EventKey {
-        self.key
+        OutboundMessage::key(self)
     }
 }
 
@@ -316,6 +312,14 @@ impl OutboundMessage {
         }
         message.fixed_properties = Some(properties.with_headers(headers));
         message
+    }
+
+    /// `(commit_lsn, tx_index)`: what a returned copy of this message is matched by.
+    pub fn key(&self) -> EventKey {
+        EventKey {
+            commit_lsn: self.event.commit_lsn,
+            index: self.event.index,
+        }
     }
 
     /// The message id property (for logs).
@@ -465,11 +469,6 @@ impl MessageBuilder {
             body: event.body.clone(),
             event: event.clone(),
             fixed_properties: None,
-            commit_time_micros: event.commit_time_micros,
-            key: EventKey {
-                commit_lsn: event.commit_lsn,
-                index: event.index,
-            },
         }
     }
 

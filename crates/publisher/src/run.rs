@@ -364,7 +364,7 @@ impl Runner {
         for settled in self.engine.take_settled() {
             match settled {
                 Settled::Acked { message, target } => {
-                    let latency = now.saturating_sub(message.commit_time_micros);
+                    let latency = now.saturating_sub(message.event.commit_time_micros);
                     metrics::histogram!(status::PUBLISH_LATENCY)
                         .record(latency.max(0) as f64 / 1e6);
                     if tracing::enabled!(tracing::Level::DEBUG) {
@@ -407,7 +407,7 @@ impl Runner {
             self.engine
                 .window()
                 .oldest_message()
-                .map(|m| m.commit_time_micros),
+                .map(|m| m.event.commit_time_micros),
         );
     }
 
@@ -432,8 +432,8 @@ impl Runner {
 fn trace_published(message: &OutboundMessage) {
     tracing::debug!(
         message_id = message.message_id(),
-        commit_lsn = %message.key.commit_lsn,
-        tx_index = message.key.index,
+        commit_lsn = %message.key().commit_lsn,
+        tx_index = message.key().index,
         xid = message.event.xid,
         routing_key = message.routing_key.as_str(),
         "message published"

@@ -36,6 +36,13 @@ fn event(content_type: &'static str, payload: Option<&'static [u8]>) -> OutboxEv
     }
 }
 
+/// The properties of a dead-letter copy.
+fn fixed(m: &OutboundMessage) -> &BasicProperties {
+    m.fixed_properties
+        .as_ref()
+        .expect("a dead-letter copy has fixed properties")
+}
+
 fn text(v: Option<&AMQPValue>) -> String {
     match v {
         Some(AMQPValue::LongString(s)) => String::from_utf8(s.as_bytes().to_vec()).unwrap(),
@@ -241,14 +248,7 @@ fn minimal_headers_keep_what_the_relay_and_consumers_need() {
             reason: "too large".into(),
         },
     );
-    let h = notice
-        .fixed_properties
-        .as_ref()
-        .unwrap()
-        .headers()
-        .as_ref()
-        .unwrap()
-        .inner();
+    let h = fixed(&notice).headers().as_ref().unwrap().inner();
     for key in ["commit_lsn", "tx_index", "event_type", "replay"] {
         assert!(h.contains_key(key), "{key} missing from {h:?}");
     }
@@ -311,10 +311,7 @@ mod reserved_tests {
     fn dead_letter_copies() {
         let mut b = MessageBuilder::new("k", &[("replay".into(), "true".into())]).unwrap();
         let m = b.build(&event(br#"{"tenant":"a"}"#));
-        let text = |m: &OutboundMessage, k: &str| match m
-            .fixed_properties
-            .as_ref()
-            .unwrap()
+        let text = |m: &OutboundMessage, k: &str| match fixed(m)
             .headers()
             .as_ref()
             .unwrap()
@@ -336,10 +333,7 @@ mod reserved_tests {
         assert_eq!(text(&copy, "x-outbox-error"), "unroutable");
         assert_eq!(text(&copy, "x-original-routing-key"), "k");
         assert_eq!(text(&copy, "tenant"), "a");
-        assert_eq!(
-            returned_key(copy.fixed_properties.as_ref().unwrap()),
-            Some(m.key)
-        );
+        assert_eq!(returned_key(fixed(&copy)), Some(m.key()));
 
         let notice = m.dead_letter_copy(
             b.properties_of(&m),
@@ -351,34 +345,17 @@ mod reserved_tests {
         assert!(notice.body.is_empty());
         assert!(text(&notice, "x-outbox-error").contains("too large"));
         assert_eq!(text(&notice, "replay"), "true");
-        let h = notice
-            .fixed_properties
-            .as_ref()
-            .unwrap()
-            .headers()
-            .as_ref()
-            .unwrap()
-            .inner();
+        let h = fixed(&notice).headers().as_ref().unwrap().inner();
         assert!(h.get("tenant").is_none());
         assert_eq!(
             h.get("x-outbox-body-bytes"),
             Some(&AMQPValue::LongLongInt(2))
         );
         assert_eq!(
-            notice
-                .fixed_properties
-                .as_ref()
-                .unwrap()
-                .message_id()
-                .as_ref()
-                .unwrap()
-                .as_str(),
+            fixed(&notice).message_id().as_ref().unwrap().as_str(),
             "id-1"
         );
-        assert_eq!(
-            returned_key(notice.fixed_properties.as_ref().unwrap()),
-            Some(m.key)
-        );
+        assert_eq!(returned_key(fixed(&notice)), Some(m.key()));
     }
 }
 
@@ -458,7 +435,7 @@ mod cloudevents_tests {
             b.properties_of(&m).message_id().as_ref().unwrap().as_str(),
             "6f1c2a4e-0000-4000-8000-000000000001"
         );
-        assert_eq!(returned_key(&b.properties_of(&m)), Some(m.key));
+        assert_eq!(returned_key(&b.properties_of(&m)), Some(m.key()));
     }
 
     #[test]

@@ -83,8 +83,8 @@ impl Runner {
         if due {
             tracing::error!(
                 %message_id,
-                commit_lsn = %message.key.commit_lsn,
-                tx_index = message.key.index,
+                commit_lsn = %message.key().commit_lsn,
+                tx_index = message.key().index,
                 routing_key = message.routing_key.as_str(),
                 reason = %poison.reason,
                 "rabbitmq refuses this message; the relay holds the slot before it and retries (set dead_letter_exchange to move on, or see docs/recovery.md)"
@@ -93,8 +93,8 @@ impl Runner {
         }
         self.status.set_poison(Some(PoisonMessage {
             message_id,
-            commit_lsn: message.key.commit_lsn,
-            tx_index: message.key.index,
+            commit_lsn: message.key().commit_lsn,
+            tx_index: message.key().index,
             routing_key: message.routing_key.to_string(),
             reason: poison.reason,
         }));
