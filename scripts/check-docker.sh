@@ -91,20 +91,21 @@ except (FileNotFoundError, tomllib.TOMLDecodeError) as e:
     err("outbox-relay.example.toml", f"cannot read the relay's example configuration: {e}")
 ENV_KEYS = {f"OUTBOX_RELAY_{s}_{k}".upper(): v for s, t in example.items() for k, v in t.items()}
 
-# The relay's Prometheus metrics (docs/design.md §7; the names are final).
-COUNTERS = {
-    "outbox_relay_events_published_total", "outbox_relay_events_acked_total",
-    "outbox_relay_events_nacked_total", "outbox_relay_events_returned_total",
-    "outbox_relay_events_dead_lettered_total", "outbox_relay_publish_retries_total",
-    "outbox_relay_reconnects_total",
-}
-GAUGES = {
-    "outbox_relay_in_flight", "outbox_relay_acked_lsn", "outbox_relay_confirmed_lsn",
-    "outbox_relay_slot_retained_wal_bytes", "outbox_relay_outbox_lag_seconds",
-}
-HISTOGRAMS = {"outbox_relay_publish_latency_seconds"}
+# The relay's Prometheus metrics: docs/operations.md's metrics table, which the test
+# metrics::tests::the_docs_table_lists_exactly_the_registered_metrics (crates/relay)
+# keeps equal to what the binary registers.
+METRICS_DOC = "docs/operations.md"
+COUNTERS, GAUGES, HISTOGRAMS = set(), set(), set()
+try:
+    for name, kind in re.findall(r"^\|\s*`(outbox_relay_\w+)(?:\{[^`]*\})?`\s*\|\s*(\w+)\s*\|", read(METRICS_DOC), re.M):
+        {"counter": COUNTERS, "gauge": GAUGES, "histogram": HISTOGRAMS}.get(kind, set()).add(name)
+except FileNotFoundError:
+    pass
+if len(COUNTERS | GAUGES | HISTOGRAMS) < 15:
+    err(METRICS_DOC, f"found only {len(COUNTERS | GAUGES | HISTOGRAMS)} metrics in its table: its format changed, update scripts/check-docker.sh")
 SERIES = COUNTERS | GAUGES | {h + s for h in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
-LABEL_VALUES = {"side": {"postgres", "rabbitmq"}}
+LABEL_VALUES = {"side": {"postgres", "rabbitmq"}, "target": {"exchange", "stream"},
+                "position": {"stored", "carried"}}
 
 # ============================== Dockerfile ==============================
 DF = "docker/Dockerfile"
@@ -138,7 +139,8 @@ for ln, op, args in instructions:
     if op == "FROM":
         m = re.match(r"(?:--\S+\s+)*(\S+)(?:\s+AS\s+(\S+))?$", args, re.I)
         image = m.group(1) if m else args
-        image = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda x: global_args.get(x.group(1) or x.group(2), x.group(0)), image)
+        for _ in range(3):  # ARG defaults may name other ARGs
+            image = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda x: global_args.get(x.group(1) or x.group(2), x.group(0)), image)
         stages.append({"name": (m.group(2) if m else None), "image": image, "ins": [], "line": ln})
     elif not stages:
         if op == "ARG":
@@ -155,7 +157,7 @@ else:
     builder, final = stages[0], stages[-1]
     if not re.match(r"(docker\.io/library/)?rust:", builder["image"]):
         err(DF, f"the builder stage should use the official rust image, not {builder['image']}")
-    m = re.match(r"rust:(\d+)\.(\d+)", builder["image"])
+    m = re.search(r"rust:(\d+)\.(\d+)", builder["image"])
     try:
         want = tomllib.loads(read("Cargo.toml"))["workspace"]["package"].get("rust-version")
     except (FileNotFoundError, KeyError, tomllib.TOMLDecodeError):
@@ -179,11 +181,17 @@ else:
         err(DF, f"no `{' '.join(BUILD)}` in the Dockerfile")
     elif any(st is final for st, _ in builds):
         err(DF, "the final stage compiles: build in the builder stage and copy the binary")
-    # The final stage.
-    fins = final["ins"]
+    # The final stage, with what it inherits from the stages it is built FROM.
+    by_name = {st["name"]: st for st in stages if st["name"]}
+    chain, st = [final], final
+    while st["image"] in by_name and by_name[st["image"]] not in chain:
+        st = by_name[st["image"]]
+        chain.insert(0, st)
+    fins = [i for c in chain for i in c["ins"]]
+    final_base_image = chain[0]["image"]
     fin = lambda op: [a for _, o, a in fins if o == op]
-    if not re.match(r"(debian:[\w.-]*slim|gcr\.io/distroless/cc)", final["image"]):
-        err(DF, f"the final stage should be a small image (debian:*-slim or distroless cc), not {final['image']}")
+    if not re.match(r"((docker\.io/library/)?debian:[\w.-]*slim|gcr\.io/distroless/cc)", final_base_image):
+        err(DF, f"the final stage should be a small image (debian:*-slim or distroless cc), not {final_base_image}")
     users = fin("USER")
     if not users:
         err(DF, "the final stage has no USER: the relay would run as root")
@@ -211,8 +219,21 @@ else:
         if k.startswith("OUTBOX_RELAY_") and ENV_KEYS and k not in ENV_KEYS:
             err(DF, f"ENV {k} is not a configuration key of the relay (it would refuse to start)")
     copies = [a for _, o, a in fins if o == "COPY"]
-    if not any("--from=" in a and "target/release/outbox-relay" in a for a in copies):
-        err(DF, "the final stage does not copy target/release/outbox-relay from the builder")
+    # The binary: the compile stage (the first) copies its release build to /out; the
+    # stage prebuilt takes one from the build context relay-bin; the final stage (the
+    # default target) copies /out/outbox-relay from compile, and the target
+    # runtime-prebuilt, on the same base, from prebuilt.
+    if not any(op == "RUN" and "cp target/release/outbox-relay /out/" in a for _, op, a in builder["ins"]):
+        err(DF, "the compile stage does not copy target/release/outbox-relay to /out/")
+    pre = by_name.get("prebuilt")
+    if not pre or not any(op == "COPY" and "--from=relay-bin" in a and "/out/outbox-relay" in a for _, op, a in pre["ins"]):
+        err(DF, "no stage prebuilt copying outbox-relay from the build context relay-bin to /out/")
+    if not any(f"--from={builder['name']}" in a and "/out/outbox-relay /usr/local/bin/outbox-relay" in a for a in copies):
+        err(DF, f"the final stage does not copy /out/outbox-relay from the {builder['name']} stage")
+    rp = by_name.get("runtime-prebuilt")
+    if not rp or rp["image"] != final["image"] or not any(
+            op == "COPY" and "--from=prebuilt" in a and "/out/outbox-relay /usr/local/bin/outbox-relay" in a for _, op, a in rp["ins"]):
+        err(DF, f"no target runtime-prebuilt FROM {final['image']} copying /out/outbox-relay from prebuilt")
     if not any("docker/healthcheck.sh" in a and "outbox-relay-healthcheck" in a for a in copies):
         err(DF, "the final stage does not install docker/healthcheck.sh as outbox-relay-healthcheck (the relay's compose health check)")
 
@@ -732,6 +753,31 @@ if dash:
         if not any(re.search(rf"histogram_quantile\(\s*{re.escape(q)}\s*,", e) for e in exprs):
             err(DJ, f"no p{q[2:] if q != '0.5' else '50'} latency (histogram_quantile({q}, ...))")
 
+# ============================== the alerting rules ==============================
+# Their expressions name only exported metrics, and each alert has a dashboard panel
+# (its description names the alert) plotting every metric the alert reads.
+RF = "deploy/prometheus/outbox-relay.rules.yml"
+rules_doc = load_yaml(RF) or {}
+alert_rules = [r for g in rules_doc.get("groups") or [] for r in g.get("rules") or [] if "alert" in r]
+if not alert_rules:
+    err(RF, "no alerting rules")
+dash_panels = [p for p in walk(dash.get("panels")) if p.get("type") != "row"] if dash else []
+for r in alert_rules:
+    where = f"{RF}: alert {r['alert']}"
+    check_expr(where, r.get("expr", ""))
+    wanted = set(metric_names(r.get("expr", "")))
+    covering = [p for p in dash_panels if r["alert"] in str(p.get("description", ""))]
+    if not covering:
+        err(DJ, f"no panel for alert {r['alert']} (a panel whose description names it)")
+    elif not any(wanted <= {n for t in p.get("targets") or [] for n in metric_names(t.get("expr", ""))} for p in covering):
+        err(DJ, f"the panel for alert {r['alert']} does not plot {sorted(wanted)}")
+if not any(s == RF and d.startswith("/etc/prometheus/") for s, d in mounts.get("prometheus", [])):
+    err(CF, f"prometheus: {RF} is not mounted under /etc/prometheus/")
+else:
+    rule_dst = [d for s, d in mounts.get("prometheus", []) if s == RF][0]
+    if rule_dst not in (pcfg.get("rule_files") or []):
+        err(PF, f"rule_files does not load {rule_dst}, where compose mounts {RF}")
+
 # ============================== the health-check script ==============================
 HC = "docker/healthcheck.sh"
 if not os.access(os.path.join(ROOT, HC), os.X_OK):
@@ -774,5 +820,6 @@ if errors:
 print(f"check-docker: OK — Dockerfile ({len(stages)} stages, build `{' '.join(BUILD)}`), "
       f"compose ({len(services)} services), prometheus, grafana provisioning, "
       f"dashboard ({len([p for p in walk(dash.get('panels')) if p.get('type') != 'row'])} panels, "
-      f"{len(used)} series), rabbitmq definitions, health-check script")
+      f"{len(used)} series), {len(alert_rules)} alerts (metrics exported, each on a panel), "
+      f"rabbitmq definitions, health-check script")
 PY

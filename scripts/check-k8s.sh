@@ -142,7 +142,8 @@ validated = 0
 for rel, d in objs:
     where = f"{rel}: {d.get('kind')} {(d.get('metadata') or {}).get('name')}"
     if d.get("apiVersion") == "monitoring.coreos.com/v1":
-        notes.append(f"{d.get('kind')}: schema not validated (a Prometheus Operator CRD, no schema bundled); structure checked below")
+        checked = "its groups checked by scripts/check-prometheus.sh" if d.get("kind") == "PrometheusRule" else "structure checked below"
+        notes.append(f"{d.get('kind')}: schema not validated (a Prometheus Operator CRD, no schema bundled); {checked}")
         continue
     for v in versions:
         try:
@@ -206,7 +207,7 @@ for where, spec, _ in pods:
     if spec.get("automountServiceAccountToken") is not False:
         err(where, "automountServiceAccountToken should be false (the relay never talks to the API server)")
     volumes = {v.get("name"): v for v in spec.get("volumes") or []}
-    for c in spec.get("containers") or []:
+    for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
         cw = f"{where}: container {c.get('name')}"
         csc = c.get("securityContext") or {}
         non_root = csc.get("runAsNonRoot", psc.get("runAsNonRoot"))
@@ -373,7 +374,7 @@ if config_file and relay_bin and os.path.exists(relay_bin):
         try:
             out = subprocess.run([relay_bin, "--config", path, "check"], env=env, cwd=tmp,
                                  capture_output=True, text=True, timeout=60)
-            if not out.stdout.startswith("ok   config:"):
+            if not out.stdout.startswith("ok    config:"):
                 err(cm_rel, f"the relay rejects {config_file}: {out.stderr.strip() or out.stdout.strip()}")
         except subprocess.TimeoutExpired:
             err(cm_rel, "`outbox-relay check` did not finish in 60 s")

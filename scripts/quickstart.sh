@@ -2,7 +2,8 @@
 # The quick start: runs the relay's main job end to end on this machine.
 #   1. prepares a local Postgres with wal_level=logical (the cluster that
 #      scripts/test-services.sh manages, port 55432) and checks the local RabbitMQ;
-#   2. builds outbox-relay (release);
+#   2. builds outbox-relay (release; QUICKSTART_PROFILE=debug builds and uses a debug
+#      build instead, e.g. where a release build does not fit on the disk);
 #   3. creates a database `outbox_demo` with the outbox table (sql/outbox.sql) and
 #      the relay's least-privileged role `outbox_demo_relay` (sql/role.sql);
 #   4. `outbox-relay slot create` (publication + slot);
@@ -25,8 +26,14 @@ PGPORT="$OUTBOX_TEST_PG_PORT"
 psql_demo() { psql -XAtq -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PGPORT" -U postgres "$@"; }
 
 step "building outbox-relay"
-cargo build --release --locked -p outbox-relay --bin outbox-relay --example watch_queue 2>&1 | tail -n 1
-BIN="$ROOT/target/release/outbox-relay"
+PROFILE="${QUICKSTART_PROFILE:-release}"
+case "$PROFILE" in
+  release) PROFILE_FLAG=(--release) ;;
+  debug) PROFILE_FLAG=() ;;
+  *) echo "QUICKSTART_PROFILE must be release or debug, not $PROFILE" >&2; exit 2 ;;
+esac
+cargo build "${PROFILE_FLAG[@]}" --locked -p outbox-relay --bin outbox-relay --example watch_queue 2>&1 | tail -n 1
+BIN="$ROOT/target/$PROFILE/outbox-relay"
 
 step "creating database outbox_demo with the outbox table"
 psql_demo -d postgres -c "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE database = 'outbox_demo' AND NOT active" >/dev/null
@@ -58,7 +65,7 @@ step "outbox-relay check / slot create"
 "$BIN" --config "$WORK/outbox-relay.toml" check
 
 step "starting the relay and a queue watcher"
-"$ROOT/target/release/examples/watch_queue" amqp://guest:guest@127.0.0.1:5672/%2f outbox_demo outbox_demo 4 60 &
+"$ROOT/target/$PROFILE/examples/watch_queue" amqp://guest:guest@127.0.0.1:5672/%2f outbox_demo outbox_demo 4 60 &
 WATCH=$!
 "$BIN" --config "$WORK/outbox-relay.toml" run 2> "$WORK/relay.log" &
 RELAY=$!

@@ -33,6 +33,8 @@ need_pkg cc gcc
 need_pkg make make
 need_pkg pg_createcluster postgresql
 need_pkg openssl openssl
+# tests/metrics_endpoint.rs fetches the HTTPS metrics endpoint with curl.
+need_pkg curl curl
 need_pkg rabbitmqctl rabbitmq-server
 # For the checks and tests that run Python (PyYAML, kubernetes-validate, the
 # CloudEvents SDK, installed by pip on first use) and render the diagrams.
@@ -65,6 +67,22 @@ make_test_certs() {
   chmod 755 "$DIR"
 }
 
+# make_client_cert DIR NAME CN OWNER: once, a client certificate with common name CN
+# signed by DIR's test CA, as DIR/NAME.crt and DIR/NAME.key (0600, OWNER's).
+make_client_cert() {
+  local DIR="$1" NAME="$2" CN="$3" OWNER="$4"
+  [ -f "$DIR/$NAME.crt" ] && return 0
+  log "generating client certificate $NAME (CN=$CN) in $DIR"
+  openssl req -newkey rsa:2048 -nodes -subj "/CN=$CN" \
+    -keyout "$DIR/$NAME.key" -out "$DIR/$NAME.csr" >/dev/null 2>&1
+  printf 'extendedKeyUsage=clientAuth\n' > "$DIR/$NAME.ext"
+  openssl x509 -req -in "$DIR/$NAME.csr" -CA "$DIR/ca.crt" -CAkey "$DIR/ca.key" \
+    -CAcreateserial -days 3650 -extfile "$DIR/$NAME.ext" -out "$DIR/$NAME.crt" >/dev/null 2>&1
+  chown "$OWNER:$OWNER" "$DIR/$NAME.crt" "$DIR/$NAME.key"
+  chmod 600 "$DIR/$NAME.key"
+  chmod 644 "$DIR/$NAME.crt"
+}
+
 # ---------------------------------------------------------------- Postgres clusters
 # setup_cluster NAME PORT: creates (once), configures and starts a cluster.
 setup_cluster() {
@@ -78,6 +96,10 @@ fi
 
 local CERTS="$CONF/certs"
 make_test_certs "$CERTS" "outbox-relay test CA" postgres
+# Client certificates for the roles of the cert lines of pg_hba.conf below (the
+# tests of sslcert/sslkey/sslpassword); read by the tests, which run as root.
+make_client_cert "$CERTS" client-cert outbox_cert_client root
+make_client_cert "$CERTS" client-certpw outbox_certpw_client root
 
 cat > "$CONF/conf.d/outbox-test.conf" <<CONFEOF
 # Written by outbox-relay scripts/test-services.sh
@@ -96,6 +118,8 @@ max_wal_size = '2GB'
 ssl = on
 ssl_cert_file = '$CERTS/server.crt'
 ssl_key_file = '$CERTS/server.key'
+# Client certificates are verified against the test CA (pg_hba.conf cert lines).
+ssl_ca_file = '$CERTS/ca.crt'
 password_encryption = 'scram-sha-256'
 log_min_messages = warning
 CONFEOF
@@ -110,6 +134,9 @@ host all +outbox_auth_md5 127.0.0.1/32 md5
 host all +outbox_auth_password 127.0.0.1/32 password
 hostssl all +outbox_auth_tls 127.0.0.1/32 scram-sha-256
 hostnossl all +outbox_auth_tls 127.0.0.1/32 reject
+hostssl all outbox_cert_client 127.0.0.1/32 cert
+hostssl all outbox_certpw_client 127.0.0.1/32 scram-sha-256 clientcert=verify-full
+hostnossl all outbox_cert_client,outbox_certpw_client 127.0.0.1/32 reject
 host all all 127.0.0.1/32 trust
 host all all ::1/128 trust
 HBAEOF
@@ -140,7 +167,11 @@ DO $$ BEGIN
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_auth_md5') THEN CREATE ROLE outbox_auth_md5 NOLOGIN; END IF;
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_auth_password') THEN CREATE ROLE outbox_auth_password NOLOGIN; END IF;
   IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_auth_tls') THEN CREATE ROLE outbox_auth_tls NOLOGIN; END IF;
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_cert_client') THEN CREATE ROLE outbox_cert_client LOGIN REPLICATION; END IF;
+  IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'outbox_certpw_client') THEN CREATE ROLE outbox_certpw_client LOGIN REPLICATION; END IF;
 END $$;
+SET password_encryption = 'scram-sha-256';
+ALTER ROLE outbox_certpw_client PASSWORD 'outbox-certpw-test';
 SQLEOF
 wal="$(su postgres -c "psql -XAtq -p $PORT -h 127.0.0.1 -c 'show wal_level'")"
 [ "$wal" = "logical" ] || { log "cluster is not at wal_level=logical"; exit 1; }
@@ -184,6 +215,14 @@ fi
 # TLS listeners (AMQPS 5671, stream 5551) with a test CA, for the tests of
 # rabbitmq-stream+tls:// and amqps://. A changed rabbitmq.conf needs a node restart,
 # so the block is written (and the node restarted) only when it is missing or differs.
+# A client that presents a certificate must have one of the test CA's (verify_peer;
+# clients without one are still accepted), and may log in with EXTERNAL as the user
+# its certificate's common name names (plugin rabbitmq_auth_mechanism_ssl, enabled
+# online, and the user outbox-relay-external, below).
+if ! rabbitmq-plugins -q is_enabled rabbitmq_auth_mechanism_ssl >/dev/null 2>&1; then
+  log "enabling the RabbitMQ plugin rabbitmq_auth_mechanism_ssl (EXTERNAL)"
+  rabbitmq-plugins -q enable rabbitmq_auth_mechanism_ssl >/dev/null
+fi
 RMQ_CERTS=/etc/rabbitmq/outbox-test-certs
 STREAM_TLS_PORT=5551
 AMQPS_PORT=5671
@@ -195,10 +234,17 @@ stream.listeners.ssl.default = $STREAM_TLS_PORT
 ssl_options.cacertfile = $RMQ_CERTS/ca.crt
 ssl_options.certfile = $RMQ_CERTS/server.crt
 ssl_options.keyfile = $RMQ_CERTS/server.key
-ssl_options.verify = verify_none
+ssl_options.verify = verify_peer
 ssl_options.fail_if_no_peer_cert = false
+auth_mechanisms.1 = PLAIN
+auth_mechanisms.2 = AMQPLAIN
+auth_mechanisms.3 = EXTERNAL
+ssl_cert_login_from = common_name
 # end outbox-relay test TLS listeners"
-if ! grep -qF "$TLS_BLOCK" "$RMQ_CONF" 2>/dev/null; then
+# The block as the file has it now (grep -F with a multi-line pattern would match
+# any one of its lines, so compare the whole block).
+CUR_BLOCK="$(sed -n '/^# outbox-relay test TLS listeners/,/^# end outbox-relay test TLS listeners/p' "$RMQ_CONF" 2>/dev/null || true)"
+if [ "$CUR_BLOCK" != "$TLS_BLOCK" ]; then
   log "configuring RabbitMQ's TLS listeners ($AMQPS_PORT, $STREAM_TLS_PORT) and restarting it"
   touch "$RMQ_CONF"
   # Drop an older version of the block, then append the current one.
@@ -210,6 +256,15 @@ if ! grep -qF "$TLS_BLOCK" "$RMQ_CONF" 2>/dev/null; then
   for i in $(seq 1 90); do rabbit_ok && break; sleep 1; done
   rabbit_ok || { log "RabbitMQ did not start after configuring TLS (see $RMQ_CONF)"; exit 1; }
 fi
+# The user EXTERNAL logs in as (no password: only its certificate), and its client
+# certificate signed by the broker's test CA.
+make_client_cert "$RMQ_CERTS" client-external outbox-relay-external root
+if ! rabbitmqctl -q list_users 2>/dev/null | grep -q '^outbox-relay-external\b'; then
+  log "creating the RabbitMQ user outbox-relay-external (EXTERNAL only)"
+  rabbitmqctl -q add_user outbox-relay-external "unused-$(openssl rand -hex 16)" >/dev/null
+  rabbitmqctl -q clear_password outbox-relay-external >/dev/null
+fi
+rabbitmqctl -q set_permissions -p / outbox-relay-external '.*' '.*' '.*' >/dev/null
 port_ok() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 stream_ok() { port_ok "$STREAM_PORT" && port_ok "$STREAM_TLS_PORT"; }
 for i in $(seq 1 60); do stream_ok && break; sleep 1; done
@@ -228,6 +283,9 @@ OUTBOX_TEST_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:$STREAM_PORT/%2f
 OUTBOX_TEST_STREAM_TLS_URL=rabbitmq-stream+tls://guest:guest@localhost:$STREAM_TLS_PORT/%2f
 OUTBOX_TEST_AMQPS=amqps://guest:guest@localhost:$AMQPS_PORT/%2f
 OUTBOX_TEST_RABBITMQ_CA=$RMQ_CERTS/ca.crt
+OUTBOX_TEST_RABBITMQ_CLIENT_CERT=$RMQ_CERTS/client-external.crt
+OUTBOX_TEST_RABBITMQ_CLIENT_KEY=$RMQ_CERTS/client-external.key
+OUTBOX_TEST_PG_CLIENT_CERTS=/etc/postgresql/$VERSION/$NAME/certs
 ENVEOF
 cat "$ROOT/target/test-services.env"
 log "ready"

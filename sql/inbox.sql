@@ -1,5 +1,5 @@
 -- The consumer-side inbox: which messages a consumer has already processed
--- (outbox-relay SPEC §9; docs/consumers.md explains the pattern).
+-- (docs/consumers.md, "The inbox pattern", explains it).
 --
 -- The relay delivers at least once: after a relay crash up to `max_in_flight`
 -- messages are published again, and a Postgres crash can roll the slot back to its

@@ -1,4 +1,5 @@
--- The default outbox table and its publication (outbox-relay SPEC §3).
+-- The default outbox table and its publication (docs/operations.md, "Setting up";
+-- docs/design.md §5 says what each column becomes).
 --
 -- Applications insert one row per event in the same transaction as their business
 -- change; the relay reads committed inserts from a logical replication slot and

@@ -1,4 +1,5 @@
--- The insert-then-delete variant of the outbox (outbox-relay SPEC §3, §8).
+-- The insert-then-delete variant of the outbox (docs/retention.md compares it with
+-- `[retention] keep`).
 --
 -- The application inserts the event and deletes it again in the same transaction as
 -- its business change, so the outbox table stays empty and never needs cleaning up:

@@ -317,8 +317,8 @@ async fn stream_messages_are_valid_cloudevents() {
         ("OUTBOX_RELAY_MESSAGE_CLOUDEVENTS_TYPE_PREFIX", "org.acme."),
     ];
     env.create_slot();
-    // `check` accepts the configuration and declares the stream (read below).
-    let out = env.cli_env(&["check"], &vars);
+    // `check --declare` accepts the configuration and declares the stream (read below).
+    let out = env.cli_env(&["check", "--declare"], &vars);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
 
     let before = pg_now_micros(&env);

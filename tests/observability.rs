@@ -9,7 +9,6 @@ use std::time::Duration;
 use support::*;
 use testkit::proxy::Proxy;
 use testkit::unique_name;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -20,25 +19,6 @@ const WAIT: Duration = Duration::from_secs(60);
 fn free_addr() -> String {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().to_string()
-}
-
-/// A plain HTTP/1.1 GET: `(status, body)`, or `None` if nothing answers.
-async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut buf = Vec::new();
-        s.read_to_end(&mut buf).await.ok()?;
-        let text = String::from_utf8_lossy(&buf).into_owned();
-        let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
-        let (_, body) = text.split_once("\r\n\r\n")?;
-        Some((status, body.to_string()))
-    };
-    tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .ok()
-        .flatten()
 }
 
 /// The value of a sample `name` (exact name, `labels` e.g. `side="rabbitmq"` or

@@ -43,7 +43,7 @@ async fn check_passes_on_a_ready_setup() {
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     for line in [
-        "ok   config",
+        "ok    config",
         "wal_level",
         "publication",
         "slot",

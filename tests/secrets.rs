@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use support::bin;
+use testkit::hostile::{auth_request, FakePostgres};
 
 /// Passwords made of letters that rarely occur together in the relay's output, so
 /// that a 3-character window found in the output can only come from the password.
@@ -373,93 +374,66 @@ fn world_readable_config_with_a_password_warns_once() {
     assert!(!out.contains("readable by"), "{out}");
 }
 
-/// A scripted Postgres on a local port that refuses TLS (`N`) and asks every client
-/// for a password in cleartext (`R`, code 3). Returns the port and whether any
-/// client sent a PasswordMessage (`p`).
-fn cleartext_asking_server() -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-    use std::io::{Read, Write};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let sent = std::sync::Arc::new(AtomicBool::new(false));
-    let flag = sent.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut s) = stream else { continue };
-            let flag = flag.clone();
-            std::thread::spawn(move || {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                // SSLRequest (refused) and then the startup message.
-                loop {
-                    let mut len = [0u8; 4];
-                    if s.read_exact(&mut len).is_err() {
-                        return;
-                    }
-                    let n = (u32::from_be_bytes(len) as usize).saturating_sub(4);
-                    let mut rest = vec![0u8; n.min(1 << 16)];
-                    if s.read_exact(&mut rest).is_err() {
-                        return;
-                    }
-                    if rest == [0x04, 0xd2, 0x16, 0x2f] {
-                        let _ = s.write_all(b"N");
-                        continue;
-                    }
-                    break;
-                }
-                let _ = s.write_all(&[b'R', 0, 0, 0, 8, 0, 0, 0, 3]);
-                let mut first = [0u8; 1];
-                if s.read_exact(&mut first).is_ok() && first[0] == b'p' {
-                    flag.store(true, Ordering::SeqCst);
-                }
-            });
-        }
-    });
-    (port, sent)
-}
-
 /// Every command that opens an ordinary SQL connection refuses to send a password
-/// in cleartext over a plain link (sslmode=prefer against a server without TLS),
-/// with exit 2 and a sentence that does not advise a weaker sslmode.
+/// in cleartext or as md5 over a plain link (sslmode=prefer against a server that
+/// answers the TLS request with `N`, or with a byte no Postgres server sends), with
+/// exit 2 and a sentence that does not advise a weaker sslmode.
 #[test]
 fn no_command_sends_a_cleartext_password_over_a_plain_link() {
-    let (port, sent) = cleartext_asking_server();
     let dir = std::env::temp_dir().join(format!("cleartext-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("relay.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[postgres]\nurl = \"postgresql://relay:Qxjz7Pw@127.0.0.1:{port}/app\"\n\
-             slot = \"s\"\npublication = \"p\"\n\n[relay]\nmetrics_listen = \"\"\n"
-        ),
-    )
-    .unwrap();
-    for args in [
-        &["check"][..],
-        &["status"][..],
-        &["peek"][..],
-        &["slot", "create"][..],
-        &["slot", "drop"][..],
-        &["run"][..],
-    ] {
-        let (code, out) = relay(&path, "text", args, Duration::from_secs(60));
-        assert_eq!(code, Some(2), "{args:?}: {out}");
-        assert!(
-            out.contains("cleartext") && out.contains("unencrypted"),
-            "{args:?}: {out}"
-        );
-        assert!(
-            !out.contains("prefer"),
-            "{args:?} advised sslmode=prefer: {out}"
-        );
-        assert!(
-            !out.contains("Qxjz7Pw"),
-            "{args:?} printed the password: {out}"
-        );
+    for (answer, code) in [(b'N', 3), (b'N', 5), (b'E', 3), (b'X', 5), (0, 3)] {
+        // A cleartext request, or an md5 one with its salt.
+        let request = if code == 5 {
+            auth_request(5, b"salt")
+        } else {
+            auth_request(3, b"")
+        };
+        let server = FakePostgres::start(answer, request);
+        let port = server.port;
+        let method = if code == 5 { "md5" } else { "cleartext" };
+        let path = dir.join("relay.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[postgres]\nurl = \"postgresql://relay:Qxjz7Pw@127.0.0.1:{port}/app\"\n\
+                 slot = \"s\"\npublication = \"p\"\n\n[relay]\nmetrics_listen = \"\"\n"
+            ),
+        )
+        .unwrap();
+        for args in [
+            &["check"][..],
+            &["status"][..],
+            &["peek"][..],
+            &["slot", "create"][..],
+            &["slot", "drop"][..],
+            &["replay", "--from-table"][..],
+            &["run"][..],
+        ] {
+            let case = format!("answer {answer:#04x}, {method}, {args:?}");
+            let (code, out) = relay(&path, "text", args, Duration::from_secs(60));
+            assert!(
+                !server.password_sent(),
+                "{case}: the password was sent:\n{out}"
+            );
+            assert_eq!(code, Some(2), "{case}: {out}");
+            if answer == b'N' {
+                assert!(
+                    out.contains(method) && out.contains("unencrypted"),
+                    "{case}: {out}"
+                );
+            } else {
+                assert!(out.contains("instead of S or N"), "{case}: {out}");
+            }
+            assert!(
+                !out.contains("prefer"),
+                "{case} advised sslmode=prefer: {out}"
+            );
+            assert!(
+                !out.contains("Qxjz7Pw"),
+                "{case} printed the password: {out}"
+            );
+        }
     }
-    assert!(
-        !sent.load(std::sync::atomic::Ordering::SeqCst),
-        "a command sent the password"
-    );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -31,17 +31,24 @@ async fn stream_target_end_to_end() {
     let vars = as_refs(&vars);
     env.create_slot();
 
-    // check: the stream does not exist yet and will be declared.
+    // check: the stream does not exist yet; `run` will declare it, `check` does not.
     let out = env.cli_env(&["check"], &vars);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert!(
         stdout(&out).contains(&format!(
-            "ok    rabbitmq stream: connected; stream {stream} exists or was declared"
+            "ok    stream {stream}: missing, run will declare it (declare_stream = true)"
         )),
         "{}",
         stdout(&out)
     );
-    assert!(stream_exists(&stream).await, "check declared the stream");
+    assert!(!stream_exists(&stream).await, "check declared the stream");
+    // `check --declare` does, so that the reads below never find it missing.
+    let out = env.cli_env(&["check", "--declare"], &vars);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    assert!(
+        stream_exists(&stream).await,
+        "check --declare declared the stream"
+    );
 
     // One row with headers and a known id, then 1 + 7 + 60 + 200 rows in four
     // transactions (seq 1..=268), a rolled-back transaction in between.
@@ -107,15 +114,24 @@ async fn stream_target_end_to_end() {
     assert_eq!(m.prop("tx_index"), Some("0"));
     assert!(m.prop("commit_lsn").unwrap().contains('/'), "{m:?}");
     assert!(m.prop("xid").unwrap().parse::<u64>().unwrap() > 0);
-    let producer = format!("outbox-relay:{}", env.slot);
+    // The producer names the source: system identifier, database, slot, timeline.
+    let system_id = env
+        .db
+        .psql("SELECT system_identifier FROM pg_control_system()");
+    let source = format!("{}/{}/{}", system_id.trim(), env.db.name, env.slot);
+    let producer = format!("outbox-relay/{source}/tl1");
     assert_eq!(m.prop("x-outbox-producer"), Some(producer.as_str()));
+    assert_eq!(m.prop("x-outbox-source"), Some(source.as_str()));
+    assert_eq!(m.prop("x-outbox-timeline"), Some("1"));
     assert_eq!(m.prop("replay"), None);
-    // Publishing ids 1, 2, … in stream order.
-    for (i, m) in msgs.iter().enumerate() {
-        assert_eq!(
-            m.prop("x-outbox-publishing-id"),
-            Some((i as u64 + 1).to_string().as_str())
-        );
+    // Publishing ids derived from each event's commit LSN and index, increasing in
+    // stream order.
+    let mut previous = 0;
+    for m in &msgs {
+        let id: u64 = m.prop("x-outbox-publishing-id").unwrap().parse().unwrap();
+        assert_eq!(id, m.expected_publishing_id(), "{m:?}");
+        assert!(id > previous, "{m:?}");
+        previous = id;
         assert_eq!(m.prop("x-outbox-producer"), Some(producer.as_str()));
     }
     // The rest: seq 1..=268 exactly once, in commit order; a transaction's rows share
@@ -138,6 +154,24 @@ async fn stream_target_end_to_end() {
         msgs[2].order_key().0,
         "separate transactions"
     );
+
+    // `check` and `status` name the producer and what the broker holds of it.
+    let out = env.cli_env(&["check"], &vars);
+    assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
+    let last_id = msgs.last().unwrap().prop("x-outbox-publishing-id").unwrap();
+    assert!(
+        stdout(&out).contains(&format!(
+            "rabbitmq stream producer: {producer} (last stored publishing id {last_id}: commit "
+        )),
+        "{}",
+        stdout(&out)
+    );
+    let out = env.cli_env(&["status", "--json"], &vars);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stream_producer"], producer.as_str(), "{v}");
+    assert_eq!(v["system_identifier"], system_id.trim(), "{v}");
+    assert_eq!(v["timeline"], 1, "{v}");
 
     // A clean stop and a restart publish nothing again.
     let (code, log) = relay.terminate();
@@ -185,8 +219,7 @@ async fn stream_target_end_to_end() {
 }
 
 /// `[message] headers = "minimal"` on the stream target (docs/design.md §5): the
-/// relay finds the stream's tail by the `commit_lsn` and `tx_index` properties,
-/// which the lean profile keeps. A SIGKILL while rows are committed, then the slot
+/// lean profile keeps `commit_lsn`, `tx_index` and the producer's properties. A SIGKILL while rows are committed, then the slot
 /// rewound to its start (a copy made at creation put back under its name, the
 /// stored position deleted), so that the restarted relay reads every event again:
 /// it must skip all that the stream holds and store every row exactly once, in
@@ -205,8 +238,8 @@ async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
         "SELECT pg_copy_logical_replication_slot('{}', '{rewind}')",
         env.slot
     ));
-    // `check` declares the stream, so the reads below never find it missing.
-    let out = env.cli_env(&["check"], &vars);
+    // `check --declare` declares the stream, so the reads below never find it missing.
+    let out = env.cli_env(&["check", "--declare"], &vars);
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     env.insert_seq(1, 500, 50);
     let relay = env.start_env(&[], &vars);
@@ -261,7 +294,14 @@ async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
     let msgs = read_stream(&stream, N, QUIET, WAIT).await;
     assert_exactly_once(&msgs, N as u64);
     for m in &msgs {
-        for key in ["event_type", "commit_lsn", "tx_index", "x-outbox-producer"] {
+        for key in [
+            "event_type",
+            "commit_lsn",
+            "tx_index",
+            "x-outbox-producer",
+            "x-outbox-source",
+            "x-outbox-timeline",
+        ] {
             assert!(m.prop(key).is_some(), "{key} missing: {m:?}");
         }
         for key in ["aggregate_type", "aggregate_id", "table", "xid"] {
@@ -272,7 +312,7 @@ async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
     assert!(
-        log.contains("skipped the events already in the stream"),
+        log.contains("events found already stored in the stream were not sent again"),
         "the restarted relay read the stored events again and skipped them: {log}"
     );
     delete_stream(&stream).await;
@@ -290,7 +330,9 @@ async fn check_fails_for_a_missing_stream_not_declared() {
     let out = env.cli_env(&["check"], &as_refs(&vars));
     assert!(!out.status.success(), "{}{}", stdout(&out), stderr(&out));
     assert!(
-        stdout(&out).contains("FAIL  rabbitmq stream"),
+        stdout(&out).contains(&format!(
+            "FAIL  stream {stream}: missing, and run will not declare it"
+        )),
         "{}",
         stdout(&out)
     );

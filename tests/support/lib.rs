@@ -3,6 +3,8 @@
 //! recording what arrives. Shared by every black-box test of the binary in tests/.
 #![allow(clippy::unwrap_used)]
 
+pub mod cli;
+pub mod clusters;
 pub mod scenarios;
 pub mod stream;
 
@@ -329,6 +331,47 @@ impl Env {
         Relay { child, log }
     }
 
+    /// [`Env::start_with`] with extra environment variables.
+    pub fn start_with_env(
+        &self,
+        config: &std::path::Path,
+        rust_log: &str,
+        env: &[(&str, &str)],
+    ) -> Relay {
+        let log = self.dir.join(format!("{}.log", unique_name("relay")));
+        let child = Command::new(bin())
+            .arg("--config")
+            .arg(config)
+            .arg("run")
+            .envs(env.iter().copied())
+            .current_dir(&self.dir)
+            .env("RUST_LOG", rust_log)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Relay { child, log }
+    }
+
+    /// Inserts rows `from..from + n` with `aggregate_type = tag` and the row's number
+    /// as `aggregate_id` (payload `{"seq": i}`), in transactions whose sizes cycle
+    /// through 1, 7 and 40 rows.
+    pub fn insert_tagged(&self, tag: &str, from: usize, n: usize) {
+        let mut i = from;
+        let sizes = [1usize, 7, 40];
+        let mut k = 0;
+        while i < from + n {
+            let end = (i + sizes[k % sizes.len()] - 1).min(from + n - 1);
+            self.db.psql(&format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT '{tag}', s.n::text, 'tick', jsonb_build_object('seq', s.n)
+                   FROM generate_series({i}, {end}) AS s(n) ORDER BY s.n"
+            ));
+            i = end + 1;
+            k += 1;
+        }
+    }
+
     pub async fn cleanup(self) {
         self.broker.cleanup().await;
         let _ = std::fs::remove_dir_all(&self.dir);
@@ -452,4 +495,24 @@ impl Drop for DropRole {
         psql(&self.db, &format!("DROP OWNED BY {}", self.role));
         psql("postgres", &format!("DROP ROLE IF EXISTS {}", self.role));
     }
+}
+
+/// A plain HTTP/1.1 GET: `(status, body)`, or `None` if nothing answers.
+pub async fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let fetch = async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf).await.ok()?;
+        let text = String::from_utf8_lossy(&buf).into_owned();
+        let status: u16 = text.split(' ').nth(1)?.parse().ok()?;
+        let (_, body) = text.split_once("\r\n\r\n")?;
+        Some((status, body.to_string()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .ok()
+        .flatten()
 }

@@ -30,6 +30,14 @@ impl StreamMsg {
         String::from_utf8_lossy(&self.body).into_owned()
     }
 
+    /// The publishing id the relay derives from the message's place in the WAL
+    /// (docs/design.md §4): the commit LSN's low 43 bits, shifted left by 20, plus
+    /// the index in the transaction.
+    pub fn expected_publishing_id(&self) -> u64 {
+        let (lsn, index) = self.order_key();
+        ((lsn & ((1u64 << 43) - 1)) << 20) + index
+    }
+
     /// `(commit_lsn, tx_index)`: the commit order key.
     pub fn order_key(&self) -> (u64, u64) {
         let lsn = self
@@ -186,4 +194,29 @@ pub fn assert_exactly_once(msgs: &[StreamMsg], n: u64) -> usize {
         );
     }
     0
+}
+
+/// The `aggregate_id`s (row numbers of [`crate::Env::insert_tagged`]) of the
+/// messages whose `aggregate_type` is `tag`, in stream order.
+pub fn tagged(msgs: &[StreamMsg], tag: &str) -> Vec<u64> {
+    msgs.iter()
+        .filter(|m| m.prop("aggregate_type") == Some(tag))
+        .filter_map(|m| m.prop("aggregate_id")?.parse().ok())
+        .collect()
+}
+
+/// Rows `from..from + n` of `tag` are each in `msgs` exactly once, in commit order
+/// (their numbers increase in stream order).
+pub fn assert_tag_exactly_once(msgs: &[StreamMsg], tag: &str, from: u64, n: u64) {
+    let got = tagged(msgs, tag);
+    let want: Vec<u64> = (from..from + n).collect();
+    let missing = want.iter().filter(|w| !got.contains(w)).count();
+    assert_eq!(
+        missing,
+        0,
+        "{missing} of {n} rows of {tag} missing from the stream (got {})",
+        got.len()
+    );
+    assert_eq!(got.len(), want.len(), "{tag}: duplicates in the stream");
+    assert_eq!(got, want, "{tag}: not in commit order");
 }

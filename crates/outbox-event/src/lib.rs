@@ -12,8 +12,11 @@
 //! needs no Postgres knowledge. [`Lsn`] is pgoutput's, re-exported here so that the
 //! workspace has one `Lsn`, imported as `outbox_event::Lsn`. [`redact`] is the
 //! program's one password redaction, shared by the reader, the publisher and the
-//! relay.
+//! relay. [`history`] says which WAL history a position belongs to (a server's
+//! system identifier and timeline history), for the positions carried between
+//! sessions.
 
+pub mod history;
 pub mod redact;
 
 use std::fmt;

@@ -103,6 +103,33 @@ fn redact_password_params(text: &str) -> String {
     out
 }
 
+/// `text` as one printable line: every control character (line breaks, carriage
+/// returns, tabs, escape sequences, C1 codes) and every Unicode line separator or
+/// bidirectional override is written as an escape (`\n`, `\u{1b}`). Text a server
+/// sends (an error message, a broker's close reason) goes through it before the relay
+/// prints it, so it can neither forge a log line nor drive the terminal
+/// (docs/security.md).
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    fn unsafe_char(c: char) -> bool {
+        c.is_control()
+            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    }
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -162,5 +189,14 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(redact_url(input), expected, "input {input:?}");
         }
+    }
+
+    #[test]
+    fn printable_escapes_what_could_forge_a_line_or_drive_a_terminal() {
+        assert_eq!(printable("plain text: ü €"), "plain text: ü €");
+        assert_eq!(
+            printable("a\n2026-01-01 INFO forged\r\x1b[2J\u{9b}\u{202e}\t"),
+            "a\\n2026-01-01 INFO forged\\r\\u{1b}[2J\\u{9b}\\u{202e}\\t"
+        );
     }
 }

@@ -19,14 +19,16 @@ use crate::error::{redact_url, scrub, PublishError};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 use crate::PublisherConfig;
 
-/// How AMQPS connections verify the broker's certificate.
+/// How AMQPS connections set up TLS.
 #[derive(Clone, Debug)]
 pub(crate) enum Tls {
-    /// The operating system's roots (lapin's own TLS setup).
+    /// The operating system's roots, no client certificate (lapin's own TLS setup).
     SystemRoots,
-    /// Only the certificates of `[rabbitmq] ca_file`: the system's roots are not
-    /// trusted, so a private CA is enforced (docs/security.md).
-    OwnRoots(RustlsConnector),
+    /// Ours, built at every connect from the files (`crate::tls::amqps_config`): only
+    /// the certificates of `[rabbitmq] ca_file` when it is set (the system's roots
+    /// are then not trusted, so a private CA is enforced), and the client
+    /// certificate when one is configured (docs/security.md).
+    Own,
 }
 
 /// An open connection, its one channel and its event stream.
@@ -89,8 +91,16 @@ async fn connect_one(
     tls: &Tls,
     index: usize,
 ) -> Result<Session, PublishError> {
-    let url = &config.urls[index];
-    match tokio::time::timeout(CONNECT_TIMEOUT, connect_one_inner(config, tls, index)).await {
+    // The password file is read at every connect (rotation needs no restart).
+    let url = match &config.auth.password_file {
+        Some(path) => crate::tls::with_password(
+            &config.urls[index],
+            &crate::tls::read_password(path, crate::tls::Keys::Amqp)?,
+        ),
+        None => config.urls[index].clone(),
+    };
+    let url = &url;
+    match tokio::time::timeout(CONNECT_TIMEOUT, connect_one_inner(config, url, tls, index)).await {
         Ok(result) => result.map_err(|e| scrub_error(e, url)),
         Err(_) => Err(PublishError::Unreachable {
             url: redact_url(url),
@@ -129,14 +139,21 @@ fn scrub_error(error: PublishError, url: &str) -> PublishError {
 
 async fn connect_one_inner(
     config: &PublisherConfig,
+    url: &str,
     tls: &Tls,
     index: usize,
 ) -> Result<Session, PublishError> {
-    let url = &config.urls[index];
     let redacted = redact_url(url);
     let properties = ConnectionProperties::default()
         .with_connection_name(LongString::from(config.connection_name.as_str()));
-    let connection = open_connection(url, properties, tls)
+    let connector = match tls {
+        Tls::SystemRoots => None,
+        Tls::Own => Some(RustlsConnector::from(crate::tls::amqps_config(
+            config.ca_file.as_deref(),
+            &config.auth,
+        )?)),
+    };
+    let connection = open_connection(url, properties, connector)
         .await
         .map_err(|e| classify(&redacted, &config.exchange, Stage::Connect, &e))?;
     let events = Box::pin(connection.events_listener());
@@ -150,20 +167,27 @@ async fn connect_one_inner(
 }
 
 /// Opens the AMQP connection. With the system's roots lapin does everything; with
-/// `ca_file` the TLS handshake is ours, over a connector that trusts only that
-/// file's certificates (lapin's own setup would add them to the system's roots).
+/// `connector` (`ca_file`, a client certificate) the TLS handshake is ours, over a
+/// connector that trusts only that file's certificates (lapin's own setup would add
+/// them to the system's roots) and presents the certificate. A plain `amqp://` URL to
+/// a host other than this one is warned about (once per URL).
 async fn open_connection(
     url: &str,
     properties: ConnectionProperties,
-    tls: &Tls,
+    connector: Option<RustlsConnector>,
 ) -> lapin::Result<Connection> {
     let uri: AMQPUri = match url.parse() {
         Ok(uri) => uri,
         // Let lapin report the unparsable URL as it always has.
         Err(_) => return connect_with_system_roots(url, properties).await,
     };
-    let connector = match (tls, &uri.scheme) {
-        (Tls::OwnRoots(connector), AMQPScheme::AMQPS) => connector.clone(),
+    crate::tls::warn_if_plaintext_beyond_loopback(
+        url,
+        &uri.authority.host,
+        uri.scheme == AMQPScheme::AMQPS,
+    );
+    let connector = match (connector, &uri.scheme) {
+        (Some(connector), AMQPScheme::AMQPS) => connector,
         _ => return connect_with_system_roots(url, properties).await,
     };
     let runtime = lapin::runtime::default_runtime()?;

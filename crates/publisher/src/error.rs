@@ -27,20 +27,50 @@ pub enum PublishError {
     /// A configuration value the publisher cannot work with.
     #[error("invalid [rabbitmq] {key}: {reason}")]
     InvalidConfig { key: &'static str, reason: String },
-    /// The stream (stream target) is missing and may not be declared, cannot be
-    /// declared with the configured arguments, or its tail does not hold what the
-    /// exactly-once bookkeeping needs (see `publisher::stream`).
+    /// The stream (stream target) is missing and may not be declared, or cannot be
+    /// declared with the configured arguments.
     #[error("stream {stream:?} cannot be used: {reason}")]
     Stream { stream: String, reason: String },
+    /// Publishing into the stream must stop, or an event would be lost or published
+    /// under another source's ids (`publisher::stream`): never retried, whatever the
+    /// moment (exit code 2).
+    #[error("stopped publishing into stream {stream:?}: {reason}")]
+    Halted { stream: String, reason: String },
     /// The CA file given for amqps could not be read.
     #[error("cannot read the RabbitMQ CA file {path}: {reason}; point [rabbitmq] ca_file at a readable PEM file")]
     CaFile { path: String, reason: String },
+    /// A client certificate, key or password file cannot be used.
+    #[error("cannot use [rabbitmq] {key} {path}: {reason}")]
+    File {
+        key: &'static str,
+        path: String,
+        reason: String,
+    },
 }
 
 impl PublishError {
     /// True when retrying later may succeed without changing the configuration.
     pub fn is_transient(&self) -> bool {
         matches!(self, PublishError::Unreachable { .. })
+    }
+
+    /// True when the publisher stopped so as not to lose an event: no retry may
+    /// continue, even after the first connection ([`PublishError::Halted`]).
+    pub fn is_halt(&self) -> bool {
+        matches!(self, PublishError::Halted { .. })
+    }
+
+    /// The broker's certificate was refused, or the relay's own TLS or secret files
+    /// are unusable: unlike a refused login or virtual host, which a restarting
+    /// broker answers too, never an outage, so a session loop should stop on it even
+    /// after it was once connected (docs/security.md, "Known gaps").
+    pub fn is_security_refusal(&self) -> bool {
+        matches!(
+            self,
+            PublishError::TlsRefused { .. }
+                | PublishError::CaFile { .. }
+                | PublishError::File { .. }
+        )
     }
 
     /// How much the error tells the operator, for choosing one among the errors of
@@ -52,7 +82,10 @@ impl PublishError {
             PublishError::VirtualHost { .. } => 1,
             PublishError::AuthenticationRefused { .. } | PublishError::TlsRefused { .. } => 2,
             PublishError::Exchange { .. } | PublishError::Stream { .. } => 3,
-            PublishError::InvalidConfig { .. } | PublishError::CaFile { .. } => 4,
+            PublishError::InvalidConfig { .. }
+            | PublishError::CaFile { .. }
+            | PublishError::Halted { .. }
+            | PublishError::File { .. } => 4,
         }
     }
 }

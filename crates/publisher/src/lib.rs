@@ -66,9 +66,11 @@ pub mod window;
 mod confirms;
 mod connection;
 pub(crate) mod engine;
+pub mod probe;
 mod run;
 #[cfg(test)]
 mod sim;
+mod tls;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -78,6 +80,7 @@ use tokio::sync::{mpsc, watch};
 
 pub use error::{redact_url, PublishError};
 pub use status::{PoisonMessage, PublisherStatus};
+pub use tls::ClientAuth;
 
 /// Default `max_in_flight` (docs/design.md §6).
 pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
@@ -95,6 +98,9 @@ pub struct PublisherConfig {
     pub urls: Vec<String>,
     /// PEM CA for verifying an amqps server (the host name is verified too).
     pub ca_file: Option<PathBuf>,
+    /// A client certificate for amqps (EXTERNAL with `?auth_mechanism=external`) and
+    /// a password file that replaces the URLs' password, read at every connect.
+    pub auth: ClientAuth,
     pub exchange: String,
     pub exchange_type: String,
     /// Declare the exchange durable when missing; otherwise only check it exists.
@@ -125,6 +131,7 @@ impl PublisherConfig {
         Self {
             urls: vec![url.into()],
             ca_file: None,
+            auth: ClientAuth::default(),
             exchange: exchange.into(),
             exchange_type: "topic".into(),
             declare_exchange: true,
@@ -183,6 +190,9 @@ impl PublisherConfig {
                 }
                 Ok(uri) => check_host(url, &uri)?,
             }
+            if self.auth.password_file.is_some() {
+                tls::check_password_file_url(url, tls::Keys::Amqp)?;
+            }
         }
         if self.max_in_flight == 0 {
             return Err(PublishError::InvalidConfig {
@@ -205,35 +215,17 @@ impl PublisherConfig {
         Ok(())
     }
 
-    /// How AMQPS connections verify the broker: the system's roots, or, with
-    /// `ca_file`, the certificates of that file *instead of* the system's roots, so
-    /// that a private CA can be enforced (docs/security.md).
+    /// How AMQPS connections verify the broker: lapin's own setup (the system's
+    /// roots) when nothing is configured, else ours: with `ca_file`, the certificates
+    /// of that file *instead of* the system's roots, so that a private CA can be
+    /// enforced, and the client certificate (docs/security.md). The files are read
+    /// here, to refuse unusable ones at once, and again at every connect.
     fn tls(&self) -> Result<connection::Tls, PublishError> {
-        let Some(path) = &self.ca_file else {
+        if self.ca_file.is_none() && self.auth.cert_file.is_none() && self.auth.key_file.is_none() {
             return Ok(connection::Tls::SystemRoots);
-        };
-        let ca_error = |reason: String| PublishError::CaFile {
-            path: path.display().to_string(),
-            reason,
-        };
-        let pem = std::fs::read(path).map_err(|e| ca_error(e.to_string()))?;
-        let mut roots = rustls::RootCertStore::empty();
-        let certs: Vec<_> = rustls_pemfile::certs(&mut &pem[..]).flatten().collect();
-        let (added, _) = roots.add_parsable_certificates(certs);
-        // A file without a usable certificate is a configuration error, never a
-        // silent fall-back to other roots.
-        if added == 0 {
-            return Err(ca_error(
-                "it holds no parsable PEM certificate (-----BEGIN CERTIFICATE-----)".into(),
-            ));
         }
-        let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
-        let config = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
-            .map_err(|e| ca_error(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Ok(connection::Tls::OwnRoots(config.into()))
+        tls::amqps_config(self.ca_file.as_deref(), &self.auth)?;
+        Ok(connection::Tls::Own)
     }
 }
 
@@ -268,6 +260,7 @@ impl std::fmt::Debug for PublisherConfig {
         f.debug_struct("PublisherConfig")
             .field("urls", &urls)
             .field("ca_file", &self.ca_file)
+            .field("auth", &self.auth)
             .field("exchange", &self.exchange)
             .field("exchange_type", &self.exchange_type)
             .field("declare_exchange", &self.declare_exchange)

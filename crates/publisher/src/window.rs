@@ -171,6 +171,21 @@ impl<T> Window<T> {
     /// Takes the next message to publish and its sequence number, stepping over
     /// marks; `None` when everything is published or the window is full.
     pub fn next_to_publish(&mut self) -> Option<(u64, &T)> {
+        self.peek_next()?;
+        let seq = self.base_seq + self.next as u64;
+        self.published += 1;
+        self.unacked += 1;
+        self.next += 1;
+        match self.entries.get(self.next - 1) {
+            Some(Entry::Message { message, .. }) => Some((seq, message)),
+            _ => None,
+        }
+    }
+
+    /// The message [`Window::next_to_publish`] would take, without taking it (marks
+    /// before it are stepped over); `None` when everything is published or the window
+    /// is full.
+    pub fn peek_next(&mut self) -> Option<(u64, &T)> {
         loop {
             match self.entries.get(self.next)? {
                 Entry::Mark(_) => {
@@ -182,10 +197,7 @@ impl<T> Window<T> {
                         return None;
                     }
                     let seq = self.base_seq + self.next as u64;
-                    self.published += 1;
-                    self.unacked += 1;
-                    self.next += 1;
-                    return match self.entries.get(self.next - 1) {
+                    return match self.entries.get(self.next) {
                         Some(Entry::Message { message, .. }) => Some((seq, message)),
                         _ => None,
                     };

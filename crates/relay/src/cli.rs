@@ -2,14 +2,17 @@
 //!
 //! ```text
 //! outbox-relay [--config FILE] [--log-format text|json] <COMMAND>
-//!   run [--start-lsn LSN]
+//!   run [--start-lsn LSN | --skip-through MESSAGE_ID|LSN [--yes]]
 //!   slot create [--if-not-exists] [--failover]
 //!   slot drop [--if-exists] [--force]
+//!   slot skip <MESSAGE_ID | LSN> [--yes]
 //!   status [--json]
 //!   peek [--limit N] [--json]
-//!   replay --from-lsn LSN [--to-lsn LSN]
-//!   replay --from-table [--since TIME] [--until TIME]
-//!   check
+//!   replay --from-lsn LSN [--to-lsn LSN]         [filters and overrides]
+//!   replay --from-table [--since TIME] [--until TIME]   [filters and overrides]
+//!          [--where FIELD=VALUE]... [--exchange NAME | --stream NAME]
+//!          [--routing-key TEMPLATE] [--dry-run]
+//!   check [--declare]
 //!   completions <bash|zsh|fish|elvish|powershell>
 //!   man                       (hidden: the man page, docs/man/outbox-relay.1)
 //! ```
@@ -32,7 +35,15 @@ pub const DEFAULT_PEEK_LIMIT: u32 = 100;
 
 /// Relays a transactional outbox from a Postgres logical replication slot to RabbitMQ.
 #[derive(Debug, Parser)]
-#[command(name = "outbox-relay", version, about, propagate_version = true)]
+// `-V` prints the version alone (it is also the man page's); `--version` adds the
+// git commit and the target (crate::build_info).
+#[command(
+    name = "outbox-relay",
+    version,
+    long_version = crate::build_info::LONG_VERSION,
+    about,
+    propagate_version = true
+)]
 pub struct Cli {
     /// Configuration file [default: ./outbox-relay.toml if present]. Every key can be
     /// overridden by an OUTBOX_RELAY_<SECTION>_<KEY> environment variable.
@@ -70,14 +81,25 @@ pub enum Command {
     Peek(PeekArgs),
     /// Re-publish events from a past WAL position or from the outbox table.
     Replay(ReplayArgs),
-    /// Validate the configuration and every precondition, one line each.
-    Check,
+    /// Validate the configuration and every precondition, one line each. Changes
+    /// nothing unless --declare is given.
+    Check(CheckArgs),
     /// Print a shell completion script to stdout, e.g.
     /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`.
     Completions(CompletionsArgs),
     /// Print the man page (roff) to stdout; docs/man/outbox-relay.1 is its output.
     #[command(hide = true)]
     Man,
+}
+
+/// `check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Create what `run` would create and is missing (the exchange or the stream,
+    /// when declare_exchange / declare_stream is on) and the publication, as `slot
+    /// create` would; without it `check` changes nothing.
+    #[arg(long)]
+    pub declare: bool,
 }
 
 /// `completions`.
@@ -93,17 +115,43 @@ pub struct CompletionsArgs {
 pub struct RunArgs {
     /// Stream from this LSN (X/Y) instead of the slot's confirmed position; it cannot
     /// be older than the slot's confirmed_flush_lsn.
-    #[arg(long, value_name = "LSN")]
+    #[arg(long, value_name = "LSN", conflicts_with = "skip_through")]
     pub start_lsn: Option<Lsn>,
+    /// Before starting, skip a poison event as `slot skip` does: the transaction of
+    /// this message id (or every pending one committed at or before this LSN) is never
+    /// published. Logged, and counted in outbox_relay_skipped_events_total.
+    #[arg(long, value_name = "MESSAGE_ID|LSN")]
+    pub skip_through: Option<String>,
+    /// Skip without asking (with --skip-through).
+    #[arg(long, requires = "skip_through")]
+    pub yes: bool,
 }
 
-/// `slot create` / `slot drop`.
+/// `slot create` / `slot drop` / `slot skip`.
 #[derive(Debug, Subcommand)]
 pub enum SlotCommand {
     /// Create the publication (if missing) and the pgoutput slot.
     Create(SlotCreateArgs),
     /// Drop the slot (refuses while a relay holds it, unless --force).
     Drop(SlotDropArgs),
+    /// Skip a poison event: move the slot and the stored position past the
+    /// transaction of this message id (or of every transaction committed up to this
+    /// LSN), so that it is never published. Stop the relay first.
+    Skip(SlotSkipArgs),
+}
+
+/// `slot skip`.
+#[derive(Debug, Args)]
+pub struct SlotSkipArgs {
+    /// The event's message_id (the `message_id` property, as `status` and the relay's
+    /// log name it), or a commit LSN X/Y (the `commit_lsn` header): everything pending
+    /// that committed at or before it is skipped.
+    #[arg(value_name = "MESSAGE_ID|LSN")]
+    pub target: String,
+    /// Skip without asking (for scripts); otherwise the events are listed and a
+    /// terminal is asked to confirm.
+    #[arg(long)]
+    pub yes: bool,
 }
 
 /// `slot create`.
@@ -177,6 +225,134 @@ pub struct ReplayArgs {
     /// Only rows created before TIME (RFC 3339, UTC).
     #[arg(long, value_name = "TIME", requires = "from_table", conflicts_with = "from_lsn", value_parser = parse_time)]
     pub until: Option<SystemTime>,
+    /// Only events whose FIELD is VALUE: aggregate_type, aggregate_id, event_type,
+    /// table (schema.table) or message_id. Repeat it: the same field repeated
+    /// matches any of its values, different fields must all match.
+    #[arg(long = "where", value_name = "FIELD=VALUE", value_parser = parse_filter)]
+    pub filters: Vec<Filter>,
+    /// Publish to this exchange instead of [rabbitmq] exchange ("" is the default
+    /// exchange, which routes by queue name: with --routing-key QUEUE the replay
+    /// reaches that one queue). It must exist.
+    #[arg(long, value_name = "NAME", conflicts_with = "stream")]
+    pub exchange: Option<String>,
+    /// Routing key template instead of [rabbitmq] routing_key (the same placeholders:
+    /// {aggregate_type}, {aggregate_id}, {event_type}, {table}), or a queue's name.
+    #[arg(long, value_name = "TEMPLATE", conflicts_with = "stream")]
+    pub routing_key: Option<String>,
+    /// Publish into this RabbitMQ stream (over [rabbitmq] stream_url) instead of the
+    /// configured target. It must exist.
+    #[arg(long, value_name = "NAME")]
+    pub stream: Option<String>,
+    /// Count what would be re-published, and publish nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The fields `replay --where` filters on: the mapped columns of docs/design.md §5.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FilterField {
+    AggregateType,
+    AggregateId,
+    EventType,
+    Table,
+    MessageId,
+}
+
+impl FilterField {
+    /// Every field, by its name on the command line.
+    pub const ALL: [(&'static str, FilterField); 5] = [
+        ("aggregate_type", FilterField::AggregateType),
+        ("aggregate_id", FilterField::AggregateId),
+        ("event_type", FilterField::EventType),
+        ("table", FilterField::Table),
+        ("message_id", FilterField::MessageId),
+    ];
+
+    /// The name on the command line.
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, f)| *f == self)
+            .map_or("?", |(n, _)| n)
+    }
+}
+
+/// One `--where FIELD=VALUE`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filter {
+    pub field: FilterField,
+    pub value: String,
+}
+
+fn parse_filter(s: &str) -> Result<Filter, String> {
+    let names: Vec<&str> = FilterField::ALL.iter().map(|(n, _)| *n).collect();
+    let Some((name, value)) = s.split_once('=') else {
+        return Err(format!(
+            "write FIELD=VALUE, e.g. aggregate_type=order; FIELD is one of {}",
+            names.join(", ")
+        ));
+    };
+    let name = name.trim();
+    let field = FilterField::ALL
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, f)| *f)
+        .ok_or_else(|| {
+            format!(
+                "{name:?} is not a field replay can filter on: use one of {}",
+                names.join(", ")
+            )
+        })?;
+    Ok(Filter {
+        field,
+        value: value.to_string(),
+    })
+}
+
+/// Which events a replay re-publishes: every filter field given must match one of
+/// its values.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Selection {
+    filters: Vec<Filter>,
+}
+
+impl Selection {
+    pub fn new(filters: &[Filter]) -> Selection {
+        Selection {
+            filters: filters.to_vec(),
+        }
+    }
+
+    /// True when nothing is filtered.
+    pub fn is_all(&self) -> bool {
+        self.filters.is_empty()
+    }
+
+    /// The values given for `field` (empty: any).
+    pub fn values(&self, field: FilterField) -> Vec<&str> {
+        self.filters
+            .iter()
+            .filter(|f| f.field == field)
+            .map(|f| f.value.as_str())
+            .collect()
+    }
+
+    /// Whether an event with these field values is selected.
+    pub fn matches(&self, value_of: impl Fn(FilterField) -> Option<String>) -> bool {
+        FilterField::ALL.iter().all(|(_, field)| {
+            let wanted = self.values(*field);
+            wanted.is_empty() || value_of(*field).is_some_and(|v| wanted.iter().any(|w| *w == v))
+        })
+    }
+
+    /// `aggregate_type=order, event_type=created` for messages.
+    pub fn describe(&self) -> String {
+        self.filters
+            .iter()
+            .map(|f| format!("{}={}", f.field.name(), f.value))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// What `replay` re-publishes, once the arguments are checked.
@@ -247,7 +423,7 @@ mod tests {
         let cli = parse(&["check", "--config", "x.toml", "--log-format", "json"]).unwrap();
         assert_eq!(cli.config, Some(PathBuf::from("x.toml")));
         assert_eq!(cli.log_format, LogFormat::Json);
-        assert!(matches!(cli.command, Command::Check));
+        assert!(matches!(cli.command, Command::Check(_)));
         let cli = parse(&["check"]).unwrap();
         assert_eq!(cli.config, None);
         assert_eq!(cli.log_format, LogFormat::Text);

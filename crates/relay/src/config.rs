@@ -32,18 +32,17 @@
 //! that return typed values ([`Config::tables`], [`Config::replay_window`], ...) cannot
 //! fail afterwards.
 //!
-//! Files: this one holds the keys and their defaults and loads them; `env.rs` the
-//! environment overrides, `de.rs` the value deserializers, `validate.rs` the checks,
-//! `access.rs` the typed accessors and each component's configuration, `error.rs`
+//! Files: this one holds the keys and their defaults; `load.rs` loads them (every
+//! error at once) and refuses built-in server addresses; `env.rs` the environment
+//! overrides, `de.rs` the value deserializers, `validate.rs` the checks, `access.rs`
+//! the typed accessors and each component's configuration, `error.rs`
 //! [`ConfigError`].
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use figment::providers::{Format, Toml};
-use figment::Figment;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 use wal_reader::ColumnMapping;
@@ -52,14 +51,15 @@ mod access;
 mod de;
 mod env;
 mod error;
+mod load;
 mod validate;
 
 pub use error::ConfigError;
 pub use wal_reader::redact::redact_url;
 
-use de::{de_duration, de_secret, de_secret_list, de_socket_addr};
-use env::EnvOverrides;
-use error::{describe_origin, from_figment};
+pub use load::Given;
+
+use de::{de_duration, de_secret, de_secret_list, de_socket_addr, de_string_list};
 
 /// The file read when `--config` is not given, if it exists in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "outbox-relay.toml";
@@ -102,6 +102,10 @@ pub const MIN_STATUS_INTERVAL_MS: u64 = 100;
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
 /// Default `relay.shutdown_timeout_ms`.
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+/// Default `relay.metrics_read_timeout_ms`.
+pub const DEFAULT_METRICS_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default `relay.metrics_max_connections`.
+pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 64;
 
 /// Where the configuration came from, for `check` and logs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -141,6 +145,9 @@ pub struct Config {
     /// Where the configuration was read from (not a key).
     #[serde(skip)]
     pub source: ConfigSource,
+    /// Which connection settings were given rather than defaulted (not a key).
+    #[serde(skip)]
+    pub given: Given,
 }
 
 /// `[postgres]`.
@@ -155,7 +162,9 @@ pub struct PostgresConfig {
     pub slot: String,
     /// Name of the publication the slot streams.
     pub publication: String,
-    /// Outbox tables, `schema.table` or `table` (schema `public`). Checked at load.
+    /// Outbox tables, `schema.table` or `table` (schema `public`): a list, or one
+    /// string of comma-separated names (as the environment variable). Checked at load.
+    #[serde(deserialize_with = "de_string_list")]
     pub tables: Vec<String>,
 }
 
@@ -282,6 +291,22 @@ pub struct RabbitMqConfig {
     /// Retention of a declared stream by age (`max-age`), e.g. `"7d"`; `""` = none.
     #[serde(deserialize_with = "de_duration")]
     pub max_age: Option<Duration>,
+    /// The first part of the stream producer references (docs/streams.md); `""` =
+    /// derived from the source: `outbox-relay/<system id>/<database>/<slot>`. It must
+    /// name one source: two relays on different databases must never share it.
+    pub producer_name: String,
+    // Client certificate and password files (docs/security.md).
+    /// PEM client certificate presented over `amqps://` and `rabbitmq-stream+tls://`
+    /// (with `?auth_mechanism=external` in an AMQP URL, the broker logs the relay in
+    /// as the user it names); `""` = none.
+    pub cert_file: String,
+    /// Its PEM private key (readable by its owner only); `""` = none.
+    pub key_file: String,
+    /// A file holding the password of every `url`, read at every (re)connect
+    /// (Kubernetes and Vault secret mounts); `""` = the URLs' own.
+    pub password_file: String,
+    /// The same for every `stream_url`.
+    pub stream_password_file: String,
 }
 
 impl Default for RabbitMqConfig {
@@ -302,6 +327,11 @@ impl Default for RabbitMqConfig {
             declare_stream: DEFAULT_DECLARE_STREAM,
             max_length_bytes: 0,
             max_age: None,
+            producer_name: String::new(),
+            cert_file: String::new(),
+            key_file: String::new(),
+            password_file: String::new(),
+            stream_password_file: String::new(),
         }
     }
 }
@@ -333,6 +363,11 @@ impl fmt::Debug for RabbitMqConfig {
             .field("declare_stream", &self.declare_stream)
             .field("max_length_bytes", &self.max_length_bytes)
             .field("max_age", &self.max_age)
+            .field("producer_name", &self.producer_name)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("password_file", &self.password_file)
+            .field("stream_password_file", &self.stream_password_file)
             .finish()
     }
 }
@@ -402,6 +437,22 @@ pub struct RelayConfig {
     pub replay_window: Option<Duration>,
     /// How long a clean stop waits for outstanding broker confirms, in milliseconds.
     pub shutdown_timeout_ms: u64,
+    // The metrics endpoint's limits and credentials (docs/security.md).
+    /// Time a client has to send a request's headers (and finish a TLS
+    /// handshake), also the longest idle time of a kept-alive connection, in ms.
+    pub metrics_read_timeout_ms: u64,
+    /// Connections the metrics endpoint serves at once; more are closed at once.
+    pub metrics_max_connections: usize,
+    /// A file holding the token `/metrics` and `/poison` require as
+    /// `Authorization: Bearer <token>`; `""` = none. Read at every request.
+    pub metrics_bearer_token_file: String,
+    /// The user of HTTP basic authentication for `/metrics` and `/poison`; `""` = none.
+    pub metrics_basic_auth_user: String,
+    /// A file holding that user's password. Read at every request.
+    pub metrics_basic_auth_password_file: String,
+    /// PEM certificate chain and key to serve the endpoint over HTTPS; `""` = HTTP.
+    pub metrics_tls_cert_file: String,
+    pub metrics_tls_key_file: String,
 }
 
 impl Default for RelayConfig {
@@ -411,6 +462,13 @@ impl Default for RelayConfig {
             metrics_listen: DEFAULT_METRICS_LISTEN.parse().ok(),
             replay_window: None,
             shutdown_timeout_ms: DEFAULT_SHUTDOWN_TIMEOUT_MS,
+            metrics_read_timeout_ms: DEFAULT_METRICS_READ_TIMEOUT_MS,
+            metrics_max_connections: DEFAULT_METRICS_MAX_CONNECTIONS,
+            metrics_bearer_token_file: String::new(),
+            metrics_basic_auth_user: String::new(),
+            metrics_basic_auth_password_file: String::new(),
+            metrics_tls_cert_file: String::new(),
+            metrics_tls_key_file: String::new(),
         }
     }
 }
@@ -422,111 +480,6 @@ pub struct RetentionConfig {
     /// Delete confirmed outbox rows older than this, e.g. `"7d"`; `""` = keep all.
     #[serde(deserialize_with = "de_duration")]
     pub keep: Option<Duration>,
-}
-
-/// Warns (once: [`Config::load`] runs once per process) when `file` holds a password
-/// and group or others may read it (docs/security.md). The warning names the file and
-/// its mode, never anything from its contents.
-fn warn_if_readable_with_password(file: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let Ok(meta) = std::fs::metadata(file) else {
-        return;
-    };
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 == 0 {
-        return;
-    }
-    let Ok(text) = std::fs::read_to_string(file) else {
-        return;
-    };
-    // The redaction changes the text exactly where it holds a password. RabbitMQ's
-    // well-known default login (guest:guest, accepted from localhost only) is no
-    // secret.
-    let text = text.replace("://guest:guest@", "://guest@");
-    if redact_url(&text) != text {
-        tracing::warn!(
-            "the configuration file {} holds a password and is readable by group or others (mode {mode:03o}): run chmod 600 on it",
-            file.display()
-        );
-    }
-}
-
-impl Config {
-    /// Loads the configuration: `path` if given (it must exist), else
-    /// `./outbox-relay.toml` if present, else the defaults; then the process
-    /// environment's `OUTBOX_RELAY_*` overrides; then [`Config::validate`].
-    pub fn load(path: Option<&Path>) -> Result<Config, ConfigError> {
-        let mut env = Vec::new();
-        for (k, v) in std::env::vars_os() {
-            // Variables outside our prefix are none of our business, even if not UTF-8.
-            let Some(k) = k.to_str() else { continue };
-            if !k.starts_with(ENV_PREFIX) {
-                continue;
-            }
-            let Some(v) = v.to_str() else {
-                return Err(ConfigError::Invalid {
-                    key: k.to_string(),
-                    origin: None,
-                    reason: "the value is not valid UTF-8: set it to UTF-8 text".to_string(),
-                });
-            };
-            env.push((k.to_string(), v.to_string()));
-        }
-        let config = Config::load_with_env(path, env)?;
-        if let ConfigSource::File(file) = &config.source {
-            warn_if_readable_with_password(file);
-        }
-        Ok(config)
-    }
-
-    /// [`Config::load`] with an explicit environment (for tests; variables without the
-    /// `OUTBOX_RELAY_` prefix are ignored).
-    pub fn load_with_env<I, K, V>(path: Option<&Path>, env: I) -> Result<Config, ConfigError>
-    where
-        I: IntoIterator<Item = (K, V)>,
-        K: AsRef<str>,
-        V: AsRef<str>,
-    {
-        let file = match path {
-            Some(p) if p.is_file() => Some(p.to_path_buf()),
-            Some(p) => {
-                return Err(ConfigError::FileNotFound {
-                    path: p.to_path_buf(),
-                })
-            }
-            None => Some(PathBuf::from(DEFAULT_CONFIG_FILE)).filter(|p| p.is_file()),
-        };
-        let overrides = EnvOverrides::parse(env)?;
-
-        let mut figment = Figment::new();
-        if let Some(file) = &file {
-            figment = figment.merge(Toml::file_exact(file));
-        }
-        figment = figment.merge(overrides);
-
-        let mut config: Config = figment
-            .extract()
-            .map_err(|e| from_figment(e, file.as_deref()))?;
-        config.source = match file {
-            Some(f) => ConfigSource::File(f),
-            None => ConfigSource::Defaults,
-        };
-        config.validate().map_err(|e| match e {
-            ConfigError::Invalid {
-                key,
-                origin: None,
-                reason,
-            } => ConfigError::Invalid {
-                origin: figment
-                    .find_metadata(&key)
-                    .map(|m| describe_origin(m, &key)),
-                key,
-                reason,
-            },
-            other => other,
-        })?;
-        Ok(config)
-    }
 }
 
 #[cfg(test)]

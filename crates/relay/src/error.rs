@@ -20,22 +20,23 @@ use std::process::ExitCode;
 use tokio_postgres::error::SqlState;
 
 use crate::config::{redact_url, ConfigError};
+use outbox_event::redact::printable;
 
 /// Why a command failed. Each message is one sentence that names the fix.
 #[derive(Debug, thiserror::Error)]
 pub enum CliError {
     /// Bad usage that clap cannot detect (e.g. `--since` after `--until`).
-    #[error("{0}")]
+    #[error("{}", printable(.0))]
     Usage(String),
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
     /// An unmet precondition: wal_level not logical, slot or publication missing,
     /// table or mapped column missing, authentication failed.
-    #[error("{0}")]
+    #[error("{}", printable(.0))]
     Precondition(String),
     /// A failure while running.
-    #[error("{0}")]
+    #[error("{}", printable(.0))]
     Runtime(String),
 }
 
@@ -53,22 +54,43 @@ impl CliError {
         }
     }
 
-    /// The line printed on stderr: `error: <message>`, on one line, passwords redacted.
+    /// The line printed on stderr: `error: <message>`, on one line (a lower layer's
+    /// lines joined), passwords redacted, and nothing a server sent reaches the
+    /// terminal as a control character ([`printable`]).
     pub fn to_line(&self) -> String {
-        let message = self.to_string();
-        let one_line: Vec<&str> = message
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .collect();
-        redact_url(&format!("error: {}", one_line.join(" ")))
+        let message = match self {
+            CliError::Usage(s) | CliError::Precondition(s) | CliError::Runtime(s) => s.clone(),
+            // Several configuration errors: one line each, every one with its prefix.
+            CliError::Config(e) => {
+                return e
+                    .each()
+                    .iter()
+                    .map(|e| one_line(&e.to_string()))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            }
+        };
+        one_line(&message)
     }
 
     /// Prints [`CliError::to_line`] on stderr and returns the exit code.
+    ///
+    /// (Several configuration errors are several such lines.)
     pub fn report(&self) -> ExitCode {
         eprintln!("{}", self.to_line());
         ExitCode::from(self.exit_code())
     }
+}
+
+/// `error: <message>` on one line (a lower layer's lines joined), passwords redacted,
+/// control characters made visible.
+fn one_line(message: &str) -> String {
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    printable(&redact_url(&format!("error: {}", lines.join(" ")))).into_owned()
 }
 
 // The conversions below classify a lower layer's error once: whatever it calls a

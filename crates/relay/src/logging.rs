@@ -5,7 +5,20 @@
 //! unset or empty. `RUST_LOG` rather than an `OUTBOX_RELAY_*` variable: that prefix is
 //! reserved for configuration keys, and every variable under it must name one.
 //! stdout is left to command output (`status`, `peek`, `check`).
+//!
+//! One event is one line (docs/security.md): text a server sends (an error message
+//! with a line break and a forged timestamp) cannot start a line of its own. JSON
+//! lines escape it by themselves; for text lines [`OneLine`] escapes every line break
+//! and carriage return inside an event, and tracing-subscriber escapes terminal
+//! escape sequences in field values.
 
+use std::io::Write;
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::{Context, Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
@@ -30,23 +43,132 @@ pub fn filter(value: Option<&str>) -> Result<EnvFilter, CliError> {
 }
 
 /// Installs the global subscriber. Call once, before anything logs.
-pub fn init(format: LogFormat) -> Result<(), CliError> {
+///
+/// `probing`: the command looks exchanges up passively (`check`), and the broker
+/// answers a missing one by closing the channel, which the AMQP library logs as an
+/// error of its own; the command says it in its own words, so those lines are left
+/// out (unless `RUST_LOG` names lapin).
+pub fn init(format: LogFormat, probing: bool) -> Result<(), CliError> {
     let value = std::env::var(LOG_FILTER_ENV).ok();
-    let filter = filter(value.as_deref())?;
+    let mut filter = filter(value.as_deref())?;
+    if probing && !value.as_deref().unwrap_or_default().contains("lapin") {
+        if let Ok(quiet) = "lapin::channel=off".parse() {
+            filter = filter.add_directive(quiet);
+        }
+    }
+    // Colours only on a terminal: log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colours only on a terminal: log files and collectors get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+        .with_writer(OneLine { ansi })
+        .with_ansi(ansi);
     let result = match format {
-        LogFormat::Text => builder.try_init(),
+        LogFormat::Text => builder.finish().with(HideCredentials).try_init(),
         LogFormat::Json => builder
             .json()
             .flatten_event(true)
             .with_current_span(true)
+            .finish()
+            .with(HideCredentials)
             .try_init(),
     };
     result.map_err(|e| CliError::Runtime(format!("cannot install the logger: {e}")))
+}
+
+/// Drops the AMQP library's trace lines that carry credentials: lapin logs every
+/// frame it writes (`will write to buffer next_msg=…`), Connection.StartOk's SASL
+/// response (`\0user\0password`) as a decimal byte list among them; so do
+/// Connection.SecureOk and Connection.UpdateSecret. A line saying a frame was hidden
+/// takes its place. Only lapin's events enabled by the filter (trace level) are
+/// looked at, so this costs nothing at the usual levels (docs/security.md).
+struct HideCredentials;
+
+/// The AMQP methods whose frames carry a secret.
+const CREDENTIAL_FRAMES: &[&str] = &["StartOk", "SecureOk", "UpdateSecret"];
+
+impl<S: Subscriber> Layer<S> for HideCredentials {
+    fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
+        let target = event.metadata().target();
+        if !(target.starts_with("lapin") || target.starts_with("amq_protocol")) {
+            return true;
+        }
+        let mut found = FindCredentials(None);
+        event.record(&mut found);
+        match found.0 {
+            None => true,
+            Some(method) => {
+                tracing::trace!(target: "outbox_relay::logging", method, "an AMQP frame carrying credentials was not logged");
+                false
+            }
+        }
+    }
+}
+
+struct FindCredentials(Option<&'static str>);
+
+impl Visit for FindCredentials {
+    fn record_debug(&mut self, _field: &Field, value: &dyn std::fmt::Debug) {
+        if self.0.is_none() {
+            let text = format!("{value:?}");
+            self.0 = CREDENTIAL_FRAMES.iter().copied().find(|m| text.contains(m));
+        }
+    }
+}
+
+/// stderr, with every control character inside an event escaped (`\\n`, `\\r`,
+/// `\\u{..}`) except the event's final line break, tabs, and, on a terminal, the
+/// escape character of the colours tracing-subscriber writes itself. tracing-subscriber
+/// writes each event with one `write_all`, so one call is one event.
+#[derive(Debug, Clone, Copy)]
+pub struct OneLine {
+    pub ansi: bool,
+}
+
+impl<'a> MakeWriter<'a> for OneLine {
+    type Writer = OneLineWriter<std::io::Stderr>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        OneLineWriter {
+            inner: std::io::stderr(),
+            ansi: self.ansi,
+        }
+    }
+}
+
+/// The writer of [`OneLine`] (generic for tests).
+pub struct OneLineWriter<W> {
+    inner: W,
+    ansi: bool,
+}
+
+impl<W: Write> Write for OneLineWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let (body, end) = match buf.strip_suffix(b"\n") {
+            Some(body) => (body, &b"\n"[..]),
+            None => (buf, &b""[..]),
+        };
+        let keep = |b: u8| b == b'\t' || (self.ansi && b == 0x1b) || !(b < 0x20 || b == 0x7f);
+        if body.iter().all(|b| keep(*b)) {
+            self.inner.write_all(buf)?;
+            return Ok(buf.len());
+        }
+        let mut out = Vec::with_capacity(buf.len() + 16);
+        for &b in body {
+            match b {
+                b'\n' => out.extend_from_slice(b"\\n"),
+                b'\r' => out.extend_from_slice(b"\\r"),
+                b if keep(b) => out.push(b),
+                b => out.extend_from_slice(format!("\\u{{{b:x}}}").as_bytes()),
+            }
+        }
+        out.extend_from_slice(end);
+        self.inner.write_all(&out)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
 }
 
 #[cfg(test)]
@@ -68,6 +190,20 @@ mod tests {
         assert!(
             s.contains("outbox_relay=debug") && s.contains("warn"),
             "{s}"
+        );
+    }
+
+    #[test]
+    fn an_event_stays_on_one_line() {
+        let mut w = OneLineWriter {
+            inner: Vec::new(),
+            ansi: false,
+        };
+        w.write_all(b"ts WARN x: refused\n2026-01-01 INFO forged\r\x1b[2J\x07\n")
+            .unwrap();
+        assert_eq!(
+            String::from_utf8(w.inner).unwrap(),
+            "ts WARN x: refused\\n2026-01-01 INFO forged\\r\\u{1b}[2J\\u{7}\n"
         );
     }
 

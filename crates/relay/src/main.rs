@@ -11,7 +11,8 @@
 //! ```
 //!
 //! The process:
-//! - `cli`: the command line (docs/design.md §6).
+//! - `cli`: the command line (docs/design.md §6); `build_info`: version, commit and
+//!   target (`--version`, the metric `outbox_relay_build_info`).
 //! - `config`: the TOML file and `OUTBOX_RELAY_*` overrides, and each component's
 //!   configuration built from them (docs/design.md §6).
 //! - `error`: [`error::CliError`], its exit codes, its one-line printing and the
@@ -28,15 +29,18 @@
 //! - `shutdown`: the clean-stop request shared by everything `run` starts.
 //! - `background`: the tasks beside the pipeline: `anchor` (the replay window's
 //!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges).
-//! - `metrics`: `/metrics`, `/healthz`, `/readyz`.
+//! - `metrics`: `/metrics`, `/healthz`, `/readyz`; `endpoint`: the HTTP server
+//!   under them (timeouts, connection cap, credentials, TLS).
 //!
 //! Shared: `sql`, the one way to open an ordinary SQL connection.
 
 mod anchor;
 mod background;
+mod build_info;
 mod cli;
 mod commands;
 mod config;
+mod endpoint;
 mod error;
 mod health;
 mod logging;
@@ -78,7 +82,8 @@ fn main() -> ExitCode {
             Err(e) => e.report(),
         };
     }
-    if let Err(e) = logging::init(cli.log_format) {
+    let probing = matches!(cli.command, Command::Check(_));
+    if let Err(e) = logging::init(cli.log_format, probing) {
         return e.report();
     }
     // One thread for the relay's tasks: the reader and the publisher hand batches to
@@ -109,11 +114,35 @@ async fn execute_command(cli: Cli) -> Result<(), CliError> {
     let config = Config::load(cli.config.as_deref())?;
     let log_format = cli.log_format;
     tracing::debug!(source = %config.source, "configuration loaded");
+    // Bad usage first: it needs no configuration to be told.
+    if let Command::Replay(args) = &cli.command {
+        args.source()?;
+    }
+    // Which servers the command connects to: never to built-in defaults.
+    let (name, postgres, broker) = match &cli.command {
+        Command::Check(_) => ("check", true, true),
+        Command::Run(_) => ("run", true, true),
+        Command::Replay(args) => ("replay", true, !args.dry_run),
+        Command::Slot(SlotCommand::Create(_)) => ("slot create", true, false),
+        Command::Slot(SlotCommand::Drop(_)) => ("slot drop", true, false),
+        Command::Slot(SlotCommand::Skip(_)) => ("slot skip", true, false),
+        Command::Status(_) => ("status", true, false),
+        Command::Peek(_) => ("peek", true, false),
+        Command::Completions(_) | Command::Man => ("", false, false),
+    };
+    config.require_connection_settings(name, postgres, broker)?;
+    // `check` prints them as lines of its own.
+    if !matches!(cli.command, Command::Check(_)) {
+        for warning in config.warnings() {
+            tracing::warn!("{warning}");
+        }
+    }
     match cli.command {
-        Command::Check => commands::check::execute(&config).await,
+        Command::Check(args) => commands::check::execute(&config, &args).await,
         Command::Run(args) => commands::run::execute(&config, &args).await,
         Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
+        Command::Slot(SlotCommand::Skip(args)) => commands::skip::skip(&config, &args).await,
         Command::Status(args) => commands::status::status(&config, &args).await,
         Command::Peek(args) => commands::peek::peek(&config, &args).await,
         Command::Replay(args) => commands::replay::replay(&config, &args, log_format).await,

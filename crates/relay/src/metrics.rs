@@ -1,13 +1,13 @@
-//! Prometheus `/metrics`, `/healthz` and `/readyz` on `[relay] metrics_listen`.
-
-use std::net::SocketAddr;
+//! Prometheus `/metrics`, `/healthz` and `/readyz` on `[relay] metrics_listen`,
+//! served by crate::endpoint (timeouts, connection cap, credentials, TLS).
 
 use axum::http::StatusCode;
 use axum::routing::get;
-use axum::Router;
+use axum::{Extension, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::Instrument;
 
+use crate::endpoint::{Authorized, EndpointConfig};
 use crate::error::CliError;
 use crate::health::Health;
 
@@ -17,7 +17,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// Installs the Prometheus recorder and serves the endpoints in the background.
-pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), CliError> {
+pub async fn serve(endpoint: EndpointConfig, health: Health) -> Result<(), CliError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full("outbox_relay_publish_latency_seconds".into()),
@@ -26,22 +26,10 @@ pub async fn serve(addr: SocketAddr, health: Health) -> Result<(), CliError> {
         .map_err(|e| CliError::Runtime(format!("cannot configure metric buckets: {e}")))?
         .install_recorder()
         .map_err(|e| CliError::Runtime(format!("cannot install the metrics recorder: {e}")))?;
-    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-        CliError::Precondition(format!(
-            "cannot listen on {addr} for metrics ({e}): choose a free address in [relay] metrics_listen, or \"\" to disable"
-        ))
-    })?;
     describe();
     spawn_gauges(health.clone());
-    let app = router(handle, health);
-    tokio::spawn(
-        async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                tracing::error!(error = %e, "metrics server stopped");
-            }
-        }
-        .instrument(tracing::info_span!("metrics_server", %addr)),
-    );
+    let addr = endpoint.addr;
+    crate::endpoint::serve(endpoint, router(handle, health)).await?;
     tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
     Ok(())
 }
@@ -60,21 +48,29 @@ fn router(handle: PrometheusHandle, health: Health) -> Router {
         .route("/healthz", get(|| std::future::ready("ok\n")))
         .route(
             "/readyz",
-            get(move || {
-                let ready = health.ready();
-                let poison = health.publisher().and_then(|p| p.poison());
-                std::future::ready(match (ready, poison) {
-                    (true, _) => (StatusCode::OK, "ready\n".to_string()),
-                    (false, Some(p)) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        format!(
-                            "not ready: rabbitmq refuses message {} ({})\n",
-                            p.message_id, p.reason
+            get(
+                move |Extension(Authorized(authorized)): Extension<Authorized>| {
+                    let ready = health.ready();
+                    // Without credentials (when some are configured): ready or not only.
+                    let poison = health
+                        .publisher()
+                        .and_then(|p| p.poison())
+                        .filter(|_| authorized);
+                    std::future::ready(match (ready, poison) {
+                        (true, _) => (StatusCode::OK, "ready\n".to_string()),
+                        (false, Some(p)) => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            format!(
+                                "not ready: rabbitmq refuses message {} ({})\n",
+                                p.message_id, p.reason
+                            ),
                         ),
-                    ),
-                    (false, None) => (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string()),
-                })
-            }),
+                        (false, None) => {
+                            (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
+                        }
+                    })
+                },
+            ),
         )
         .route(
             "/poison",
@@ -132,6 +128,14 @@ fn describe() {
     for side in ["postgres", "rabbitmq"] {
         metrics::counter!(p::RECONNECTS, "side" => side).increment(0);
     }
+    describe_counter!(
+        crate::pipeline::POSITION_FALLBACKS,
+        Unit::Count,
+        "stored or carried positions a session start refused because they belong to another WAL history or are past the server's WAL, by position (stored, carried)"
+    );
+    for position in ["stored", "carried"] {
+        metrics::counter!(crate::pipeline::POSITION_FALLBACKS, "position" => position).increment(0);
+    }
     describe_gauge!(
         p::IN_FLIGHT,
         Unit::Count,
@@ -155,6 +159,14 @@ fn describe() {
         "now minus the commit time of the oldest unacked event; 0 when idle"
     );
     describe_gauge!("outbox_relay_ready", "1 while /readyz answers 200");
+    describe_gauge!(
+        BROKER_BLOCKED,
+        "1 while RabbitMQ blocks the relay's connection (a memory or disk alarm), else 0"
+    );
+    describe_gauge!(
+        TARGET_INFO,
+        "always 1; labels: target (exchange or stream) and name, where the relay publishes"
+    );
     describe_histogram!(
         p::PUBLISH_LATENCY,
         Unit::Seconds,
@@ -175,6 +187,38 @@ fn describe() {
         Unit::Bytes,
         "WAL that can still be written before the slot is invalidated (safe_wal_size)"
     );
+    describe_gauge!(
+        crate::anchor::REPLAY_WINDOW_RETAINED_WAL,
+        Unit::Bytes,
+        "WAL the replay window's anchor slot retains (with [relay] replay_window)"
+    );
+    describe_counter!(
+        crate::commands::skip::SKIPPED_EVENTS,
+        Unit::Count,
+        "events skipped by `run --skip-through` (never published)"
+    );
+    metrics::counter!(crate::commands::skip::SKIPPED_EVENTS).increment(0);
+    describe_counter!(
+        crate::retention::DELETED_ROWS,
+        Unit::Count,
+        "confirmed outbox rows deleted by retention, by table (with [retention] keep)"
+    );
+    build_info();
+}
+
+/// The metric naming the running binary.
+const BUILD_INFO: &str = "outbox_relay_build_info";
+
+/// `outbox_relay_build_info{version, git_sha, target} 1`: which build runs where
+/// (join it on `instance` to label other series with the version).
+fn build_info() {
+    use crate::build_info::{GIT_SHA, TARGET, VERSION};
+    metrics::describe_gauge!(
+        BUILD_INFO,
+        "always 1; its labels name the running binary's version, git commit and target"
+    );
+    metrics::gauge!(BUILD_INFO, "version" => VERSION, "git_sha" => GIT_SHA, "target" => TARGET)
+        .set(1.0);
 }
 
 /// Gauges derived from live state, set at every scrape (so a scrape never sees a
@@ -192,6 +236,24 @@ fn update_gauges(health: &Health) {
         .unwrap_or(0.0);
     metrics::gauge!("outbox_relay_outbox_lag_seconds").set(lag);
     metrics::gauge!("outbox_relay_ready").set(if health.ready() { 1.0 } else { 0.0 });
+    let blocked = health.publisher().is_some_and(|p| p.blocked());
+    metrics::gauge!(BROKER_BLOCKED).set(if blocked { 1.0 } else { 0.0 });
+}
+
+/// Gauge: the broker blocks publishing (derived from the publisher's status).
+const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
+/// Gauge: where the relay publishes, as labels.
+const TARGET_INFO: &str = "outbox_relay_target_info";
+
+/// `outbox_relay_target_info{target, name} 1`: `target="stream"` with the stream's
+/// name, or `target="exchange"` with the exchange's, for dashboards to tell the two
+/// kinds of relay apart (`run` sets it once, from the configuration).
+pub fn set_target(stream: Option<&str>, exchange: &str) {
+    let (target, name) = match stream {
+        Some(s) => ("stream", s.to_string()),
+        None => ("exchange", exchange.to_string()),
+    };
+    metrics::gauge!(TARGET_INFO, "target" => target, "name" => name).set(1.0);
 }
 
 fn spawn_gauges(health: Health) {
@@ -204,4 +266,189 @@ fn spawn_gauges(health: Health) {
     }
     .instrument(tracing::info_span!("gauges"));
     tokio::spawn(task);
+}
+
+#[cfg(test)]
+mod tests {
+    //! The metrics the binary registers, against docs/operations.md's table and the
+    //! metric names in the sources: neither may drift from `describe()`.
+
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    use metrics::{
+        Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+    };
+
+    /// Records what `describe()` declares: metric name → type.
+    #[derive(Default)]
+    struct Declared(Mutex<BTreeMap<String, &'static str>>);
+
+    impl Declared {
+        fn add(&self, name: KeyName, kind: &'static str) {
+            let prev = self
+                .0
+                .lock()
+                .expect("not poisoned")
+                .insert(name.as_str().to_string(), kind);
+            assert!(
+                prev.is_none() || prev == Some(kind),
+                "{} declared twice with different types",
+                name.as_str()
+            );
+        }
+    }
+
+    impl Recorder for Declared {
+        fn describe_counter(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key, "counter");
+        }
+        fn describe_gauge(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key, "gauge");
+        }
+        fn describe_histogram(&self, key: KeyName, _: Option<Unit>, _: SharedString) {
+            self.add(key, "histogram");
+        }
+        fn register_counter(&self, _: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::noop()
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+        fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::noop()
+        }
+    }
+
+    fn declared() -> BTreeMap<String, &'static str> {
+        let rec = Declared::default();
+        metrics::with_local_recorder(&rec, super::describe);
+        rec.0.into_inner().expect("not poisoned")
+    }
+
+    fn repo_root() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    /// The rows of docs/operations.md's metrics table: `| \`name{labels}\` | type | …`.
+    fn documented(text: &str) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for line in text.lines() {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            if cells.len() < 4 || !cells[1].starts_with("`outbox_relay_") {
+                continue;
+            }
+            let name = cells[1].trim_matches('`');
+            let name = name.split('{').next().unwrap_or(name);
+            out.insert(name.to_string(), cells[2].to_string());
+        }
+        out
+    }
+
+    #[test]
+    fn the_docs_table_lists_exactly_the_registered_metrics() {
+        let declared = declared();
+        let path = repo_root().join("docs/operations.md");
+        let text = std::fs::read_to_string(&path).expect("docs/operations.md");
+        let docs = documented(&text);
+        assert!(
+            declared.len() >= 15,
+            "describe() declares only {declared:?}"
+        );
+        let mut problems = Vec::new();
+        for (name, kind) in &declared {
+            match docs.get(name) {
+                None => problems.push(format!("{name} ({kind}) is not in the table")),
+                Some(d) if d != kind => {
+                    problems.push(format!("{name} is a {kind}, the table says {d}"))
+                }
+                Some(_) => {}
+            }
+        }
+        for name in docs.keys() {
+            if !declared.contains_key(name) {
+                problems.push(format!(
+                    "{name} is in the table but the relay does not register it"
+                ));
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "docs/operations.md's metrics table and describe() differ:\n  {}",
+            problems.join("\n  ")
+        );
+    }
+
+    /// Every metric name written in the sources (a `"outbox_relay_…"` literal that
+    /// is not the state table's name) is declared, so a metric added to the code
+    /// without a HELP text and a docs row fails here.
+    #[test]
+    fn every_metric_name_in_the_sources_is_declared() {
+        let declared = declared();
+        let mut files = Vec::new();
+        for krate in ["relay", "publisher", "wal-reader"] {
+            collect_rs(
+                &repo_root().join("crates").join(krate).join("src"),
+                &mut files,
+            );
+        }
+        assert!(files.len() > 20, "found only {} source files", files.len());
+        let mut missing = Vec::new();
+        for file in &files {
+            let text = std::fs::read_to_string(file).expect("source file");
+            for name in literals(&text) {
+                if name != "outbox_relay_state" && !declared.contains_key(&name) {
+                    missing.push(format!("{name} ({})", file.display()));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "metric names used in the code but not declared in metrics::describe(): {missing:?}"
+        );
+    }
+
+    /// `"outbox_relay_[a-z_]+"` string literals of a source file.
+    fn literals(text: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        for (i, _) in text.match_indices("\"outbox_relay_") {
+            let rest = &text[i + 1..];
+            let end = rest
+                .find(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                .unwrap_or(rest.len());
+            if end > "outbox_relay_".len() && rest[end..].starts_with('"') {
+                out.push(rest[..end].to_string());
+            }
+        }
+        out
+    }
+
+    fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("source dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                collect_rs(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    #[test]
+    fn build_info_is_one_with_version_commit_and_target() {
+        let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        metrics::with_local_recorder(&recorder, super::build_info);
+        let text = handle.render();
+        let want = format!(
+            "outbox_relay_build_info{{version=\"{}\",git_sha=\"{}\",target=\"{}\"}} 1",
+            crate::build_info::VERSION,
+            crate::build_info::GIT_SHA,
+            crate::build_info::TARGET
+        );
+        assert!(text.contains(&want), "{want} not in:\n{text}");
+        assert_eq!(crate::build_info::VERSION, env!("CARGO_PKG_VERSION"));
+        assert!(!crate::build_info::TARGET.is_empty());
+    }
 }

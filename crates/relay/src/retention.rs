@@ -47,7 +47,8 @@
 //!   tick ──► take marker (sx, L) ──► queue of markers (oldest first, ≤ MAX_MARKERS)
 //!        ──► read the slot's confirmed_flush_lsn = C
 //!        ──► newest marker with L ≤ C (older ones dropped)
-//!        ──► per table: DELETE … WHERE (tableoid, ctid) IN (SELECT tableoid, ctid … LIMIT BATCH)
+//!        ──► per table: its row filter, then
+//!            DELETE FROM [ONLY] … WHERE (tableoid, ctid) IN (SELECT tableoid, ctid … LIMIT BATCH)
 //!            until a batch deletes fewer than BATCH rows
 //! ```
 //!
@@ -63,6 +64,21 @@
 //! (nested loop over the batch). Not the primary key: the relay requires none, the
 //! id column may carry no unique index, and the primary key of a partitioned table
 //! must include the partition key, so the id alone need not be unique there.
+//!
+//! # Only rows that are published
+//!
+//! A row the relay never publishes is never deleted (docs/security.md):
+//!
+//! - A plain table's rows are deleted with `ONLY`: rows of its inheritance children
+//!   are published under the child's name, which the relay skips. A partitioned
+//!   table's rows live in its partitions and are published under its own name
+//!   (`publish_via_partition_root`, which `check` requires), so they are deleted
+//!   through it.
+//! - A publication row filter (Postgres 15+, `pg_publication_tables.rowfilter`) is
+//!   added to the condition: a row goes only when the filter is true for it, as
+//!   pgoutput sends only those. The filter is read at every pass, so an `ALTER
+//!   PUBLICATION` takes effect at the next one. A table that is no longer in the
+//!   publication loses no rows.
 //!
 //! The tick is `keep / 10`, between 1 s and 60 s. Markers live in memory only: after
 //! a restart the first marker is usable as soon as the slot passes it (seconds).
@@ -184,6 +200,7 @@ pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
     let task = Retention {
         conn,
         slot: cfg.postgres.slot.clone(),
+        publication: cfg.postgres.publication.clone(),
         tables: cfg.tables(),
         keep,
         tick: tick_for(keep),
@@ -211,6 +228,7 @@ struct Marker {
 struct Retention {
     conn: PgConnectOptions,
     slot: String,
+    publication: String,
     tables: Vec<TableName>,
     keep: Duration,
     tick: Duration,
@@ -313,11 +331,13 @@ impl Retention {
         };
         for table in &self.tables {
             let mut total = 0u64;
+            let filter = row_filter(client, &self.publication, table).await?;
             loop {
                 if stop.is_requested() {
                     return Ok(false);
                 }
-                let n = delete_batch(client, table, self.keep, usable.xmin).await?;
+                let n =
+                    delete_batch(client, table, filter.as_deref(), self.keep, usable.xmin).await?;
                 total += n;
                 metrics::counter!(DELETED_ROWS, "table" => table.qualified()).increment(n);
                 if n < BATCH as u64 {
@@ -384,22 +404,69 @@ fn pop_usable(markers: &mut VecDeque<Marker>, confirmed: Lsn) -> Option<Marker> 
     usable
 }
 
+/// Which of `table`'s rows the publication publishes, as an SQL condition: `None`
+/// for all of them, the row filter (Postgres 15+), or `false` when the table is not
+/// in the publication (any more).
+async fn row_filter(
+    client: &Client,
+    publication: &str,
+    table: &TableName,
+) -> Result<Option<String>, tokio_postgres::Error> {
+    let filters = if client
+        .query_one(
+            "SELECT current_setting('server_version_num')::int >= 150000",
+            &[],
+        )
+        .await?
+        .get::<_, bool>(0)
+    {
+        "rowfilter"
+    } else {
+        "NULL::text"
+    };
+    let sql = format!(
+        "SELECT {filters} FROM pg_publication_tables \
+          WHERE pubname = $1 AND schemaname = $2 AND tablename = $3"
+    );
+    let row = client
+        .query_opt(&sql, &[&publication, &table.schema, &table.name])
+        .await?;
+    Ok(match row {
+        None => Some("false".to_string()),
+        Some(r) => r.get::<_, Option<String>>(0),
+    })
+}
+
 /// Deletes up to [`BATCH`] rows older than `keep` whose `xmin` precedes `xmin8`
-/// (modulo 2³², see the module docs), naming each by `(tableoid, ctid)` (unique
-/// across partitions). Returns the number deleted.
+/// (modulo 2³², see the module docs) and for which `filter` holds, naming each by
+/// `(tableoid, ctid)` (unique across partitions), from the table itself only unless
+/// it is partitioned (see "Only rows that are published"). Returns the number
+/// deleted.
 async fn delete_batch(
     client: &Client,
     table: &TableName,
+    filter: Option<&str>,
     keep: Duration,
     xmin8: u64,
 ) -> Result<u64, tokio_postgres::Error> {
     let t = quote_table(table);
+    let partitioned: bool = client
+        .query_one(
+            "SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+              WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.name],
+        )
+        .await?
+        .get(0);
+    let only = if partitioned { "" } else { "ONLY " };
+    let published = filter.map_or_else(String::new, |f| format!("AND ({f}) IS TRUE"));
     let sql = format!(
-        "DELETE FROM {t} WHERE (tableoid, ctid) IN (\
-            SELECT tableoid, ctid FROM {t} \
+        "DELETE FROM {only}{t} WHERE (tableoid, ctid) IN (\
+            SELECT tableoid, ctid FROM {only}{t} \
              WHERE {CREATED_AT} < now() - $1::float8 * interval '1 second' \
                AND (($2::bigint - xmin::text::bigint) % 4294967296 + 4294967296) % 4294967296 \
                    BETWEEN 1 AND 2147483647 \
+               {published} \
              LIMIT $3)"
     );
     let sx32 = (xmin8 % (1 << 32)) as i64;
@@ -490,13 +557,20 @@ mod tests {
 
         let tags = || db.psql("SELECT string_agg(tag, ',' ORDER BY id) FROM outbox");
         assert_eq!(
-            delete_batch(&c, &table, keep, marker.xmin).await.unwrap(),
+            delete_batch(&c, &table, None, keep, marker.xmin)
+                .await
+                .unwrap(),
             1
         );
         assert_eq!(tags(), "young,no-created-at,open-top,open-sub,after");
 
         let later = take_marker(&c).await.unwrap();
-        assert_eq!(delete_batch(&c, &table, keep, later.xmin).await.unwrap(), 3);
+        assert_eq!(
+            delete_batch(&c, &table, None, keep, later.xmin)
+                .await
+                .unwrap(),
+            3
+        );
         assert_eq!(tags(), "young,no-created-at");
     }
 
@@ -524,13 +598,59 @@ mod tests {
         let table = TableName::parse("outbox").unwrap();
         let keep = Duration::from_secs(3600);
         assert_eq!(
-            delete_batch(&c, &table, keep, marker.xmin).await.unwrap(),
+            delete_batch(&c, &table, None, keep, marker.xmin)
+                .await
+                .unwrap(),
             3
         );
         assert_eq!(
             db.psql("SELECT string_agg(tag || id, ',' ORDER BY id) FROM outbox"),
             "young1,young2,young3,young4,young5"
         );
+    }
+
+    /// Rows the relay never publishes are never deleted: those of an inheritance
+    /// child (pgoutput sends them under the child's name, which the relay skips) and
+    /// those a publication row filter (Postgres 15+) leaves out.
+    #[tokio::test]
+    async fn rows_that_are_never_published_are_never_deleted() {
+        let db = testkit::TestDb::new("retention_unpub");
+        db.psql(
+            "CREATE TABLE outbox (id int, tag text, created_at timestamptz); \
+             CREATE TABLE outbox_child (extra int) INHERITS (outbox); \
+             CREATE PUBLICATION pub_plain FOR TABLE outbox WITH (publish = 'insert'); \
+             CREATE PUBLICATION pub_filtered FOR TABLE ONLY outbox WHERE (tag <> 'private') \
+               WITH (publish = 'insert'); \
+             INSERT INTO outbox VALUES (1, 'public', '2020-01-01'), (2, 'private', '2020-01-01'), \
+                                       (3, NULL, '2020-01-01'); \
+             INSERT INTO outbox_child VALUES (4, 'child', '2020-01-01', 0);",
+        );
+        let c = db.client().await;
+        let table = TableName::parse("outbox").unwrap();
+        let keep = Duration::from_secs(3600);
+        let tags =
+            || db.psql("SELECT string_agg(coalesce(tag, 'null'), ',' ORDER BY id) FROM outbox");
+        // The filter: only 'public' is published (a NULL tag makes the filter NULL:
+        // not published either).
+        let marker = take_marker(&c).await.unwrap();
+        let filter = row_filter(&c, "pub_filtered", &table).await.unwrap();
+        assert_eq!(
+            delete_batch(&c, &table, filter.as_deref(), keep, marker.xmin)
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(tags(), "private,null,child");
+        // Without a filter, the parent's rows go, the child's stay.
+        let filter = row_filter(&c, "pub_plain", &table).await.unwrap();
+        assert_eq!(filter, None);
+        assert_eq!(
+            delete_batch(&c, &table, None, keep, marker.xmin)
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(tags(), "child");
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! `sslmode=disable` is explicit, a size cap before login.
 
 use tokio_postgres::Client;
+pub use wal_reader::tls::describe_pg_error;
 use wal_reader::tls::SqlConnectError;
 use wal_reader::PgConnectOptions;
 
@@ -14,15 +15,14 @@ use crate::error::CliError;
 
 /// Why [`connect`] failed. It prints in one line with the cause (tokio-postgres
 /// alone prints "error connecting to server" or "db error").
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
 pub struct ConnectError(pub SqlConnectError);
 
-impl std::fmt::Display for ConnectError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.0 {
-            SqlConnectError::Postgres(e) => f.write_str(&describe_pg_error(e)),
-            other => write!(f, "{other}"),
-        }
+impl ConnectError {
+    /// A refusal retrying cannot fix (docs/security.md): exit 2, never retried.
+    pub fn is_precondition(&self) -> bool {
+        self.0.is_precondition()
     }
 }
 
@@ -44,26 +44,13 @@ pub async fn connect(opts: &PgConnectOptions) -> Result<Client, ConnectError> {
 pub async fn connect_for_command(cfg: &Config) -> Result<Client, CliError> {
     let opts = cfg.pg_options()?;
     connect(&opts).await.map_err(|ConnectError(e)| match e {
-        SqlConnectError::Setup(e) => CliError::Precondition(e.to_string()),
-        SqlConnectError::Refused(sentence) => CliError::Precondition(sentence),
-        SqlConnectError::Connect { .. } => CliError::Runtime(e.to_string()),
         SqlConnectError::Postgres(e) if e.code().is_some() => CliError::from(e),
+        e if e.is_precondition() => CliError::Precondition(e.to_string()),
         SqlConnectError::Postgres(e) => CliError::Runtime(format!(
             "cannot connect to Postgres at {}: {}; check host and port in [postgres] url and that Postgres is running",
             opts.display_target(),
             describe_pg_error(&e)
         )),
+        e => CliError::Runtime(e.to_string()),
     })
-}
-
-/// tokio-postgres prints "error connecting to server" or "db error" alone: add the
-/// cause (the server's own message for a server error).
-pub fn describe_pg_error(e: &tokio_postgres::Error) -> String {
-    if let Some(db) = e.as_db_error() {
-        return format!("{}: {}", db.severity(), db.message());
-    }
-    match std::error::Error::source(e) {
-        Some(cause) => format!("{e}: {cause}"),
-        None => e.to_string(),
-    }
 }

@@ -2,12 +2,18 @@
 //! per slot (docs/design.md §3, "The stored position").
 //!
 //! ```text
-//!   slot_name        text    PRIMARY KEY
-//!   acked_lsn        pg_lsn  every message before it was confirmed by the broker
-//!   slot_restart_lsn pg_lsn  the slot's restart_lsn when `slot create` made it:
-//!                            the slot's identity (NULL: unknown)
-//!   slot_created_at  timestamptz
-//!   updated_at       timestamptz
+//!   slot_name         text    PRIMARY KEY
+//!   acked_lsn         pg_lsn  every message before it was confirmed by the broker
+//!   slot_restart_lsn  pg_lsn  the slot's restart_lsn when `slot create` made it:
+//!                             the slot's identity (NULL: unknown)
+//!   slot_created_at   timestamptz
+//!   updated_at        timestamptz
+//!   system_identifier text    the server `acked_lsn` was read from, and its
+//!   timeline          integer timeline (NULL: written by a relay before 0.2, or
+//!                             by `slot create`); docs/design.md §3
+//!   halted            text    why the stream publisher stopped so as not to lose an
+//!                             event; `run` refuses to start while it is set
+//!                             (docs/recovery.md, "A stream refused an event")
 //! ```
 //!
 //! It is ordinary WAL-logged data, so it survives a crash (Postgres before 17 saves a
@@ -17,6 +23,7 @@
 //! moves forward, except when `slot create` makes a new slot or `run --start-lsn`
 //! asks for an earlier start.
 
+use outbox_event::history::Origin;
 use outbox_event::Lsn;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::Client;
@@ -28,12 +35,24 @@ pub const TABLE: &str = "public.outbox_relay_state";
 pub const COST: &str = "a Postgres restart or crash can publish again everything since the slot's last checkpoint (Postgres before 17 saves a slot's position only then); create it with `outbox-relay slot create --if-not-exists` or grant access as in sql/role.sql";
 
 const CREATE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_state (
-    slot_name        text        PRIMARY KEY,
-    acked_lsn        pg_lsn      NOT NULL,
-    slot_restart_lsn pg_lsn,
-    slot_created_at  timestamptz,
-    updated_at       timestamptz NOT NULL DEFAULT now()
+    slot_name         text        PRIMARY KEY,
+    acked_lsn         pg_lsn      NOT NULL,
+    slot_restart_lsn  pg_lsn,
+    slot_created_at   timestamptz,
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    system_identifier text,
+    timeline          integer,
+    halted            text
 )";
+
+/// The history columns, added to a table made by an earlier version.
+const ADD_HISTORY: &str = "ALTER TABLE public.outbox_relay_state \
+    ADD COLUMN IF NOT EXISTS system_identifier text, \
+    ADD COLUMN IF NOT EXISTS timeline integer, \
+    ADD COLUMN IF NOT EXISTS halted text";
+
+/// What it costs when the history columns cannot be added.
+pub const HISTORY_COST: &str = "the stored position cannot be checked against the server's WAL history after a failover or a restore (it is still checked against the server's WAL and the slot); add the columns as the table's owner: ALTER TABLE public.outbox_relay_state ADD COLUMN IF NOT EXISTS system_identifier text, ADD COLUMN IF NOT EXISTS timeline integer, ADD COLUMN IF NOT EXISTS halted text";
 
 /// The stored row of a slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,6 +62,18 @@ pub struct Stored {
     pub slot_restart_lsn: Option<Lsn>,
     /// `updated_at`, as Postgres prints it.
     pub updated_at: String,
+    /// Where `acked` was read (`None`: not recorded).
+    pub origin: Option<Origin>,
+    /// Why a stream publisher stopped so as not to lose an event, until an operator
+    /// clears it.
+    pub halted: Option<String>,
+}
+
+/// What the table can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Columns {
+    /// The history columns exist (`system_identifier`, `timeline`).
+    pub history: bool,
 }
 
 /// Why the table cannot be used.
@@ -105,24 +136,40 @@ fn parse(text: Option<String>) -> Option<Lsn> {
     text.and_then(|t| t.parse().ok())
 }
 
-/// Creates the table if it is missing (needs CREATE on schema public).
-pub async fn ensure_table(c: &Client) -> Result<(), StateError> {
+/// Creates the table if it is missing (needs CREATE on schema public), and adds the
+/// history columns to a table made by an earlier version when the role owns it.
+pub async fn ensure_table(c: &Client) -> Result<Columns, StateError> {
     // IF NOT EXISTS still needs CREATE on the schema: look first, so a role that may
     // only use an existing table (sql/role.sql) is not refused.
     let row = c
-        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&TABLE])
+        .query_one(
+            "SELECT to_regclass($1) IS NOT NULL, \
+                    (SELECT count(*) FROM pg_attribute \
+                      WHERE attrelid = to_regclass($1) AND NOT attisdropped \
+                        AND attname IN ('system_identifier', 'timeline', 'halted'))",
+            &[&TABLE],
+        )
         .await?;
     if row.get::<_, bool>(0) {
-        return Ok(());
+        if row.get::<_, i64>(1) == 3 {
+            return Ok(Columns { history: true });
+        }
+        return match c.batch_execute(ADD_HISTORY).await {
+            Ok(()) => Ok(Columns { history: true }),
+            Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
+                Ok(Columns { history: false })
+            }
+            Err(e) => Err(e.into()),
+        };
     }
     match c.batch_execute(CREATE).await {
-        Ok(()) => Ok(()),
+        Ok(()) => Ok(Columns { history: true }),
         // Created concurrently (IF NOT EXISTS is not race-free).
         Err(e)
             if e.code() == Some(&SqlState::UNIQUE_VIOLATION)
                 || e.code() == Some(&SqlState::DUPLICATE_TABLE) =>
         {
-            Ok(())
+            Ok(Columns { history: true })
         }
         Err(e) => Err(e.into()),
     }
@@ -130,20 +177,47 @@ pub async fn ensure_table(c: &Client) -> Result<(), StateError> {
 
 /// The slot's row, `Ok(None)` when there is none.
 pub async fn read(c: &Client, slot: &str) -> Result<Option<Stored>, StateError> {
+    // The history columns through the row's JSON: the same query reads a table made
+    // by an earlier version, without them.
     let row = c
         .query_opt(
-            "SELECT acked_lsn::text, slot_restart_lsn::text, updated_at::text \
-               FROM public.outbox_relay_state WHERE slot_name = $1",
+            "SELECT acked_lsn::text, slot_restart_lsn::text, updated_at::text, \
+                    to_jsonb(s)->>'system_identifier', to_jsonb(s)->>'timeline', \
+                    to_jsonb(s)->>'halted' \
+               FROM public.outbox_relay_state s WHERE slot_name = $1",
             &[&slot],
         )
         .await?;
     Ok(row.and_then(|r| {
+        let system_id = r.get::<_, Option<String>>(3).and_then(|v| v.parse().ok());
+        let timeline = r.get::<_, Option<String>>(4).and_then(|v| v.parse().ok());
         Some(Stored {
             acked: parse(r.get(0))?,
             slot_restart_lsn: parse(r.get(1)),
             updated_at: r.get::<_, Option<String>>(2).unwrap_or_default(),
+            origin: match (system_id, timeline) {
+                (Some(system_id), Some(timeline)) => Some(Origin {
+                    system_id,
+                    timeline,
+                }),
+                _ => None,
+            },
+            halted: r.get::<_, Option<String>>(5),
         })
     }))
+}
+
+/// Records why publishing stopped (a refused event the broker would now drop), so
+/// that a restarted relay stops too instead of taking the event as stored.
+pub async fn halt(c: &Client, slot: &str, reason: &str) -> Result<(), StateError> {
+    c.execute(
+        "INSERT INTO public.outbox_relay_state (slot_name, acked_lsn, updated_at, halted) \
+         VALUES ($1, '0/0', now(), $2) \
+         ON CONFLICT (slot_name) DO UPDATE SET halted = EXCLUDED.halted, updated_at = now()",
+        &[&slot, &reason],
+    )
+    .await?;
+    Ok(())
 }
 
 /// `slot create` made a new slot: its row starts at the slot's consistent point, with
@@ -172,137 +246,78 @@ pub async fn record_new_slot(
 }
 
 /// Stores `acked` (a position every message before which the broker confirmed), never
-/// moving the stored position back. A row made here has no slot identity.
-pub async fn save(c: &Client, slot: &str, acked: Lsn) -> Result<(), StateError> {
-    c.execute(
-        "INSERT INTO public.outbox_relay_state (slot_name, acked_lsn, updated_at) \
-         VALUES ($1, $2::text::pg_lsn, now()) \
-         ON CONFLICT (slot_name) DO UPDATE \
-            SET acked_lsn = GREATEST(outbox_relay_state.acked_lsn, EXCLUDED.acked_lsn), \
-                updated_at = now() \
-          WHERE outbox_relay_state.acked_lsn < EXCLUDED.acked_lsn",
-        &[&slot, &acked.to_string()],
-    )
-    .await?;
-    Ok(())
-}
-
-/// Sets the stored position to `lsn` even when it is lower: `run --start-lsn` asked to
-/// publish again from there, and a restart must go on doing so.
-pub async fn reset(c: &Client, slot: &str, lsn: Lsn) -> Result<(), StateError> {
-    c.execute(
-        "UPDATE public.outbox_relay_state SET acked_lsn = $2::text::pg_lsn, updated_at = now() \
-          WHERE slot_name = $1",
-        &[&slot, &lsn.to_string()],
-    )
-    .await?;
-    Ok(())
-}
-
-/// What a session start makes of the stored position (docs/design.md §3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Resume {
-    /// Start streaming from the stored position: it is past the slot's.
-    Stored(Lsn),
-    /// The slot's position is as far (or nothing is stored).
-    Slot,
-    /// The stored position must not be used; the reason, for a warning.
-    Ignored(String),
-}
-
-/// Decides where a session starts, from the stored row and the slot as found now.
-/// `server_wal` is `pg_current_wal_lsn()` (the replay position on a standby).
-pub fn resume(
-    stored: Option<&Stored>,
-    slot_confirmed: Lsn,
-    slot_restart: Option<Lsn>,
-    server_wal: Option<Lsn>,
-) -> Resume {
-    let Some(s) = stored else {
-        return Resume::Slot;
+/// moving the stored position back, with where it was read (`origin`, when the table
+/// has the history columns). A row made here has no slot identity.
+pub async fn save(
+    c: &Client,
+    slot: &str,
+    acked: Lsn,
+    origin: Option<Origin>,
+) -> Result<(), StateError> {
+    match origin {
+        Some(o) => {
+            c.execute(
+                "INSERT INTO public.outbox_relay_state \
+                        (slot_name, acked_lsn, updated_at, system_identifier, timeline) \
+                 VALUES ($1, $2::text::pg_lsn, now(), $3, $4) \
+                 ON CONFLICT (slot_name) DO UPDATE \
+                    SET acked_lsn = GREATEST(outbox_relay_state.acked_lsn, EXCLUDED.acked_lsn), \
+                        updated_at = now(), system_identifier = EXCLUDED.system_identifier, \
+                        timeline = EXCLUDED.timeline \
+                  WHERE outbox_relay_state.acked_lsn < EXCLUDED.acked_lsn",
+                &[
+                    &slot,
+                    &acked.to_string(),
+                    &o.system_id.to_string(),
+                    &(o.timeline as i32),
+                ],
+            )
+            .await?
+        }
+        None => {
+            c.execute(
+                "INSERT INTO public.outbox_relay_state (slot_name, acked_lsn, updated_at) \
+                 VALUES ($1, $2::text::pg_lsn, now()) \
+                 ON CONFLICT (slot_name) DO UPDATE \
+                    SET acked_lsn = GREATEST(outbox_relay_state.acked_lsn, EXCLUDED.acked_lsn), \
+                        updated_at = now() \
+                  WHERE outbox_relay_state.acked_lsn < EXCLUDED.acked_lsn",
+                &[&slot, &acked.to_string()],
+            )
+            .await?
+        }
     };
-    if s.acked <= slot_confirmed {
-        return Resume::Slot;
-    }
-    match server_wal {
-        Some(w) if s.acked <= w => {}
-        _ => {
-            return Resume::Ignored(format!(
-                "the stored acked position {} is ahead of this server's WAL ({}): a restored backup or another cluster",
-                s.acked,
-                server_wal.map(|w| w.to_string()).unwrap_or_else(|| "unknown".into())
-            ))
-        }
-    }
-    if let (Some(created), Some(now)) = (s.slot_restart_lsn, slot_restart) {
-        if now < created {
-            return Resume::Ignored(format!(
-                "the stored acked position {} belongs to another slot of that name (the slot's restart_lsn {now} is below {created}, the one it was created with): it was dropped and re-created",
-                s.acked
-            ));
-        }
-    }
-    Resume::Stored(s.acked)
+    Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn stored(acked: u64, identity: Option<u64>) -> Stored {
-        Stored {
-            acked: Lsn(acked),
-            slot_restart_lsn: identity.map(Lsn),
-            updated_at: String::new(),
+/// Sets the stored position to exactly `lsn`, even when it is lower (a position that
+/// was refused, or `run --start-lsn` asked to publish again from there and a restart
+/// must go on doing so), with where it was read.
+pub async fn set(
+    c: &Client,
+    slot: &str,
+    lsn: Lsn,
+    origin: Option<Origin>,
+) -> Result<(), StateError> {
+    match origin {
+        Some(o) => {
+            c.execute(
+                "UPDATE public.outbox_relay_state \
+                    SET acked_lsn = $2::text::pg_lsn, updated_at = now(), \
+                        system_identifier = $3, timeline = $4 \
+                  WHERE slot_name = $1",
+                &[&slot, &lsn.to_string(), &o.system_id.to_string(), &(o.timeline as i32)],
+            )
+            .await?
         }
-    }
-
-    #[test]
-    fn starts_from_the_later_position() {
-        let s = stored(0x500, Some(0x100));
-        assert_eq!(
-            resume(Some(&s), Lsn(0x300), Some(Lsn(0x200)), Some(Lsn(0x900))),
-            Resume::Stored(Lsn(0x500))
-        );
-        assert_eq!(
-            resume(Some(&s), Lsn(0x500), Some(Lsn(0x200)), Some(Lsn(0x900))),
-            Resume::Slot
-        );
-        assert_eq!(
-            resume(Some(&s), Lsn(0x600), Some(Lsn(0x200)), Some(Lsn(0x900))),
-            Resume::Slot
-        );
-        assert_eq!(
-            resume(None, Lsn(0x300), None, Some(Lsn(0x900))),
-            Resume::Slot
-        );
-        // No identity stored (a row the relay made for an existing slot): used.
-        let s = stored(0x500, None);
-        assert_eq!(
-            resume(Some(&s), Lsn(0x300), Some(Lsn(0x10)), Some(Lsn(0x500))),
-            Resume::Stored(Lsn(0x500))
-        );
-    }
-
-    #[test]
-    fn ignores_a_position_past_the_servers_wal() {
-        let s = stored(0x500, Some(0x100));
-        let r = resume(Some(&s), Lsn(0x300), Some(Lsn(0x200)), Some(Lsn(0x4FF)));
-        assert!(
-            matches!(&r, Resume::Ignored(w) if w.contains("ahead of this server's WAL")),
-            "{r:?}"
-        );
-        let r = resume(Some(&s), Lsn(0x300), Some(Lsn(0x200)), None);
-        assert!(matches!(r, Resume::Ignored(_)));
-    }
-
-    #[test]
-    fn ignores_a_position_of_another_slot_incarnation() {
-        let s = stored(0x500, Some(0x100));
-        let r = resume(Some(&s), Lsn(0x300), Some(Lsn(0xFF)), Some(Lsn(0x900)));
-        assert!(
-            matches!(&r, Resume::Ignored(w) if w.contains("re-created")),
-            "{r:?}"
-        );
-    }
+        None => {
+            c.execute(
+                "UPDATE public.outbox_relay_state SET acked_lsn = $2::text::pg_lsn, updated_at = now() \
+                  WHERE slot_name = $1",
+                &[&slot, &lsn.to_string()],
+            )
+            .await?
+        }
+    };
+    Ok(())
 }

@@ -8,8 +8,10 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod amqp;
+pub mod hostile;
 pub mod proxy;
 pub mod stream;
+pub mod stream_proxy;
 
 use std::process::Command;
 

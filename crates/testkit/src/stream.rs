@@ -94,10 +94,16 @@ pub struct TestStream {
 
 impl TestStream {
     pub async fn create(prefix: &str) -> TestStream {
+        Self::create_with(prefix, HashMap::new()).await
+    }
+
+    /// A stream created with `arguments` (e.g. `max-length-bytes`,
+    /// `stream-max-segment-size-bytes`).
+    pub async fn create_with(prefix: &str, arguments: HashMap<String, String>) -> TestStream {
         let name = crate::unique_name(prefix);
         let client = client().await;
         let response = client
-            .create_stream(&name, HashMap::new())
+            .create_stream(&name, arguments)
             .await
             .expect("create stream");
         assert!(
@@ -117,6 +123,109 @@ impl TestStream {
     pub async fn delete(self) {
         delete(&self.name).await;
     }
+}
+
+/// Publishes `n` messages of `size` bytes into `stream` as another, unnamed producer,
+/// and waits for their confirms.
+pub async fn publish_foreign(stream: &str, n: usize, size: usize) {
+    let client = client().await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let forward = move |item: MessageResult| {
+        let tx = tx.clone();
+        async move {
+            if let Some(Ok(response)) = item {
+                if let ResponseKind::PublishConfirm(c) = response.kind() {
+                    let _ = tx.send(c.publishing_ids.len());
+                }
+            }
+            Ok(())
+        }
+    };
+    client.set_handler(forward).await;
+    let response = client
+        .declare_publisher(9, None, stream)
+        .await
+        .expect("declare publisher");
+    assert!(response.is_ok(), "declare publisher: {:?}", response.code());
+    let body = vec![b'f'; size];
+    let mut id = 1u64;
+    let mut confirmed = 0;
+    for batch in (0..n).collect::<Vec<_>>().chunks(100) {
+        let messages: Vec<Message> = batch
+            .iter()
+            .map(|_| {
+                id += 1;
+                Message::builder()
+                    .body(body.clone())
+                    .publising_id(id)
+                    .build()
+            })
+            .collect();
+        client.publish(9, messages).await.expect("publish");
+    }
+    while confirmed < n {
+        match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
+            Ok(Some(k)) => confirmed += k,
+            _ => panic!("{confirmed} of {n} foreign messages confirmed"),
+        }
+    }
+    let _ = client.close().await;
+}
+
+/// The broker's last stored publishing id of producer `reference` on `stream` (0:
+/// none).
+pub async fn last_publishing_id(reference: &str, stream: &str) -> u64 {
+    let client = client().await;
+    let last = client
+        .query_publisher_sequence(reference, stream)
+        .await
+        .unwrap_or(0);
+    let _ = client.close().await;
+    last
+}
+
+/// Waits until `stream` holds a message at `offset` (reading only from there): true
+/// when one arrived within `timeout`.
+pub async fn wait_offset(stream: &str, offset: u64, timeout: Duration) -> bool {
+    let client = client().await;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let forward = move |item: MessageResult| {
+        let tx = tx.clone();
+        async move {
+            if let Some(Ok(response)) = item {
+                if let ResponseKind::Deliver(d) = response.kind() {
+                    let _ = tx.send(d.chunk_first_offset + d.messages.len() as u64);
+                }
+            }
+            Ok(())
+        }
+    };
+    client.set_handler(forward).await;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut found = false;
+    while !found && tokio::time::Instant::now() < deadline {
+        let _ = client.unsubscribe(1).await;
+        let subscribed = client
+            .subscribe(
+                1,
+                stream,
+                OffsetSpecification::Offset(offset),
+                1,
+                HashMap::new(),
+            )
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if subscribed {
+            if let Ok(Some(end)) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await
+            {
+                found = end > offset;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let _ = client.close().await;
+    found
 }
 
 /// Deletes a stream (missing is fine).

@@ -70,4 +70,7 @@ pub use outbox_event::redact;
 pub use conninfo::{PgConnectOptions, SslMode};
 pub use error::{ReaderError, ServerError};
 pub use mapping::{ColumnMapping, TableName};
-pub use stream::{OldestUnacked, ReaderConfig, ReaderExit, StartInfo, WalReader};
+pub use stream::{
+    identify, identify_server, LastEventCommit, OldestUnacked, Prepared, ReaderConfig, ReaderExit,
+    StartInfo, WalReader,
+};

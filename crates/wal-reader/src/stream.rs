@@ -45,17 +45,18 @@
 //! watermark, ends the copy and closes the connection.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
+use outbox_event::history::History;
 use outbox_event::{Lsn, WalBatch, WalItem};
 use pgoutput::replication::{
     encode_standby_status_update, parse_copy_data, pg_now_micros, ReplicationMessage,
 };
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::admin;
 use crate::admin::ident::{quote_ident, quote_literal};
@@ -102,6 +103,52 @@ pub struct StartInfo {
     pub wal_sender_timeout: Option<Duration>,
     /// The walsender's process id.
     pub backend_pid: i32,
+    /// The server's WAL end when the reader started (the replay position on a standby).
+    pub server_wal: Lsn,
+    /// The connected database.
+    pub database: String,
+    /// The server's WAL history: every position this session confirms belongs to it
+    /// (docs/design.md §3, "Positions belong to one history").
+    pub history: History,
+}
+
+/// Opens a replication connection to read the server's identity and WAL history
+/// ([`identify`]) and its WAL end, for the commands that report them.
+pub async fn identify_server(opts: &PgConnectOptions) -> Result<(History, Lsn), ReaderError> {
+    let mut conn = ReplicationConnection::connect(opts).await?;
+    let history = identify(&mut conn).await?;
+    let rows = conn.simple_query("IDENTIFY_SYSTEM").await?;
+    let wal = rows
+        .first()
+        .and_then(|r| r.get(2).cloned().flatten())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(Lsn::ZERO);
+    Ok((history, wal))
+}
+
+/// Reads the server's system identifier and timeline (`IDENTIFY_SYSTEM`) and, past
+/// timeline 1, where each ancestor timeline ended (`TIMELINE_HISTORY`).
+pub async fn identify(conn: &mut ReplicationConnection) -> Result<History, ReaderError> {
+    let rows = conn.simple_query("IDENTIFY_SYSTEM").await?;
+    let field = |i: usize| rows.first().and_then(|r| r.get(i).cloned().flatten());
+    let bad = |what: &str| ReaderError::Protocol(format!("IDENTIFY_SYSTEM returned no {what}"));
+    let system_id: u64 = field(0)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad("system identifier"))?;
+    let timeline: u32 = field(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| bad("timeline"))?;
+    if timeline <= 1 {
+        return Ok(History::first(system_id));
+    }
+    let rows = conn
+        .simple_query(&format!("TIMELINE_HISTORY {timeline}"))
+        .await?;
+    let content = rows
+        .first()
+        .and_then(|r| r.get(1).cloned().flatten())
+        .ok_or_else(|| bad("timeline history"))?;
+    History::parse(system_id, timeline, &content).map_err(|e| ReaderError::Protocol(e.to_string()))
 }
 
 /// How a reader ended without error.
@@ -139,6 +186,7 @@ pub struct WalReader {
     /// oldest first: the source of the outbox lag (docs/design.md §7).
     unacked: VecDeque<(Lsn, i64)>,
     oldest_unacked: OldestUnacked,
+    last_event_commit: LastEventCommit,
     /// The open transaction's events, held back until its Commit
     /// ([`ReaderConfig::hold_events`]).
     held: WalBatch,
@@ -146,6 +194,19 @@ pub struct WalReader {
     held_bytes: usize,
     /// The open transaction outgrew the hold: its events go on as decoded.
     streaming_tx: bool,
+}
+
+/// The end LSN of the last transaction with outbox events the reader read (0: none
+/// yet), shared with the relay's state writer: a stored position is only worth
+/// writing once events were acked, or an idle outbox would write a row per interval
+/// forever (docs/design.md §3).
+#[derive(Debug, Clone, Default)]
+pub struct LastEventCommit(Arc<AtomicU64>);
+
+impl LastEventCommit {
+    pub fn get(&self) -> Lsn {
+        Lsn(self.0.load(Ordering::Relaxed))
+    }
 }
 
 /// The commit time of the oldest transaction the reader read but the consumer has
@@ -184,31 +245,48 @@ pub fn parse_pg_duration(s: &str) -> Option<Duration> {
     Some(Duration::from_millis(ms))
 }
 
-impl WalReader {
-    /// Connects, checks the slot, and starts streaming.
-    pub async fn start(cfg: ReaderConfig) -> Result<WalReader, ReaderError> {
-        let mut conn = ReplicationConnection::connect(&cfg.conn).await?;
-        let settings = conn
-            .simple_query(
-                "SELECT current_setting('wal_sender_timeout'), current_setting('server_version_num')",
-            )
-            .await?;
-        let setting = |i: usize| settings.first().and_then(|r| r.get(i).cloned().flatten());
-        let timeout = setting(0)
-            .and_then(|v| parse_pg_duration(&v))
-            .filter(|d| !d.is_zero());
-        let version = setting(1)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| ReaderError::Protocol("no server_version_num".into()))?;
-        let rows = conn
-            .simple_query(&admin::StreamStart::sql(version, &cfg.slot)?)
-            .await?;
-        let found = admin::StreamStart::from_rows(&cfg.slot, &rows)?;
-        let start_lsn = found.check(cfg.start_lsn)?;
+/// A replication connection that has found its slot and its server's WAL history,
+/// before `START_REPLICATION`: where to start is decided from what it read
+/// ([`WalReader::prepare`], then [`Prepared::start`]).
+pub struct Prepared {
+    conn: ReplicationConnection,
+    cfg: ReaderConfig,
+    timeout: Option<Duration>,
+    found: admin::StreamStart,
+    history: History,
+}
+
+impl Prepared {
+    /// The slot as found (its position, `restart_lsn`, the server's WAL end).
+    pub fn slot(&self) -> &admin::SlotState {
+        &self.found.state
+    }
+
+    /// The server's WAL history (`IDENTIFY_SYSTEM`, `TIMELINE_HISTORY`).
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// The connected database.
+    pub fn database(&self) -> &str {
+        &self.found.database
+    }
+
+    /// Starts streaming from `start_lsn` (`None`: the slot's position). It must not be
+    /// older than the slot's `confirmed_flush_lsn` (nor the replay window's start).
+    pub async fn start(self, start_lsn: Option<Lsn>) -> Result<WalReader, ReaderError> {
+        let Prepared {
+            mut conn,
+            cfg,
+            timeout,
+            found,
+            history,
+        } = self;
+        let start_lsn = found.check(start_lsn)?;
         let slot_confirmed = found.state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
         if start_lsn > slot_confirmed {
-            warn!(start_lsn = %start_lsn, slot_confirmed = %slot_confirmed,
-                "starting after the slot's position: transactions committed before the start LSN are skipped");
+            info!(start_lsn = %start_lsn, slot_confirmed = %slot_confirmed,
+                "starting after the slot's position: transactions whose commit ends at or before the start are not sent again");
         }
         let sql = format!(
             "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
@@ -223,9 +301,13 @@ impl WalReader {
             start_lsn,
             wal_sender_timeout: timeout,
             backend_pid: conn.backend_pid(),
+            server_wal: found.state.current_wal_lsn,
+            database: found.database.clone(),
+            history,
         };
         info!(slot = %cfg.slot, start = %start_lsn, confirmed = %slot_confirmed,
-            server = %info.server_version, tls = conn.is_tls(), "replication started");
+            timeline = info.history.timeline, server = %info.server_version,
+            tls = conn.is_tls(), "replication started");
         Ok(WalReader {
             conn,
             info,
@@ -240,7 +322,50 @@ impl WalReader {
             held_bytes: 0,
             streaming_tx: false,
             oldest_unacked: OldestUnacked::default(),
+            last_event_commit: LastEventCommit::default(),
             cfg,
+        })
+    }
+}
+
+impl WalReader {
+    /// Connects, checks the slot, and starts streaming from `cfg.start_lsn` (or the
+    /// slot's position).
+    pub async fn start(cfg: ReaderConfig) -> Result<WalReader, ReaderError> {
+        let start_lsn = cfg.start_lsn;
+        Self::prepare(cfg).await?.start(start_lsn).await
+    }
+
+    /// Connects, reads the server's identity and WAL history and the slot, and checks
+    /// that the slot can be streamed from (it exists, belongs to this database, is
+    /// usable and free: a held slot is [`ReaderError::SlotInUse`]).
+    pub async fn prepare(cfg: ReaderConfig) -> Result<Prepared, ReaderError> {
+        let mut conn = ReplicationConnection::connect(&cfg.conn).await?;
+        let settings = conn
+            .simple_query(
+                "SELECT current_setting('wal_sender_timeout'), current_setting('server_version_num')",
+            )
+            .await?;
+        let setting = |i: usize| settings.first().and_then(|r| r.get(i).cloned().flatten());
+        let timeout = setting(0)
+            .and_then(|v| parse_pg_duration(&v))
+            .filter(|d| !d.is_zero());
+        let version = setting(1)
+            .and_then(|v| v.parse().ok())
+            .ok_or_else(|| ReaderError::Protocol("no server_version_num".into()))?;
+        let history = identify(&mut conn).await?;
+        let rows = conn
+            .simple_query(&admin::StreamStart::sql(version, &cfg.slot)?)
+            .await?;
+        let found = admin::StreamStart::from_rows(&cfg.slot, &rows)?;
+        admin::check_usable(&found.state, &found.database)?;
+        found.state.check_free()?;
+        Ok(Prepared {
+            conn,
+            cfg,
+            timeout,
+            found,
+            history,
         })
     }
 
@@ -248,6 +373,11 @@ impl WalReader {
     /// as the session goes.
     pub fn oldest_unacked(&self) -> OldestUnacked {
         self.oldest_unacked.clone()
+    }
+
+    /// The end of the last transaction with outbox events read, as the session goes.
+    pub fn last_event_commit(&self) -> LastEventCommit {
+        self.last_event_commit.clone()
     }
 
     /// The flush positions sent to Postgres in standby status updates, as they are
@@ -444,6 +574,15 @@ impl WalReader {
             }
         } else if done {
             self.streaming_tx = false;
+        }
+        if done {
+            if let Some(WalItem::Commit(c)) = pending.last() {
+                if c.events > 0 {
+                    self.last_event_commit
+                        .0
+                        .store(c.end_lsn.0, Ordering::Relaxed);
+                }
+            }
         }
         Ok(done)
     }

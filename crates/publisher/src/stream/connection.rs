@@ -1,9 +1,11 @@
 //! Stream-protocol connections: URL parsing, connect, stream and publisher
-//! declaration, the producer's last publishing id, and the handler that forwards the
-//! broker's confirms and refusals to the run loop.
+//! declaration, a producer's last publishing id, the negotiated frame maximum
+//! (`tune.rs`), and the handler that forwards the broker's confirms and refusals to
+//! the run loop.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rabbitmq_stream_client::error::ClientError;
@@ -12,11 +14,9 @@ use rabbitmq_stream_client::{Client, ClientOptions, TlsConfiguration};
 
 use tokio::sync::mpsc;
 
-use super::StreamConfig;
+use super::{tune, StreamConfig};
 use crate::error::{percent_decode, redact_url, userinfo_is_ambiguous, PublishError};
 
-/// The one publisher id used on a connection.
-pub(super) const PUBLISHER_ID: u8 = 1;
 /// Bound on connecting and on each request of the setup.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on closing a connection.
@@ -24,8 +24,9 @@ const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Where the system's CA bundle usually is (used for `+tls` without `ca_file`).
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
-/// A parsed `rabbitmq-stream[+tls]://user:password@host:port/vhost` URL.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A parsed `rabbitmq-stream[+tls]://user:password@host:port/vhost` URL. Its `Debug`
+/// hides the password.
+#[derive(Clone, PartialEq, Eq)]
 pub(crate) struct Endpoint {
     pub tls: bool,
     pub user: String,
@@ -33,6 +34,19 @@ pub(crate) struct Endpoint {
     pub host: String,
     pub port: u16,
     pub vhost: String,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("tls", &self.tls)
+            .field("user", &self.user)
+            .field("password", &"***")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("vhost", &self.vhost)
+            .finish()
+    }
 }
 
 impl Endpoint {
@@ -99,7 +113,14 @@ impl Endpoint {
         })
     }
 
-    pub(super) fn options(&self, config: &StreamConfig) -> Result<ClientOptions, PublishError> {
+    /// The client's options. Every TLS file is checked first as the client reads it
+    /// (it unwraps what it cannot use: a panic, exit 101), so that a bad one is an
+    /// error naming its key; `url` is for messages.
+    pub(super) fn options(
+        &self,
+        config: &StreamConfig,
+        url: &str,
+    ) -> Result<ClientOptions, PublishError> {
         let mut tls = TlsConfiguration::default();
         tls.enable(self.tls);
         if self.tls {
@@ -107,14 +128,17 @@ impl Endpoint {
                 .ca_file
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(SYSTEM_CA_BUNDLE));
-            if std::fs::metadata(&roots).is_err() {
-                return Err(PublishError::CaFile {
-                    path: roots.display().to_string(),
-                    reason: "not readable".into(),
-                });
-            }
+            crate::tls::check_ca_file_strictly(&roots)?;
+            crate::tls::check_server_name(&self.host, "stream_url", url)?;
             tls.trust_certificates(false);
             tls.add_root_certificates_path(roots.display().to_string());
+            if let (Some(cert), Some(key)) = (&config.auth.cert_file, &config.auth.key_file) {
+                crate::tls::check_stream_identity(&config.auth)?;
+                tls.add_client_certificates_keys(
+                    cert.display().to_string(),
+                    key.display().to_string(),
+                );
+            }
         }
         Ok(ClientOptions::builder()
             .host(&self.host)
@@ -130,26 +154,66 @@ impl Endpoint {
 /// What the broker reports on a publishing connection.
 #[derive(Debug)]
 pub(super) enum BrokerEvent {
-    Confirmed(Vec<u64>),
-    /// Publishing ids refused, with the code.
-    Refused(Vec<(u64, ResponseCode)>),
+    /// Publishing ids of a publisher stored (or dropped as duplicates).
+    Confirmed(u8, Vec<u64>),
+    /// Publishing ids of a publisher refused, with the code.
+    Refused(u8, Vec<(u64, ResponseCode)>),
     /// The connection is gone or the stream changed (deleted, leader moved).
     Closed(String),
 }
 
-/// One connection with the publisher declared.
+/// One connection, the stream declared (when asked), the broker's events forwarded.
 pub(super) struct Session {
     pub client: Client,
     pub events: mpsc::UnboundedReceiver<BrokerEvent>,
     pub url_index: usize,
-    /// The named producer's last stored publishing id (0: none, or unnamed).
-    pub last_id: u64,
+    /// The negotiated frame maximum (`tune.rs`).
+    pub frame_max: usize,
 }
 
 impl Session {
     /// Closes the connection, bounded.
     pub async fn close(self) {
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.client.close()).await;
+    }
+
+    /// Declares publisher `publisher_id` (named `reference`, or unnamed) and returns
+    /// the broker's last stored id of that reference (0 for none, or unnamed).
+    pub async fn declare(
+        &self,
+        config: &StreamConfig,
+        publisher_id: u8,
+        reference: Option<&str>,
+    ) -> Result<u64, PublishError> {
+        let url = &config.urls[self.url_index];
+        let setup = async {
+            let response = self
+                .client
+                .declare_publisher(publisher_id, reference.map(str::to_string), &config.stream)
+                .await
+                .map_err(|e| classify(url, &e))?;
+            if !response.is_ok() {
+                return Err(refused(config, response.code()));
+            }
+            match reference {
+                Some(reference) => self
+                    .client
+                    .query_publisher_sequence(reference, &config.stream)
+                    .await
+                    .map_err(|e| match e {
+                        ClientError::RequestError(code) => refused(config, &code),
+                        e => classify(url, &e),
+                    }),
+                None => Ok(0),
+            }
+        };
+        match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {
+            Ok(res) => res,
+            Err(_) => Err(PublishError::Unreachable {
+                url: redact_url(url),
+                reason: "timed out declaring the stream publisher".into(),
+            }),
+        }
     }
 }
 
@@ -184,14 +248,35 @@ pub(super) async fn connect_any(
     }))
 }
 
-/// Opens a plain client connection to URL `index` (also used by the tail reader).
+/// Opens a plain client connection to URL `index` (also used by the tail reader),
+/// with the password of the password file when one is configured (read now). A
+/// plain `rabbitmq-stream://` URL to a host other than this one is warned about.
 pub(super) async fn open(config: &StreamConfig, index: usize) -> Result<Client, PublishError> {
     let url = &config.urls[index];
-    let endpoint = Endpoint::parse(url)?;
-    let options = endpoint.options(config)?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(options)).await {
-        Ok(Ok(client)) => Ok(client),
-        Ok(Err(e)) => Err(classify(url, &e)),
+    let mut endpoint = Endpoint::parse(url)?;
+    if let Some(path) = &config.auth.password_file {
+        endpoint.password = crate::tls::read_password(path, crate::tls::Keys::Stream)?;
+    }
+    crate::tls::warn_if_plaintext_beyond_loopback(url, &endpoint.host, endpoint.tls);
+    let options = endpoint.options(config, url)?;
+    // The client unwraps more than the checks above can foresee: a panic in its
+    // connect is a configuration error, not the end of the process.
+    let mut connecting = tokio::spawn(Client::connect(options));
+    let result = tokio::time::timeout(CONNECT_TIMEOUT, &mut connecting).await;
+    if result.is_err() {
+        connecting.abort();
+    }
+    match result {
+        Ok(Ok(Ok(client))) => Ok(client),
+        Ok(Ok(Err(e))) => Err(classify(url, &e)),
+        Ok(Err(join)) => Err(PublishError::InvalidConfig {
+            key: "stream_url",
+            reason: format!(
+                "the stream client failed while connecting to {} ({}): check ca_file, cert_file, key_file and the URL's host",
+                redact_url(url),
+                if join.is_panic() { "it panicked" } else { "it was cancelled" }
+            ),
+        }),
         Err(_) => Err(PublishError::Unreachable {
             url: redact_url(url),
             reason: "timed out connecting".into(),
@@ -213,9 +298,10 @@ async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, Pub
                 let event = match item {
                     Some(Ok(response)) => match response.kind() {
                         ResponseKind::PublishConfirm(c) => {
-                            Some(BrokerEvent::Confirmed(c.publishing_ids))
+                            Some(BrokerEvent::Confirmed(c.publisher_id, c.publishing_ids))
                         }
                         ResponseKind::PublishError(e) => Some(BrokerEvent::Refused(
+                            e.publisher_id,
                             e.publishing_errors
                                 .into_iter()
                                 .map(|p| (p.publishing_id, p.error_code))
@@ -240,35 +326,32 @@ async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, Pub
             }
         };
         client.set_handler(forward).await;
-        let response = client
-            .declare_publisher(
-                PUBLISHER_ID,
-                config.producer_reference.clone(),
-                &config.stream,
-            )
-            .await
-            .map_err(|e| classify(url, &e))?;
-        if !response.is_ok() {
-            return Err(refused(config, response.code()));
+        let mut endpoint = Endpoint::parse(url)?;
+        if let Some(path) = &config.auth.password_file {
+            endpoint.password = crate::tls::read_password(path, crate::tls::Keys::Stream)?;
         }
-        let last_id = match &config.producer_reference {
-            Some(reference) => client
-                .query_publisher_sequence(reference, &config.stream)
-                .await
-                .map_err(|e| match e {
-                    ClientError::RequestError(code) => refused(config, &code),
-                    e => classify(url, &e),
-                })?,
-            None => 0,
+        let tls = if endpoint.tls {
+            Some(probe_tls(config)?)
+        } else {
+            None
         };
-        Ok::<_, PublishError>((events, last_id))
+        let frame_max = match tune::negotiated_frame_max(&endpoint, tls).await {
+            Ok(f) => f,
+            Err(reason) => {
+                // The client connected with the same settings, so this is unusual:
+                // assume the protocol's default.
+                tracing::debug!(%reason, "could not read the stream broker's frame maximum; assuming 1 MiB");
+                tune::CLIENT_FRAME_MAX
+            }
+        };
+        Ok::<_, PublishError>((events, frame_max as usize))
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {
-        Ok(Ok((events, last_id))) => Ok(Session {
+        Ok(Ok((events, frame_max))) => Ok(Session {
             client,
             events,
             url_index: index,
-            last_id,
+            frame_max,
         }),
         Ok(Err(e)) => {
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, client.close()).await;
@@ -278,10 +361,16 @@ async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, Pub
             let _ = tokio::time::timeout(CLOSE_TIMEOUT, client.close()).await;
             Err(PublishError::Unreachable {
                 url: redact_url(url),
-                reason: "timed out declaring the stream publisher".into(),
+                reason: "timed out setting up the stream connection".into(),
             })
         }
     }
+}
+
+/// The TLS settings of the frame-maximum probe: the same roots and client
+/// certificate as the connection's (docs/security.md).
+fn probe_tls(config: &StreamConfig) -> Result<Arc<rustls::ClientConfig>, PublishError> {
+    crate::tls::amqps_config(config.ca_file.as_deref(), &config.auth).map(Arc::new)
 }
 
 async fn declare_stream(client: &Client, config: &StreamConfig) -> Result<(), PublishError> {
@@ -298,6 +387,15 @@ async fn declare_stream(client: &Client, config: &StreamConfig) -> Result<(), Pu
         .map_err(|e| classify(&config.urls[0], &e))?;
     match response.code() {
         ResponseCode::Ok | ResponseCode::StreamAlreadyExists => Ok(()),
+        // It exists with other arguments (an operator created it with its own
+        // retention or segment size): use it as it is.
+        ResponseCode::PrecoditionFailed => {
+            tracing::info!(
+                stream = %config.stream,
+                "the stream exists with other arguments than max_length_bytes / max_age; using it as it is"
+            );
+            Ok(())
+        }
         code => Err(PublishError::Stream {
             stream: config.stream.clone(),
             reason: format!("the broker refused to create it ({code:?}); check the user's configure permission and max_length_bytes / max_age"),
@@ -381,5 +479,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!err.contains("secret"), "{err}");
+        let e = Endpoint::parse("rabbitmq-stream://u:Sekr1t@h:5552/").unwrap();
+        let debug = format!("{e:?} {e:#?}");
+        assert!(
+            !debug.contains("Sekr1t") && debug.contains("***"),
+            "{debug}"
+        );
     }
 }

@@ -1,12 +1,14 @@
 //! The stream message of one event (AMQP 1.0, as the stream protocol carries it);
 //! see the module docs of `stream` for the fields.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use outbox_event::{Lsn, OutboxEvent};
 use rabbitmq_stream_client::types::{Message, SimpleValue};
+use rabbitmq_stream_protocol::codec::Encoder;
 
-use super::tail::Tail;
+use super::engine::{StreamMsg, MESSAGE_OVERHEAD};
+use super::identity::{publishing_id, ProducerKey, StreamSource, TooManyEvents};
 use crate::message::cloudevents::{self, CloudEvents};
 use crate::message::{json_headers, HeaderProfile, MessageFormat};
 
@@ -14,21 +16,59 @@ use crate::message::{json_headers, HeaderProfile, MessageFormat};
 pub const PRODUCER_PROPERTY: &str = "x-outbox-producer";
 /// Application property holding the publishing id.
 pub const PUBLISHING_ID_PROPERTY: &str = "x-outbox-publishing-id";
+/// Application property naming the source: `<system id>/<database>/<slot>`.
+pub const SOURCE_PROPERTY: &str = "x-outbox-source";
+/// Application property holding the timeline whose WAL holds the event's commit.
+pub const TIMELINE_PROPERTY: &str = "x-outbox-timeline";
+
+/// The producer of replay's unnamed messages (no deduplication).
+pub(super) const UNNAMED: ProducerKey = ProducerKey {
+    timeline: 0,
+    epoch: 0,
+};
 
 /// A message ready to publish (and to publish again after a failure).
 #[derive(Debug, Clone)]
 pub(super) struct Pending {
+    pub key: ProducerKey,
     pub id: u64,
     pub message: Message,
+    pub commit_lsn: Lsn,
+    pub index: u64,
     pub commit_time_micros: i64,
-    /// Rough encoded size, for cutting publish frames.
-    pub size: usize,
+    /// Exact bytes it adds to a publish frame.
+    pub frame_bytes: usize,
+    /// The `message-id` property, for reports.
+    pub message_id: String,
+}
+
+impl StreamMsg for Pending {
+    fn producer(&self) -> ProducerKey {
+        self.key
+    }
+
+    fn id(&self) -> u64 {
+        self.id
+    }
+
+    fn frame_bytes(&self) -> usize {
+        self.frame_bytes
+    }
+
+    fn position(&self) -> (Lsn, u64) {
+        (self.commit_lsn, self.index)
+    }
 }
 
 /// Builds [`Pending`] messages; holds what is the same for every message.
 pub(super) struct StreamMessageBuilder {
     extra: Vec<(String, String)>,
-    producer: Option<String>,
+    /// The named producers' source; `None`: replay's unnamed producer.
+    source: Option<StreamSource>,
+    /// Producer references already made.
+    references: HashMap<ProducerKey, String>,
+    /// The next id of the unnamed producer.
+    next_unnamed: u64,
     /// Reserved header keys already logged as dropped.
     logged: HashSet<String>,
     /// The CloudEvents attributes' builder (`format = "cloudevents"`).
@@ -45,10 +85,12 @@ fn text(value: Option<&bytes::Bytes>) -> SimpleValue {
 }
 
 impl StreamMessageBuilder {
-    pub fn new(extra: &[(String, String)], producer: Option<String>) -> Self {
+    pub fn new(extra: &[(String, String)], source: Option<StreamSource>) -> Self {
         Self {
             extra: extra.to_vec(),
-            producer,
+            source,
+            references: HashMap::new(),
+            next_unnamed: 1,
             logged: HashSet::new(),
             cloudevents: None,
             profile: HeaderProfile::Full,
@@ -68,25 +110,48 @@ impl StreamMessageBuilder {
         self
     }
 
-    pub fn build(&mut self, event: &OutboxEvent, id: u64) -> Pending {
+    /// The reference of producer `key` (named producers only).
+    pub fn reference(&mut self, key: ProducerKey) -> Option<String> {
+        let source = self.source.as_ref()?;
+        Some(
+            self.references
+                .entry(key)
+                .or_insert_with(|| source.reference_of(key))
+                .clone(),
+        )
+    }
+
+    pub fn build(&mut self, event: &OutboxEvent) -> Result<Pending, TooManyEvents> {
+        let (key, id) = match &self.source {
+            Some(source) => (
+                source.key(event.commit_lsn),
+                publishing_id(event.commit_lsn, event.index)?,
+            ),
+            None => {
+                self.next_unnamed += 1;
+                (UNNAMED, self.next_unnamed - 1)
+            }
+        };
+        let message_id = event
+            .id
+            .as_ref()
+            .map(|m| String::from_utf8_lossy(m).into_owned())
+            .unwrap_or_default();
         let mut properties = Message::builder().body(event.body.to_vec()).properties();
-        if let Some(message_id) = &event.id {
-            properties = properties.message_id(String::from_utf8_lossy(message_id).into_owned());
+        if event.id.is_some() {
+            properties = properties.message_id(message_id.clone());
         }
         properties = properties.content_type(event.table.content_type);
         if let Some(time) = chrono::DateTime::from_timestamp_micros(event.commit_time_micros) {
             properties = properties.creation_time(time);
         }
-        let mut size = event.body.len() + 256;
         let mut app = properties.message_builder().application_properties();
         if let Some(raw) = &event.headers {
-            size += raw.len();
             for (key, value) in json_headers(raw, &mut self.logged, self.cloudevents.is_some()) {
                 app = app.insert(key, SimpleValue::from(value));
             }
         }
         for (key, value) in &self.extra {
-            size += key.len() + value.len();
             app = app.insert(key.as_str(), value.as_str());
         }
         if self.profile.descriptive() {
@@ -105,7 +170,6 @@ impl StreamMessageBuilder {
             .insert("tx_index", SimpleValue::from(event.index));
         if let Some(ce) = &mut self.cloudevents {
             let a = ce.attributes(event);
-            size += 160 + a.id.len() + a.source.len() + a.kind.len();
             app = app
                 .insert(cloudevents::SPECVERSION_KEY, cloudevents::SPECVERSION)
                 .insert(cloudevents::ID, a.id)
@@ -113,48 +177,37 @@ impl StreamMessageBuilder {
                 .insert(cloudevents::TYPE, a.kind)
                 .insert(cloudevents::TIME, a.time);
             if let Some(subject) = a.subject {
-                size += subject.len();
                 app = app.insert(cloudevents::SUBJECT, subject);
             }
         }
-        if let Some(producer) = &self.producer {
+        if let Some(reference) = self.reference(key) {
+            let source = self
+                .source
+                .as_ref()
+                .map(|s| s.source.as_str())
+                .unwrap_or("");
             app = app
-                .insert(PRODUCER_PROPERTY, producer.as_str())
-                .insert(PUBLISHING_ID_PROPERTY, SimpleValue::from(id));
+                .insert(PRODUCER_PROPERTY, reference)
+                .insert(PUBLISHING_ID_PROPERTY, SimpleValue::from(id))
+                .insert(SOURCE_PROPERTY, source)
+                .insert(
+                    TIMELINE_PROPERTY,
+                    SimpleValue::from(u64::from(key.timeline)),
+                );
         }
-        Pending {
+        let message = app.message_builder().publising_id(id).build();
+        let frame_bytes = MESSAGE_OVERHEAD + message.encoded_size() as usize;
+        Ok(Pending {
+            key,
             id,
-            message: app.message_builder().publising_id(id).build(),
+            message,
+            commit_lsn: event.commit_lsn,
+            index: event.index,
             commit_time_micros: event.commit_time_micros,
-            size,
-        }
+            frame_bytes,
+            message_id,
+        })
     }
-}
-
-/// The `(commit_lsn, tx_index)` of a stored message of `producer` with publishing id
-/// `id`, or `None` when the message is another's (or lacks the properties).
-pub(super) fn tail_of(message: &Message, producer: &str, id: u64) -> Option<Tail> {
-    let app = message.application_properties()?;
-    match app.get(PRODUCER_PROPERTY)? {
-        SimpleValue::String(p) if p == producer => {}
-        _ => return None,
-    }
-    match app.get(PUBLISHING_ID_PROPERTY)? {
-        SimpleValue::Ulong(v) if *v == id => {}
-        _ => return None,
-    }
-    let commit_lsn = match app.get("commit_lsn")? {
-        SimpleValue::String(s) => s.parse::<Lsn>().ok()?,
-        _ => return None,
-    };
-    let tx_index = match app.get("tx_index")? {
-        SimpleValue::Ulong(v) => *v,
-        _ => return None,
-    };
-    Some(Tail {
-        commit_lsn,
-        tx_index,
-    })
 }
 
 #[cfg(test)]
@@ -203,11 +256,20 @@ mod tests {
         }
     }
 
+    fn source() -> StreamSource {
+        StreamSource {
+            reference: "p".into(),
+            source: "7/db/slot".into(),
+            history: outbox_event::history::History::first(7),
+            server_wal: Lsn(u64::MAX),
+        }
+    }
+
     #[test]
-    fn minimal_properties_still_find_the_tail() {
+    fn minimal_properties_keep_the_producer_and_source() {
         let mut b =
-            StreamMessageBuilder::new(&[], Some("p".into())).with_headers(HeaderProfile::Minimal);
-        let p = b.build(&event(), 7);
+            StreamMessageBuilder::new(&[], Some(source())).with_headers(HeaderProfile::Minimal);
+        let p = b.build(&event()).unwrap();
         let app = p.message.application_properties().unwrap();
         let mut keys: Vec<&str> = app.keys().map(String::as_str).collect();
         keys.sort_unstable();
@@ -221,24 +283,53 @@ mod tests {
                 "tx_index",
                 PRODUCER_PROPERTY,
                 PUBLISHING_ID_PROPERTY,
+                SOURCE_PROPERTY,
+                TIMELINE_PROPERTY,
             ]
         );
         assert_eq!(
-            tail_of(&p.message, "p", 7),
-            Some(Tail {
-                commit_lsn: Lsn(0x2_0000_0010),
-                tx_index: 1
-            })
+            prop(&p.message, PRODUCER_PROPERTY).as_deref(),
+            Some("p/tl1")
         );
-        let full = StreamMessageBuilder::new(&[], Some("p".into())).build(&event(), 7);
+        assert_eq!(
+            prop(&p.message, SOURCE_PROPERTY).as_deref(),
+            Some("7/db/slot")
+        );
+        assert_eq!(p.id, publishing_id(Lsn(0x2_0000_0010), 1).unwrap());
+        let full = StreamMessageBuilder::new(&[], Some(source()))
+            .build(&event())
+            .unwrap();
         let n = full.message.application_properties().unwrap().len();
         assert_eq!(n, keys.len() + 4);
     }
 
     #[test]
+    fn frame_bytes_is_the_exact_encoding() {
+        let p = StreamMessageBuilder::new(&[], Some(source()))
+            .build(&event())
+            .unwrap();
+        let mut encoded = Vec::new();
+        p.message.encode(&mut encoded).unwrap();
+        assert_eq!(p.frame_bytes, encoded.len() + MESSAGE_OVERHEAD);
+    }
+
+    #[test]
+    fn unnamed_messages_have_no_producer_properties() {
+        let mut b = StreamMessageBuilder::new(&[("replay".into(), "true".into())], None);
+        let first = b.build(&event()).unwrap();
+        let second = b.build(&event()).unwrap();
+        assert_eq!((first.id, second.id), (1, 2));
+        assert_eq!(first.key, UNNAMED);
+        let app = first.message.application_properties().unwrap();
+        assert!(!app.contains_key(PRODUCER_PROPERTY));
+        assert!(!app.contains_key(SOURCE_PROPERTY));
+        assert_eq!(prop(&first.message, "replay").as_deref(), Some("true"));
+    }
+
+    #[test]
     fn native_has_no_cloudevents_properties() {
-        let mut b = StreamMessageBuilder::new(&[], Some("p".into()));
-        let p = b.build(&event(), 7);
+        let mut b = StreamMessageBuilder::new(&[], Some(source()));
+        let p = b.build(&event()).unwrap();
         let app = p.message.application_properties().unwrap();
         let ce: Vec<&String> = app
             .keys()
@@ -256,9 +347,9 @@ mod tests {
     #[test]
     fn cloudevents_application_properties() {
         let format = CloudEventsFormat::new("urn:{database}:{table}", "db", "x.").unwrap();
-        let mut b = StreamMessageBuilder::new(&[], Some("p".into()))
+        let mut b = StreamMessageBuilder::new(&[], Some(source()))
             .with_format(&MessageFormat::CloudEvents(format));
-        let p = b.build(&event(), 7);
+        let p = b.build(&event()).unwrap();
         let m = &p.message;
         for (key, value) in [
             ("cloudEvents:specversion", "1.0"),
@@ -279,12 +370,6 @@ mod tests {
             "application/json"
         );
         // The stream's own properties still identify the message (exactly once).
-        assert_eq!(
-            tail_of(m, "p", 7),
-            Some(Tail {
-                commit_lsn: Lsn(0x2_0000_0010),
-                tx_index: 1
-            })
-        );
+        assert_eq!(prop(m, PRODUCER_PROPERTY).as_deref(), Some("p/tl1"));
     }
 }

@@ -24,7 +24,7 @@
 //! The official `rabbitmq-stream-client`, version 0.4: every later version sends
 //! `exchange_command_versions` while connecting, which RabbitMQ before 3.13 (3.10
 //! here) answers by closing the connection. It is used at its raw `Client` level
-//! (one connection, publisher id 1), not through its `Producer` (in 0.11 the
+//! (one connection, one publisher id per producer), not through its `Producer` (in 0.11 the
 //! producer's confirm handler panics on an id it does not track and its `Drop`
 //! blocks on a network round trip). The raw client sends a message with the publishing id we
 //! set on it (`Message::builder().publising_id(id)` in 0.4, used as is by
@@ -33,48 +33,38 @@
 //! loop. It connects exactly to the URL given (no advertised-host lookup), so a
 //! proxy in front of the broker works.
 //!
-//! # Publishing ids and why it is exactly once
+//! # Producers, publishing ids, and why it is exactly once
 //!
-//! With [`StreamConfig::producer_reference`] `= Some(r)` the publisher is the *named*
-//! producer `r`, and the broker drops every message whose publishing id is not above
-//! the highest it stored for `r` (it still confirms it).
+//! With [`StreamConfig::source`] set, every event is published by a *named* producer,
+//! and the broker drops every message whose publishing id is not above the highest
+//! it stored for that producer (it still confirms it). `identity.rs` derives both the
+//! producer reference and the id from the event's place in its source's WAL history:
+//! the reference names the source (system identifier, database, slot, or
+//! `producer_name`) and the timeline whose WAL holds the event's commit; the id is
+//! the commit LSN and the index in the transaction. So:
 //!
-//! 1. At connect, the broker is asked for `r`'s last publishing id `last` (0: never
-//!    published). If `last > 0` the stream is read from its end backwards
-//!    (`tail.rs`: the last chunk, then windows of offsets doubling in size, down to
-//!    the first offset) until the message of producer `r` with
-//!    `x-outbox-publishing-id = last` is found; its `(commit_lsn, tx_index)` is the
-//!    *tail*. Other producers' messages are skipped by `x-outbox-producer`.
-//! 2. Every event at or below the tail (compared as `(commit_lsn, tx_index)`) is
-//!    already in the stream: it is not sent and counts as confirmed at once. Every
-//!    later event gets the next id, `last + 1, last + 2, …`, in arrival order, which
-//!    is commit order.
-//! 3. The relay confirms to Postgres only positions whose events are all confirmed,
-//!    so after any restart the slot re-delivers every event after the tail, in the
-//!    same order with the same `(commit_lsn, tx_index)`: they get the same ids again.
-//!    Events at or below the tail are skipped, so nothing is stored twice; events
-//!    above it were never stored (ids above `last`), so nothing is lost. Neither
-//!    record LSNs (they interleave across transactions) nor `commit_lsn` arithmetic
-//!    is used: only the order of arrival.
-//! 4. Within one `run`, a lost connection or a refusal ends the session; after the
-//!    backoff, a new connection asks `last` again: buffered messages with ids up to
-//!    `last` are confirmed at once, the others are sent again with the ids they were
-//!    given, in order (the broker drops any it stored meanwhile).
+//! 1. After any restart the slot delivers again every event after its confirmed
+//!    position, in the same order, with the same commit LSN and index: the same
+//!    producer and the same id. The broker's last stored id of that producer (asked
+//!    when the producer is declared, one request) says which of them are stored: the
+//!    engine confirms those at once without sending them, and sends the rest. Nothing
+//!    is read back from the stream, so the start takes the same few requests whatever
+//!    other writers do and however much retention removed.
+//! 2. Another source, or another WAL history of this one (a failover that replaced
+//!    WAL, a restore), publishes under other references: its ids never make the
+//!    broker drop ours.
+//! 3. Within one `run`, a lost connection or a refusal ends the connection; the next
+//!    one declares the producers again, confirms what is stored and re-sends the
+//!    rest in order.
 //!
-//! Publish errors: the broker refuses ids with a code (stream gone, publisher
-//! unknown, access refused) for a whole publish frame, but frames after a refused
-//! one on the same connection could in principle be stored (for example once the
-//! stream's leader is back), which would make `last` jump over a refused id. So a
-//! refusal ends the session at once (the connection is closed), and the reconnect
-//! checks that `last` is below the lowest refused id: if it is not, a refused event
-//! lies below `last`, the broker would drop it as a duplicate, and the publisher
-//! stops with [`PublishError::Stream`] rather than lose it silently. A `last` above
-//! every id this process assigned means a second writer uses the same reference
-//! (two relays on one slot): also a [`PublishError::Stream`].
+//! A refused id stays refused until it is confirmed; if the broker then reports a
+//! last id at or above it, it stored a later event and would drop this one: the
+//! publisher stops with a definite [`PublishError::Stream`] rather than lose it
+//! silently (`engine.rs`).
 //!
-//! With `producer_reference = None` (replay) the producer is unnamed: no query, no
-//! tail, no `x-outbox-producer` / `x-outbox-publishing-id` properties; ids are only
-//! used to match confirms, and a republish adds copies.
+//! With `source = None` (replay) the producer is unnamed: no deduplication, no
+//! `x-outbox-producer` / `x-outbox-publishing-id` properties; ids only match
+//! confirms, and a republish adds copies.
 //!
 //! # The message
 //!
@@ -83,15 +73,22 @@
 //! headers column's keys (reserved keys dropped), then [`StreamConfig::extra_properties`],
 //! then the relay's own, which win a name clash: `aggregate_type`, `aggregate_id`,
 //! `event_type` (strings, AMQP null for NULL), `table`, `commit_lsn` (`X/Y`),
-//! `tx_index` and `xid` (ulong), `x-outbox-producer`, `x-outbox-publishing-id` (ulong).
+//! `tx_index` and `xid` (ulong), `x-outbox-producer`, `x-outbox-publishing-id` (ulong),
+//! `x-outbox-source` and `x-outbox-timeline` (ulong).
 //!
-//! Limits: one message must fit in a stream-protocol frame (1 MiB, negotiated with
-//! the broker); messages are sent in publish frames of at most 512 KiB.
+//! Limits: a publish frame's exact encoded size stays within the frame maximum the
+//! connection negotiated (`tune.rs`); a message that does not fit even alone holds the
+//! publisher as a poison message (`/poison`, `status`, the metric), and a transaction
+//! may carry at most [`identity::MAX_EVENTS_PER_TRANSACTION`] events.
 
 mod connection;
+mod engine;
+pub mod identity;
 mod message;
 mod run;
-mod tail;
+#[cfg(test)]
+mod sim;
+mod tune;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -103,7 +100,8 @@ use crate::error::{redact_url, PublishError};
 use crate::status::PublisherStatus;
 use crate::PublisherReport;
 
-pub use tail::Tail;
+pub use identity::StreamSource;
+pub use message::{PRODUCER_PROPERTY, PUBLISHING_ID_PROPERTY, SOURCE_PROPERTY, TIMELINE_PROPERTY};
 
 /// Default stream-protocol URL.
 pub const DEFAULT_STREAM_URL: &str = "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f";
@@ -119,9 +117,9 @@ pub struct StreamConfig {
     pub declare_stream: bool,
     pub max_length_bytes: Option<u64>,
     pub max_age: Option<Duration>,
-    /// The named producer (deduplication); `None`: an unnamed producer, no
-    /// deduplication (replay).
-    pub producer_reference: Option<String>,
+    /// The source the named producers are derived from (deduplication, module docs);
+    /// `None`: an unnamed producer, no deduplication (replay).
+    pub source: Option<StreamSource>,
     pub max_in_flight: usize,
     /// Application properties added to every message, e.g. `("replay", "true")`.
     pub extra_properties: Vec<(String, String)>,
@@ -132,6 +130,9 @@ pub struct StreamConfig {
     pub headers: crate::message::HeaderProfile,
     /// PEM CA for `rabbitmq-stream+tls://`; without it the system's CA bundle.
     pub ca_file: Option<PathBuf>,
+    /// A client certificate for `+tls` and a password file that replaces the URLs'
+    /// password, read at every connect (`connection.rs`).
+    pub auth: crate::ClientAuth,
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub shutdown_timeout: Duration,
@@ -147,12 +148,13 @@ impl StreamConfig {
             declare_stream: true,
             max_length_bytes: None,
             max_age: None,
-            producer_reference: None,
+            source: None,
             max_in_flight: crate::DEFAULT_MAX_IN_FLIGHT,
             extra_properties: Vec::new(),
             format: crate::message::MessageFormat::Native,
             headers: crate::message::HeaderProfile::Full,
             ca_file: None,
+            auth: crate::ClientAuth::default(),
             backoff_initial: crate::DEFAULT_BACKOFF_INITIAL,
             backoff_max: crate::DEFAULT_BACKOFF_MAX,
             shutdown_timeout: crate::DEFAULT_SHUTDOWN_TIMEOUT,
@@ -181,9 +183,9 @@ impl StreamConfig {
                 reason: "0 would never publish; set a positive number such as 10000".into(),
             });
         }
-        if self.producer_reference.as_deref() == Some("") {
+        if self.source.as_ref().is_some_and(|s| s.reference.is_empty()) {
             return Err(PublishError::InvalidConfig {
-                key: "producer_reference",
+                key: "producer_name",
                 reason: "empty producer reference".into(),
             });
         }
@@ -200,12 +202,13 @@ impl std::fmt::Debug for StreamConfig {
             .field("declare_stream", &self.declare_stream)
             .field("max_length_bytes", &self.max_length_bytes)
             .field("max_age", &self.max_age)
-            .field("producer_reference", &self.producer_reference)
+            .field("source", &self.source)
             .field("max_in_flight", &self.max_in_flight)
             .field("extra_properties", &self.extra_properties)
             .field("format", &self.format)
             .field("headers", &self.headers)
             .field("ca_file", &self.ca_file)
+            .field("auth", &self.auth)
             .field("backoff_initial", &self.backoff_initial)
             .field("backoff_max", &self.backoff_max)
             .field("shutdown_timeout", &self.shutdown_timeout)
@@ -213,35 +216,72 @@ impl std::fmt::Debug for StreamConfig {
     }
 }
 
+/// Whether the stream exists, asked without declaring it (for `check`:
+/// [`crate::probe::probe_stream`]).
+pub(crate) async fn stream_presence(
+    config: &StreamConfig,
+) -> Result<crate::probe::Presence, PublishError> {
+    use crate::probe::Presence;
+    use rabbitmq_stream_client::types::ResponseCode;
+    let mut config = config.clone();
+    config.declare_stream = false;
+    config.validate()?;
+    let session = connection::connect_any(&config, 0).await?;
+    let url = &config.urls[session.url_index];
+    let answer = session.client.metadata(vec![config.stream.clone()]).await;
+    let presence = match answer {
+        Ok(map) => match map.get(&config.stream).map(|m| &m.response_code) {
+            Some(ResponseCode::Ok) => Ok(Presence::Exists),
+            Some(ResponseCode::StreamDoesNotExist) | None => Ok(Presence::Missing),
+            Some(code) => Err(PublishError::Stream {
+                stream: config.stream.clone(),
+                reason: format!("the broker answered {code:?} when asked about it"),
+            }),
+        },
+        Err(e) => Err(connection::classify(url, &e)),
+    };
+    session.close().await;
+    presence
+}
+
 /// A connected stream publisher; see the module docs.
 pub struct StreamPublisher {
     config: StreamConfig,
     session: connection::Session,
-    /// `(commit_lsn, tx_index)` of the producer's last stored message, if any.
-    tail: Option<Tail>,
+    /// The producer declared at connect (publisher id 0) and its last stored id.
+    first: Option<(identity::ProducerKey, u64)>,
     status: PublisherStatus,
 }
 
 impl StreamPublisher {
-    /// Connects to the first reachable URL, declares the stream if asked, declares
-    /// the publisher and, for a named producer, finds the tail (module docs).
-    /// Login and vhost problems, a missing stream and a tail that cannot be found
-    /// are definite errors; an unreachable broker is transient.
+    /// Connects to the first reachable URL, declares the stream if asked, and
+    /// declares the producer of the server's current timeline (so that a refused
+    /// write permission shows at once). Login and vhost problems, a missing stream and
+    /// a refused publisher are definite errors; an unreachable broker is transient.
+    /// Other producers are declared as their events come.
     pub async fn connect(config: StreamConfig) -> Result<StreamPublisher, PublishError> {
         config.validate()?;
         let session = connection::connect_any(&config, 0).await?;
-        let tail = match (&config.producer_reference, session.last_id) {
-            (Some(reference), last) if last > 0 => {
-                Some(tail::find(&config, session.url_index, reference, last).await?)
+        let (key, reference) = match &config.source {
+            Some(source) => {
+                let key = source.key(source.server_wal);
+                (key, Some(source.reference_of(key)))
             }
-            _ => None,
+            None => (message::UNNAMED, None),
+        };
+        let last = match session.declare(&config, 0, reference.as_deref()).await {
+            Ok(last) => last,
+            Err(e) => {
+                session.close().await;
+                return Err(e);
+            }
         };
         tracing::info!(
             node = %redact_url(&config.urls[session.url_index]),
             stream = %config.stream,
-            producer = ?config.producer_reference,
-            last_publishing_id = session.last_id,
-            tail = ?tail,
+            producer = reference.as_deref().unwrap_or("(unnamed)"),
+            last_publishing_id = last,
+            frame_max = session.frame_max,
             "connected to the rabbitmq stream"
         );
         let status = PublisherStatus::new(Lsn::ZERO);
@@ -249,7 +289,7 @@ impl StreamPublisher {
         Ok(StreamPublisher {
             config,
             session,
-            tail,
+            first: Some((key, last)),
             status,
         })
     }
@@ -259,10 +299,12 @@ impl StreamPublisher {
         self.status.clone()
     }
 
-    /// The producer's last stored message found at connect (`None`: unnamed, or
-    /// nothing published yet).
-    pub fn tail(&self) -> Option<Tail> {
-        self.tail
+    /// The producer declared at connect (the current timeline's): its reference and
+    /// the broker's last stored publishing id for it (0: none). `None`: unnamed.
+    pub fn producer(&self) -> Option<(String, u64)> {
+        let source = self.config.source.as_ref()?;
+        let (key, last) = self.first?;
+        Some((source.reference_of(key), last))
     }
 
     /// [`crate::Publisher::run`]'s contract on a stream: consumes batches until

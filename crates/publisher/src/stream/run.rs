@@ -1,38 +1,42 @@
 //! The stream publishing loop: one task, one `select!` over the broker's confirms
-//! and refusals, the input, the flushed position and the shutdown deadline. The
-//! bookkeeping is [`Window`]'s, as for the AMQP publisher; ids are assigned here
-//! (module docs of `stream`).
+//! and refusals, the input, the flushed position, the shutdown deadline and the
+//! poison retry. Every decision is the engine's (`engine.rs`); this file does the
+//! I/O it asks for.
 
-use std::collections::HashMap;
+use std::time::Duration;
 
 use outbox_event::{Lsn, WalBatch, WalItem};
 use rabbitmq_stream_client::types::{Message, ResponseCode};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::connection::{self, BrokerEvent, Session, PUBLISHER_ID};
+use super::connection::{self, BrokerEvent, Session};
+use super::engine::{Engine, Next};
 use super::message::{Pending, StreamMessageBuilder};
-use super::tail::Tail;
 use super::{StreamConfig, StreamPublisher};
 use crate::error::{redact_url, PublishError};
-use crate::status::{self, PublisherStatus};
-use crate::window::Window;
+use crate::status::{self, PoisonMessage, PublisherStatus};
 use crate::PublisherReport;
 
-/// Messages in one publish frame, at most.
-const MAX_BATCH: usize = 1000;
-/// Estimated bytes in one publish frame, at most (the frame limit is 1 MiB).
-const MAX_BATCH_BYTES: usize = 512 * 1024;
+/// How often a poison message is logged again while it holds the publisher.
+const POISON_LOG_EVERY: Duration = Duration::from_secs(60);
 
 enum Step {
     Broker(Option<BrokerEvent>),
     Input(Option<WalBatch>),
     Flushed(Option<Lsn>),
     Deadline,
+    PoisonRetry,
 }
 
-/// Why a session ended.
-struct Failure(String);
+/// Why a connection ended.
+enum Failure {
+    /// Reconnect and go on.
+    Retry(String),
+    /// Stop: the error goes to the caller ([`PublishError::Halted`]: retrying would
+    /// lose an event).
+    Stop(PublishError),
+}
 
 pub(super) struct Runner {
     config: StreamConfig,
@@ -42,20 +46,17 @@ pub(super) struct Runner {
     watermark: watch::Sender<Lsn>,
     flushed: Option<watch::Receiver<Lsn>>,
     builder: StreamMessageBuilder,
-    window: Window<Pending>,
-    /// Publishing id → window sequence of the messages sent on this connection.
-    sent: HashMap<u64, u64>,
-    /// The next publishing id to assign.
-    next_id: u64,
-    /// Ids up to this one are stored (named producer): confirmed without sending.
-    stored_upto: u64,
-    /// Events at or below it are already in the stream (skipped).
-    tail: Option<Tail>,
-    /// The lowest publishing id the broker refused.
-    refused_min: Option<u64>,
+    engine: Engine<Pending>,
     failures: u32,
     report: PublisherReport,
     deadline: Option<Instant>,
+    /// When the connection is renewed to see whether the poison message fits now.
+    poison_retry: Option<Instant>,
+    poison_logged: Option<Instant>,
+    /// A definite error found while taking input.
+    halt: Option<PublishError>,
+    /// Events sent again although the broker reported them stored, as last logged.
+    resends_logged: u64,
 }
 
 impl Runner {
@@ -67,44 +68,49 @@ impl Runner {
         let StreamPublisher {
             config,
             session,
-            tail,
+            first,
             status,
         } = publisher;
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
         status.set_poison(None);
-        let named = config.producer_reference.is_some();
-        let last = if named { session.last_id } else { 0 };
+        let (named, timeline, wal) = match &config.source {
+            Some(s) => (true, s.history.timeline, s.server_wal),
+            None => (false, 0, Lsn::ZERO),
+        };
+        let mut engine = Engine::new(config.max_in_flight, start, named, timeline, wal);
+        engine.connected(session.frame_max);
+        let halt = first.and_then(|(key, last)| {
+            engine
+                .declared(key, last)
+                .err()
+                .map(|d| PublishError::Halted {
+                    stream: config.stream.clone(),
+                    reason: d.to_string(),
+                })
+        });
         Runner {
-            builder: StreamMessageBuilder::new(
-                &config.extra_properties,
-                config.producer_reference.clone(),
-            )
-            .with_format(&config.format)
-            .with_headers(config.headers),
-            window: Window::new(config.max_in_flight, start),
+            builder: StreamMessageBuilder::new(&config.extra_properties, config.source.clone())
+                .with_format(&config.format)
+                .with_headers(config.headers),
+            engine,
             url_index: session.url_index,
             session: Some(session),
             status,
             watermark,
             flushed,
-            sent: HashMap::new(),
-            next_id: last + 1,
-            stored_upto: last,
-            tail,
-            refused_min: None,
             failures: 0,
             report: PublisherReport {
                 watermark: start,
                 ..PublisherReport::default()
             },
             deadline: None,
+            poison_retry: None,
+            poison_logged: None,
+            halt,
+            resends_logged: 0,
             config,
         }
-    }
-
-    fn named(&self) -> bool {
-        self.config.producer_reference.is_some()
     }
 
     pub(super) async fn run(
@@ -113,40 +119,48 @@ impl Runner {
     ) -> Result<PublisherReport, PublishError> {
         let mut input_open = true;
         loop {
-            if !input_open && self.window.is_empty() {
+            if let Some(halt) = self.halt.take() {
+                self.close().await;
+                return Err(halt);
+            }
+            if !input_open && self.engine.window().is_empty() {
                 break;
             }
             let mut failure = self.publish().await.err();
             if failure.is_none() {
                 let want_input =
-                    input_open && (!self.window.has_unpublished() || input.is_closed());
+                    input_open && (!self.engine.window().has_unpublished() || input.is_closed());
                 let step = {
                     let events = self.session.as_mut().map(|s| &mut s.events);
                     let flushed = self.flushed.as_mut();
                     let has_flushed = flushed.is_some();
                     let deadline = self.deadline;
+                    let poison_retry = self.poison_retry;
                     tokio::select! {
                         biased;
                         event = recv_opt(events) => Step::Broker(event),
                         changed = changed_lsn(flushed), if has_flushed => Step::Flushed(changed),
                         batch = input.recv(), if want_input => Step::Input(batch),
                         () = sleep_until_opt(deadline), if deadline.is_some() => Step::Deadline,
+                        () = sleep_until_opt(poison_retry), if poison_retry.is_some() => Step::PoisonRetry,
                     }
                 };
                 match step {
-                    Step::Broker(Some(BrokerEvent::Confirmed(ids))) => self.on_confirmed(&ids),
-                    Step::Broker(Some(BrokerEvent::Refused(refused))) => {
-                        failure = Some(self.on_refused(&refused));
+                    Step::Broker(Some(BrokerEvent::Confirmed(publisher_id, ids))) => {
+                        self.on_confirmed(publisher_id, &ids)
+                    }
+                    Step::Broker(Some(BrokerEvent::Refused(publisher_id, refused))) => {
+                        failure = Some(self.on_refused(publisher_id, &refused));
                     }
                     Step::Broker(Some(BrokerEvent::Closed(reason))) => {
-                        failure = Some(Failure(reason));
+                        failure = Some(Failure::Retry(reason));
                     }
-                    Step::Broker(None) => failure = Some(Failure("connection lost".into())),
-                    Step::Flushed(Some(lsn)) => self.window.flushed(lsn),
+                    Step::Broker(None) => failure = Some(Failure::Retry("connection lost".into())),
+                    Step::Flushed(Some(lsn)) => self.engine.flushed(lsn),
                     Step::Flushed(None) => {
                         self.flushed = None;
-                        let lsn = self.window.watermark();
-                        self.window.flushed(lsn);
+                        let lsn = self.engine.watermark();
+                        self.engine.flushed(lsn);
                     }
                     Step::Input(Some(batch)) => self.on_input(batch),
                     Step::Input(None) => {
@@ -154,13 +168,31 @@ impl Runner {
                         self.deadline = Some(Instant::now() + self.config.shutdown_timeout);
                     }
                     Step::Deadline => break,
+                    Step::PoisonRetry => {
+                        self.poison_retry = None;
+                        if self.engine.window().unacked() == 0 {
+                            failure = Some(Failure::Retry(
+                                "renewing the connection to see whether the held message fits now"
+                                    .into(),
+                            ));
+                        } else {
+                            // Let what was sent before it be confirmed first.
+                            self.poison_retry = Some(Instant::now() + self.config.backoff_initial);
+                        }
+                    }
                 }
             }
             self.after_progress();
-            if let Some(failure) = failure {
-                if !self.recover(failure).await? {
-                    break;
+            let reconnected = match failure {
+                None => true,
+                Some(Failure::Stop(e)) => {
+                    self.close().await;
+                    return Err(e);
                 }
+                Some(Failure::Retry(reason)) => self.recover(reason).await?,
+            };
+            if !reconnected {
+                break;
             }
         }
         Ok(self.finish().await)
@@ -169,163 +201,227 @@ impl Runner {
     fn on_input(&mut self, batch: WalBatch) {
         for item in batch {
             match item {
-                WalItem::Event(event) => {
-                    if let Some(tail) = self.tail {
-                        let key = Tail {
-                            commit_lsn: event.commit_lsn,
-                            tx_index: event.index,
-                        };
-                        if key <= tail {
-                            // Already in the stream (stored by an earlier session).
-                            continue;
-                        }
-                        tracing::info!(
-                            ?tail,
-                            "skipped the events already in the stream; publishing from the next one"
-                        );
-                        self.tail = None;
+                WalItem::Event(event) => match self.builder.build(&event) {
+                    Ok(pending) => self.engine.push_message(pending),
+                    Err(too_many) => {
+                        self.halt = Some(self.halted(too_many.to_string()));
+                        return;
                     }
-                    let id = self.next_id;
-                    self.next_id += 1;
-                    let pending = self.builder.build(&event, id);
-                    self.window.push_message(pending);
-                }
-                WalItem::Commit(commit) => self.window.push_mark(commit.end_lsn),
-                WalItem::Keepalive(lsn) => self.window.push_mark(lsn),
+                },
+                WalItem::Commit(commit) => self.engine.push_mark(commit.end_lsn),
+                WalItem::Keepalive(lsn) => self.engine.push_mark(lsn),
             }
         }
-        self.window.advance();
     }
 
-    /// Sends what the window allows, in publish frames; messages already stored
-    /// (ids up to `stored_upto`) are confirmed without sending.
+    fn halted(&self, reason: String) -> PublishError {
+        PublishError::Halted {
+            stream: self.config.stream.clone(),
+            reason,
+        }
+    }
+
+    /// Does what the engine asks until it has nothing to send: declares producers and
+    /// sends publish frames.
     async fn publish(&mut self) -> Result<(), Failure> {
-        let Some(session) = &self.session else {
-            return Ok(());
-        };
         loop {
-            let mut batch: Vec<Message> = Vec::new();
-            let mut stored = Vec::new();
-            let mut bytes = 0;
-            while batch.len() < MAX_BATCH && bytes < MAX_BATCH_BYTES {
-                let Some((seq, pending)) = self.window.next_to_publish() else {
-                    break;
-                };
-                if self.config.producer_reference.is_some() && pending.id <= self.stored_upto {
-                    stored.push(seq);
-                    continue;
-                }
-                self.sent.insert(pending.id, seq);
-                bytes += pending.size;
-                batch.push(pending.message.clone());
-            }
-            let progress = !stored.is_empty() || !batch.is_empty();
-            for seq in stored {
-                self.window.ack(seq);
-            }
-            // As `watermark_counts_as_flushed` (the session is borrowed here).
-            if self.flushed.is_none() {
-                let watermark = self.window.watermark();
-                self.window.flushed(watermark);
-            }
-            if !batch.is_empty() {
-                let n = batch.len() as u64;
-                self.report.published += n;
-                metrics::counter!(status::EVENTS_PUBLISHED).increment(n);
-                if let Err(e) = session.client.publish(PUBLISHER_ID, batch).await {
-                    return Err(Failure(format!("publish failed: {e}")));
-                }
-            }
-            if !progress {
+            let Some(session) = &self.session else {
                 return Ok(());
+            };
+            match self.engine.next() {
+                Next::Idle => {
+                    self.log_resends();
+                    return Ok(());
+                }
+                Next::Declare { key, publisher_id } => {
+                    let reference = self.builder.reference(key);
+                    let last = match session
+                        .declare(&self.config, publisher_id, reference.as_deref())
+                        .await
+                    {
+                        Ok(last) => last,
+                        Err(e) if e.is_transient() => return Err(Failure::Retry(e.to_string())),
+                        Err(e) => return Err(Failure::Stop(e)),
+                    };
+                    if let Err(definite) = self.engine.declared(key, last) {
+                        return Err(Failure::Stop(self.halted(definite.to_string())));
+                    }
+                    tracing::info!(
+                        producer = reference.as_deref().unwrap_or("(unnamed)"),
+                        publisher_id,
+                        last_publishing_id = last,
+                        "declared the stream producer"
+                    );
+                }
+                Next::Publish {
+                    publisher_id, seqs, ..
+                } => {
+                    let window = self.engine.window();
+                    let messages: Vec<Message> = seqs
+                        .iter()
+                        .filter_map(|seq| window.get(*seq).map(|p| p.message.clone()))
+                        .collect();
+                    let n = messages.len() as u64;
+                    self.report.published += n;
+                    metrics::counter!(status::EVENTS_PUBLISHED).increment(n);
+                    if let Err(e) = session.client.publish(publisher_id, messages).await {
+                        return Err(Failure::Retry(format!("publish failed: {e}")));
+                    }
+                }
+                Next::Poison {
+                    seq,
+                    frame_bytes,
+                    frame_max,
+                } => {
+                    self.on_poison(seq, frame_bytes, frame_max);
+                    return Ok(());
+                }
             }
         }
     }
 
-    fn on_confirmed(&mut self, ids: &[u64]) {
-        let mut acked = 0;
-        for id in ids {
-            if let Some(seq) = self.sent.remove(id) {
-                self.window.ack(seq);
-                acked += 1;
-            }
-        }
-        if acked > 0 {
-            self.failures = 0;
-            self.report.acked += acked;
-            metrics::counter!(status::EVENTS_ACKED).increment(acked);
+    /// Says how many events the broker already held and got again (it drops them as
+    /// duplicates).
+    fn log_resends(&mut self) {
+        let resent = self.engine.resent();
+        if resent > self.resends_logged {
+            tracing::info!(
+                resent = resent - self.resends_logged,
+                "events the stream already held were sent again; the broker drops them as duplicates"
+            );
+            self.resends_logged = resent;
         }
     }
 
-    fn on_refused(&mut self, refused: &[(u64, ResponseCode)]) -> Failure {
-        let min = refused.iter().map(|(id, _)| *id).min();
-        if let Some(min) = min {
-            self.refused_min = Some(self.refused_min.map_or(min, |m| m.min(min)));
+    /// The next event cannot fit in a frame: report it, and renew the connection
+    /// (with backoff) to see whether the broker's limit was raised.
+    fn on_poison(&mut self, seq: u64, frame_bytes: usize, frame_max: usize) {
+        let Some(pending) = self.engine.window().get(seq) else {
+            return;
+        };
+        let poison = PoisonMessage {
+            message_id: pending.message_id.clone(),
+            commit_lsn: pending.commit_lsn,
+            tx_index: pending.index,
+            routing_key: format!("stream={}", self.config.stream),
+            reason: format!(
+                "its publish frame is {frame_bytes} bytes, over the {frame_max} bytes the broker accepts (its stream frame_max)"
+            ),
+        };
+        let due = self
+            .poison_logged
+            .is_none_or(|t| t.elapsed() >= POISON_LOG_EVERY);
+        if due {
+            self.poison_logged = Some(Instant::now());
+            tracing::error!(
+                message_id = %poison.message_id,
+                commit_lsn = %poison.commit_lsn,
+                tx_index = poison.tx_index,
+                stream = %self.config.stream,
+                frame_bytes,
+                frame_max,
+                "a message is larger than the stream's frame maximum: it holds the relay (nothing after it is published) until the broker's stream frame_max is raised, or it is skipped (docs/recovery.md, \"A poison message\")"
+            );
         }
-        self.report.nacked += refused.len() as u64;
-        metrics::counter!(status::EVENTS_NACKED).increment(refused.len() as u64);
-        let code = refused
-            .first()
-            .map(|(_, c)| format!("{c:?}"))
-            .unwrap_or_default();
-        Failure(format!(
-            "the broker refused {} message(s) from publishing id {} ({code})",
-            refused.len(),
-            min.unwrap_or_default()
-        ))
-    }
-
-    /// Without the reader's flushed positions the watermark counts as sent; done at
-    /// every ack, or a window full of passed but "unflushed" messages would never
-    /// publish again.
-    fn watermark_counts_as_flushed(&mut self) {
-        if self.flushed.is_none() {
-            let watermark = self.window.watermark();
-            self.window.flushed(watermark);
+        if self.status.poison().as_ref() != Some(&poison) {
+            self.status.set_poison(Some(poison));
         }
-    }
-
-    fn after_progress(&mut self) {
-        let watermark = self.window.watermark();
-        self.watermark_counts_as_flushed();
-        if watermark > self.report.watermark {
-            self.report.watermark = watermark;
-            self.status.set_acked_lsn(watermark);
-            self.watermark.send_replace(watermark);
-        }
-        let oldest = self.window.oldest_message().map(|p| p.commit_time_micros);
-        self.status.set_in_flight(self.window.in_flight(), oldest);
-    }
-
-    /// Ends the session and connects again (with backoff), checking the producer's
-    /// last id; `Ok(false)` when the shutdown deadline passed first.
-    async fn recover(&mut self, failure: Failure) -> Result<bool, PublishError> {
-        self.status.set_connected(false);
-        self.report.retries += 1;
-        metrics::counter!(status::PUBLISH_RETRIES).increment(1);
-        tracing::warn!(
-            stream = %self.config.stream,
-            reason = %failure.0,
-            buffered = self.window.buffered(),
-            "stream publishing failed; reconnecting and resending what is unconfirmed"
-        );
-        if let Some(session) = self.session.take() {
-            session.close().await;
-        }
-        self.sent.clear();
-        loop {
-            self.failures += 1;
+        if self.poison_retry.is_none() {
+            self.failures = self.failures.saturating_add(1);
             let delay = crate::backoff::delay(
                 self.config.backoff_initial,
                 self.config.backoff_max,
                 self.failures,
             );
-            let wake = Instant::now() + delay;
-            if self.deadline.is_some_and(|d| d <= wake) {
-                tokio::time::sleep_until(self.deadline.unwrap_or(wake)).await;
-                return Ok(false);
+            self.poison_retry = Some(Instant::now() + delay);
+        }
+    }
+
+    fn on_confirmed(&mut self, publisher_id: u8, ids: &[u64]) {
+        let acked = self.engine.confirmed(publisher_id, ids);
+        if acked > 0 {
+            if self.engine.poison().is_none() {
+                self.failures = 0;
             }
-            tokio::time::sleep_until(wake).await;
+            self.report.acked += acked;
+            metrics::counter!(status::EVENTS_ACKED).increment(acked);
+        }
+    }
+
+    fn on_refused(&mut self, publisher_id: u8, refused: &[(u64, ResponseCode)]) -> Failure {
+        let ids: Vec<u64> = refused.iter().map(|(id, _)| *id).collect();
+        self.engine.refused(publisher_id, &ids);
+        self.report.nacked += ids.len() as u64;
+        metrics::counter!(status::EVENTS_NACKED).increment(ids.len() as u64);
+        let code = refused
+            .first()
+            .map(|(_, c)| format!("{c:?}"))
+            .unwrap_or_default();
+        Failure::Retry(format!(
+            "the broker refused {} message(s) from publishing id {} ({code})",
+            ids.len(),
+            ids.iter().min().copied().unwrap_or_default()
+        ))
+    }
+
+    fn after_progress(&mut self) {
+        if self.flushed.is_none() {
+            // Without the reader's flushed positions the watermark counts as sent, or
+            // a window full of passed but "unflushed" messages would never publish.
+            let watermark = self.engine.watermark();
+            self.engine.flushed(watermark);
+        }
+        let watermark = self.engine.watermark();
+        if watermark > self.report.watermark {
+            self.report.watermark = watermark;
+            self.status.set_acked_lsn(watermark);
+            self.watermark.send_replace(watermark);
+        }
+        if self.engine.poison().is_none() && self.poison_logged.is_some() {
+            self.poison_logged = None;
+            self.poison_retry = None;
+            self.status.set_poison(None);
+            tracing::info!(stream = %self.config.stream, "the held message fits now; publishing goes on");
+        }
+        let window = self.engine.window();
+        let oldest = window.oldest_message().map(|p| p.commit_time_micros);
+        self.status.set_in_flight(window.in_flight(), oldest);
+    }
+
+    /// Ends the connection and connects again (with backoff); `Ok(false)` when the
+    /// shutdown deadline passed first.
+    async fn recover(&mut self, reason: String) -> Result<bool, PublishError> {
+        self.status.set_connected(false);
+        self.report.retries += 1;
+        metrics::counter!(status::PUBLISH_RETRIES).increment(1);
+        let poisoned = self.engine.poison().is_some();
+        if !poisoned {
+            tracing::warn!(
+                stream = %self.config.stream,
+                %reason,
+                buffered = self.engine.window().buffered(),
+                "stream publishing failed; reconnecting and resending what is unconfirmed"
+            );
+        }
+        if let Some(session) = self.session.take() {
+            session.close().await;
+        }
+        self.engine.disconnected();
+        loop {
+            if !poisoned {
+                self.failures = self.failures.saturating_add(1);
+                let delay = crate::backoff::delay(
+                    self.config.backoff_initial,
+                    self.config.backoff_max,
+                    self.failures,
+                );
+                let wake = Instant::now() + delay;
+                if self.deadline.is_some_and(|d| d <= wake) {
+                    tokio::time::sleep_until(self.deadline.unwrap_or(wake)).await;
+                    return Ok(false);
+                }
+                tokio::time::sleep_until(wake).await;
+            }
             let session = match connection::connect_any(&self.config, self.url_index).await {
                 Ok(session) => session,
                 Err(e) if e.is_transient() => {
@@ -334,18 +430,14 @@ impl Runner {
                 }
                 Err(e) => return Err(e),
             };
-            if self.named() {
-                self.check_last(session.last_id)?;
-                self.stored_upto = session.last_id;
-            }
             tracing::info!(
                 node = %redact_url(&self.config.urls[session.url_index]),
-                last_publishing_id = session.last_id,
+                frame_max = session.frame_max,
                 "reconnected to the rabbitmq stream"
             );
             self.url_index = session.url_index;
+            self.engine.connected(session.frame_max);
             self.session = Some(session);
-            self.window.restart();
             self.report.reconnects += 1;
             self.status.add_reconnect();
             self.status.set_connected(true);
@@ -353,37 +445,18 @@ impl Runner {
         }
     }
 
-    /// The broker's `last` must be an id this process assigned, and not at or past
-    /// a refused one (module docs).
-    fn check_last(&self, last: u64) -> Result<(), PublishError> {
-        let stream = self.config.stream.clone();
-        if last >= self.next_id {
-            return Err(PublishError::Stream {
-                stream,
-                reason: format!(
-                    "another writer uses producer reference {:?}: the broker stored publishing id {last}, this relay assigned ids below {} only; run one relay per slot",
-                    self.config.producer_reference, self.next_id
-                ),
-            });
-        }
-        if let Some(refused) = self.refused_min.filter(|r| *r <= last) {
-            return Err(PublishError::Stream {
-                stream,
-                reason: format!(
-                    "the broker refused publishing id {refused} but stored a later one ({last}): that event can no longer be published under this producer reference"
-                ),
-            });
-        }
-        Ok(())
-    }
-
-    async fn finish(mut self) -> PublisherReport {
-        self.report.abandoned = self.window.buffered();
-        self.report.watermark = self.window.watermark();
+    async fn close(&mut self) {
         if let Some(session) = self.session.take() {
             session.close().await;
         }
         self.status.set_connected(false);
+    }
+
+    async fn finish(mut self) -> PublisherReport {
+        self.report.abandoned = self.engine.window().buffered();
+        self.report.watermark = self.engine.watermark();
+        self.log_resends();
+        self.close().await;
         self.report
     }
 }

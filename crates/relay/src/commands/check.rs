@@ -1,51 +1,104 @@
-//! `check`: every precondition, one line each (`ok`, `warn` or `FAIL` with the fix).
+//! `check [--declare]`: every precondition, one line each (`ok`, `warn` or `FAIL`
+//! with the fix), in one column layout.
+//!
+//! `check` changes nothing: it looks the exchange (or the stream) up without
+//! declaring it and says what `run` would create ("exchange outbox: missing, run will
+//! declare it (declare_exchange = true)"). `check --declare` creates what `run`
+//! would create, and the publication as `slot create` would, explicitly.
 
 use std::io::Write;
 
-use wal_reader::admin::{CheckStatus, Preflight};
+use outbox_event::redact::printable;
+use publisher::probe::{self, Presence};
+use wal_reader::admin::{self, CheckStatus, Preflight};
 
+use crate::cli::CheckArgs;
 use crate::config::Config;
 use crate::error::CliError;
+
+/// The status column of a line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Ok,
+    Warn,
+    Fail,
+}
+
+/// Prints one line: the status padded to one width, the name, the detail; nothing a
+/// server sent reaches the terminal as a control character.
+fn line(status: Status, name: &str, detail: &str) {
+    let status = match status {
+        Status::Ok => "ok",
+        Status::Warn => "warn",
+        Status::Fail => "FAIL",
+    };
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(
+        out,
+        "{}",
+        printable(&format!("{status:<6}{name}: {detail}"))
+    );
+    let _ = out.flush();
+}
 
 /// `check`: one line per precondition on stdout, the configuration first. A failure
 /// is the error line on stderr with exit code 2; configuration errors never get here
 /// (the configuration is loaded before any command runs).
-pub async fn execute(config: &Config) -> Result<(), CliError> {
-    let mut out = std::io::stdout().lock();
-    let write_err = |e: std::io::Error| CliError::Runtime(format!("cannot write to stdout: {e}"));
-    writeln!(out, "ok   config: {}", config.source).map_err(write_err)?;
-    out.flush().map_err(write_err)?;
-    drop(out);
-    environment(config).await
+pub async fn execute(config: &Config, args: &CheckArgs) -> Result<(), CliError> {
+    line(Status::Ok, "config", &config.source.to_string());
+    for warning in config.warnings() {
+        line(Status::Warn, "config", &warning);
+    }
+    let pg = postgres(config, args.declare).await;
+    let mq = rabbitmq(config, args.declare).await;
+    pg.and(mq)
 }
 
 /// Runs the Postgres preconditions, printing one line each. Returns the first
-/// failure as an unmet precondition (exit code 2) after printing all of them.
-pub async fn postgres(cfg: &Config) -> Result<(), CliError> {
+/// failure as an unmet precondition (exit code 2) after printing all of them. With
+/// `declare`, a missing publication is created first (as `slot create` does).
+async fn postgres(cfg: &Config, declare: bool) -> Result<(), CliError> {
     let client = match crate::sql::connect_for_command(cfg).await {
         Ok(c) => {
-            println!("ok    postgres connection: logged in");
+            line(Status::Ok, "postgres connection", "logged in");
             superuser_line(&c).await;
             c
         }
         Err(e) => {
-            println!("FAIL  postgres connection: {e}");
+            line(Status::Fail, "postgres connection", &e.to_string());
             return Err(e);
         }
     };
     let tables = cfg.tables();
+    let publication = &cfg.postgres.publication;
+    if declare {
+        match admin::ensure_publication(&client, publication, &tables).await {
+            Ok(true) => line(
+                Status::Ok,
+                &format!("publication {publication}"),
+                "created (check --declare)",
+            ),
+            Ok(false) => {}
+            // The preflight below says what is wrong, once.
+            Err(e) => tracing::debug!(error = %e, "cannot create the publication"),
+        }
+    }
     let mapping = cfg.mapping();
     let preflight = Preflight {
         slot: &cfg.postgres.slot,
-        publication: &cfg.postgres.publication,
+        publication,
         tables: &tables,
         mapping: &mapping,
     };
     let mut first_failure = None;
     for result in preflight.run(&client).await {
-        println!("{result}");
-        if let CheckStatus::Failed(e) = result.status {
-            first_failure.get_or_insert(e);
+        match result.status {
+            CheckStatus::Ok(detail) => line(Status::Ok, &result.name, &detail),
+            CheckStatus::Warning(e) => line(Status::Warn, &result.name, &e.to_string()),
+            CheckStatus::Failed(e) => {
+                line(Status::Fail, &result.name, &e.to_string());
+                first_failure.get_or_insert(e);
+            }
         }
     }
     let retention = crate::retention::check(cfg, &client).await;
@@ -67,57 +120,193 @@ async fn superuser_line(client: &tokio_postgres::Client) {
     if let Ok(row) = superuser {
         let (role, is_superuser): (String, bool) = (row.get(0), row.get(1));
         if is_superuser {
-            println!(
-                "warn  postgres role {role}: is a superuser; run the relay as the least-privileged role of sql/role.sql"
+            line(
+                Status::Warn,
+                &format!("postgres role {role}"),
+                "is a superuser; run the relay as the least-privileged role of sql/role.sql",
             );
         }
     }
 }
 
-/// Connects to the broker as `run` would (declaring the exchange when
-/// `declare_exchange` is on, or with `rabbitmq.stream` set, over the stream protocol,
-/// declaring the stream when `declare_stream` is on) and prints one line.
-pub async fn rabbitmq(cfg: &Config) -> Result<(), CliError> {
-    if let Some(stream) = cfg.stream() {
-        return match publisher::stream::StreamPublisher::connect(cfg.stream_config()).await {
+/// The broker, as `run` would log in, without creating anything (unless
+/// `declare`): the exchange (and the dead-letter exchange), or with
+/// `rabbitmq.stream` set the stream and its producer.
+async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
+    if cfg.stream().is_some() {
+        return stream(cfg, declare).await;
+    }
+    let exchange = &cfg.rabbitmq.exchange;
+    let name = format!("exchange {exchange}");
+    if declare && cfg.rabbitmq.declare_exchange {
+        // What `run` does at connect: declares it (durable) when it is missing.
+        return match publisher::Publisher::connect(cfg.publisher_config()).await {
             Ok(p) => {
-                let how = if cfg.rabbitmq.declare_stream {
-                    "exists or was declared"
-                } else {
-                    "exists"
-                };
-                println!("ok    rabbitmq stream: connected; stream {stream} {how}");
+                line(Status::Ok, "rabbitmq", "logged in");
+                line(
+                    Status::Ok,
+                    &name,
+                    "exists or was declared (check --declare)",
+                );
                 drop(p);
                 Ok(())
             }
             Err(e) => {
-                println!("FAIL  rabbitmq stream: {e}");
+                line(Status::Fail, "rabbitmq", &e.to_string());
                 Err(e.into())
             }
         };
     }
-    match publisher::Publisher::connect(cfg.publisher_config()).await {
-        Ok(p) => {
-            println!(
-                "ok    rabbitmq: connected; exchange {} is usable",
-                cfg.rabbitmq.exchange
+    let found = match probe::probe_exchanges(&cfg.publisher_config()).await {
+        Ok(found) => found,
+        Err(e) => {
+            line(Status::Fail, "rabbitmq", &e.to_string());
+            return Err(e.into());
+        }
+    };
+    line(
+        Status::Ok,
+        "rabbitmq",
+        &format!("logged in at {}", found.node),
+    );
+    let mut result = Ok(());
+    match found.exchange {
+        None => line(
+            Status::Ok,
+            "exchange \"\"",
+            "the default exchange: routes by queue name",
+        ),
+        Some(Presence::Exists) => line(Status::Ok, &name, "exists"),
+        Some(Presence::Missing) if cfg.rabbitmq.declare_exchange => line(
+            Status::Ok,
+            &name,
+            "missing, run will declare it (declare_exchange = true); `check --declare` declares it now",
+        ),
+        Some(Presence::Missing) => {
+            let fix = format!(
+                "missing, and run will not declare it (declare_exchange = false): declare it ({} exchange, durable) or set declare_exchange = true",
+                cfg.rabbitmq.exchange_type.as_str()
             );
+            line(Status::Fail, &name, &fix);
+            result = Err(CliError::Precondition(format!(
+                "exchange {exchange} does not exist and declare_exchange = false: declare it, or set [rabbitmq] declare_exchange = true"
+            )));
+        }
+    }
+    if let (Some(dlx), Some(presence)) = (cfg.dead_letter_exchange(), found.dead_letter) {
+        let name = format!("dead-letter exchange {dlx}");
+        if presence == Presence::Exists {
+            line(Status::Ok, &name, "exists");
+        } else {
+            line(
+                Status::Fail,
+                &name,
+                "missing: declare it (the relay never declares it) or fix [rabbitmq] dead_letter_exchange",
+            );
+            result = result.and(Err(CliError::Precondition(format!(
+                "the dead-letter exchange {dlx} does not exist: declare it, or fix [rabbitmq] dead_letter_exchange"
+            ))));
+        }
+    }
+    result
+}
+
+/// The stream target: the stream (declared only with `declare`), then the producer
+/// `run` would publish as, with what the broker stored for it.
+async fn stream(cfg: &Config, declare: bool) -> Result<(), CliError> {
+    let Some(stream) = cfg.stream() else {
+        return Ok(());
+    };
+    let name = format!("stream {stream}");
+    let mut config = cfg.stream_config();
+    if !declare || !cfg.rabbitmq.declare_stream {
+        config.declare_stream = false;
+        match probe::probe_stream(&config).await {
+            Ok(Presence::Exists) => {}
+            Ok(Presence::Missing) if cfg.rabbitmq.declare_stream => {
+                line(Status::Ok, "rabbitmq stream", "logged in");
+                line(
+                    Status::Ok,
+                    &name,
+                    "missing, run will declare it (declare_stream = true); `check --declare` declares it now",
+                );
+                return Ok(());
+            }
+            Ok(Presence::Missing) => {
+                line(Status::Ok, "rabbitmq stream", "logged in");
+                line(
+                    Status::Fail,
+                    &name,
+                    "missing, and run will not declare it (declare_stream = false): create it or set declare_stream = true",
+                );
+                return Err(CliError::Precondition(format!(
+                    "stream {stream} does not exist and declare_stream = false: create it, or set [rabbitmq] declare_stream = true"
+                )));
+            }
+            Err(e) => {
+                line(Status::Fail, "rabbitmq stream", &e.to_string());
+                return Err(e.into());
+            }
+        }
+    }
+    config.source = stream_source(cfg).await;
+    match publisher::stream::StreamPublisher::connect(config).await {
+        Ok(p) => {
+            line(Status::Ok, "rabbitmq stream", "logged in");
+            let how = if declare && cfg.rabbitmq.declare_stream {
+                "exists or was declared (check --declare)"
+            } else {
+                "exists"
+            };
+            line(Status::Ok, &name, how);
+            if let Some((reference, last)) = p.producer() {
+                let stored = if last == 0 {
+                    "nothing stored yet".to_string()
+                } else {
+                    let epoch = reference
+                        .rsplit_once("/e")
+                        .and_then(|(_, e)| e.parse().ok())
+                        .unwrap_or(0);
+                    let (lsn, index) = publisher::stream::identity::position_of(last, epoch);
+                    format!("last stored publishing id {last}: commit {lsn}, index {index}")
+                };
+                line(
+                    Status::Ok,
+                    "rabbitmq stream producer",
+                    &format!("{reference} ({stored})"),
+                );
+            }
             drop(p);
             Ok(())
         }
         Err(e) => {
-            println!("FAIL  rabbitmq: {e}");
+            line(Status::Fail, "rabbitmq stream", &e.to_string());
             Err(e.into())
         }
     }
 }
 
-/// The database and broker preconditions (wal_level, slot, publication, tables and
-/// mapped columns, authentication, broker reachable): Postgres, then the broker.
-/// Both are run so one `check` lists every problem; the first failure decides the
-/// exit code.
-pub async fn environment(cfg: &Config) -> Result<(), CliError> {
-    let pg = postgres(cfg).await;
-    let mq = rabbitmq(cfg).await;
-    pg.and(mq)
+/// The stream producers' source as `run` derives it (docs/streams.md): the server's
+/// identity over a replication connection. `None` (with a `warn` line) when it cannot
+/// be read; `check` then connects without naming a producer.
+async fn stream_source(cfg: &Config) -> Option<publisher::stream::StreamSource> {
+    let opts = cfg.pg_options().ok()?;
+    let database = opts.dbname.clone();
+    match wal_reader::identify_server(&opts).await {
+        Ok((history, wal)) => Some(crate::pipeline::sink::stream_source_of(
+            cfg.producer_name(),
+            &cfg.postgres.slot,
+            &database,
+            &history,
+            wal,
+        )),
+        Err(e) => {
+            line(
+                Status::Warn,
+                "rabbitmq stream producer",
+                &format!("cannot read the server's identity ({e}); the producer reference is derived from it when the relay runs"),
+            );
+            None
+        }
+    }
 }

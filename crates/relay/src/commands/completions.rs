@@ -54,7 +54,8 @@ const INHERITED: &[&str] = &["config", "log_format", "help", "version"];
 
 /// The man page, `outbox-relay(1)`, in roff.
 pub fn man_page() -> std::io::Result<Vec<u8>> {
-    let mut cmd = Cli::command();
+    // The page documents the release, not the build: no commit in its VERSION section.
+    let mut cmd = Cli::command().long_version(None::<&'static str>);
     cmd.build();
     let top = Man::new(cmd.clone());
     let mut out = Vec::new();

@@ -6,6 +6,7 @@ pub mod completions;
 pub mod peek;
 pub mod replay;
 pub mod run;
+pub mod skip;
 pub mod slot;
 pub mod standby;
 pub mod status;

@@ -42,10 +42,11 @@ const TEXT_PAYLOAD_CHARS: usize = 200;
 
 /// One pending event, with its transaction's positions.
 #[derive(Debug)]
-struct Pending {
-    event: OutboxEvent,
-    end_lsn: Lsn,
-    routing_key: String,
+pub(crate) struct Pending {
+    pub(crate) event: OutboxEvent,
+    /// The end of its transaction's commit record.
+    pub(crate) end_lsn: Lsn,
+    pub(crate) routing_key: String,
 }
 
 /// Prints up to `--limit` pending events, oldest first.
@@ -82,7 +83,7 @@ pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
     Ok(())
 }
 
-fn slot_active(slot: &str, pid: &str) -> CliError {
+pub(crate) fn slot_active(slot: &str, pid: &str) -> CliError {
     CliError::Precondition(format!(
         "replication slot \"{slot}\" is in use by pid {pid}, and `peek` cannot read a slot a relay is streaming from: stop that relay first, or use `outbox-relay status` to see the slot's position"
     ))
@@ -96,13 +97,27 @@ async fn read_pending(
     limit: usize,
     routing: &RoutingKeyTemplate,
 ) -> Result<Vec<Pending>, CliError> {
+    let first = (limit as i64)
+        .saturating_mul(CHANGES_PER_EVENT)
+        .saturating_add(CHANGES_EXTRA);
+    read_pending_until(client, cfg, first, limit, routing, |_| false).await
+}
+
+/// [`read_pending`] that reads `first` changes first, and also stops as soon as
+/// `enough` says the events read so far suffice (`slot skip` looking for one
+/// message id).
+pub(crate) async fn read_pending_until(
+    client: &tokio_postgres::Client,
+    cfg: &Config,
+    first: i64,
+    limit: usize,
+    routing: &RoutingKeyTemplate,
+    enough: impl Fn(&[Pending]) -> bool,
+) -> Result<Vec<Pending>, CliError> {
     let sql = "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
                  'proto_version', '1', 'publication_names', $3)";
     let publication = quote_ident(&cfg.postgres.publication);
-    let mut changes = (limit as i64)
-        .saturating_mul(CHANGES_PER_EVENT)
-        .saturating_add(CHANGES_EXTRA)
-        .min(MAX_CHANGES);
+    let mut changes = first.min(MAX_CHANGES);
     loop {
         let rows = client
             .query(sql, &[&cfg.postgres.slot, &(changes as i32), &publication])
@@ -127,7 +142,7 @@ async fn read_pending(
         }
         let events = committed(items, limit, routing);
         // Fewer rows than asked for: the slot has nothing more.
-        if events.len() >= limit || read < changes || changes >= MAX_CHANGES {
+        if events.len() >= limit || read < changes || changes >= MAX_CHANGES || enough(&events) {
             return Ok(events);
         }
         changes = changes.saturating_mul(2).min(MAX_CHANGES);
@@ -190,7 +205,7 @@ fn commit_time(micros: i64) -> String {
 
 /// With `rabbitmq.stream` set, the event goes to that stream rather than by a routing
 /// key: the line names the stream instead.
-fn line_for_target(line: String, p: &Pending, stream: Option<&str>) -> String {
+pub(crate) fn line_for_target(line: String, p: &Pending, stream: Option<&str>) -> String {
     match stream {
         Some(name) => line.replacen(
             &format!(" routing_key={} ", p.routing_key),
@@ -236,7 +251,7 @@ fn with_cloudevents(
 }
 
 /// One line: commit LSN, xid, table, id, event type, aggregate, routing key, payload.
-fn to_line(p: &Pending) -> String {
+pub(crate) fn to_line(p: &Pending) -> String {
     let e = &p.event;
     let or_null = |v: Option<&Bytes>| text(v).unwrap_or_else(|| "NULL".into());
     let payload = or_null(e.payload.as_ref());

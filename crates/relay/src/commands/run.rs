@@ -1,4 +1,5 @@
-//! `run [--start-lsn LSN]`: the relay until SIGTERM/SIGINT.
+//! `run [--start-lsn LSN | --skip-through MESSAGE_ID|LSN]`: the relay until
+//! SIGTERM/SIGINT.
 
 use std::time::Duration;
 
@@ -14,12 +15,21 @@ use crate::shutdown::Shutdown;
 
 /// Runs the relay until a signal asks it to stop; exits 0 after a clean stop.
 pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
+    crate::build_info::log();
     crate::background::validate(cfg)?;
     let mut shutdown = Shutdown::new();
     spawn_signal_handler(shutdown.clone())?;
     let health = Health::default();
-    if let Some(addr) = cfg.metrics_listen() {
-        crate::metrics::serve(addr, health.clone()).await?;
+    if let Some(endpoint) = cfg.metrics_endpoint() {
+        crate::metrics::serve(endpoint, health.clone()).await?;
+        crate::metrics::set_target(cfg.stream(), &cfg.rabbitmq.exchange);
+    }
+    // A poison event to skip first (docs/recovery.md): before any session reads the
+    // slot, which must be idle for it.
+    if let Some(target) = &args.skip_through {
+        let target = crate::commands::skip::Target::parse(target);
+        let skipped = crate::commands::skip::perform(cfg, &target, args.yes).await?;
+        metrics::counter!(crate::commands::skip::SKIPPED_EVENTS).increment(skipped.events as u64);
     }
     // Check the preconditions once up front so that a misconfiguration stops the
     // relay with its fix; wait (with backoff) while Postgres is unreachable.

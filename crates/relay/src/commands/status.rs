@@ -97,24 +97,56 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             Err(e.to_string())
         }
     };
-    let resume = match &stored {
-        Ok(row) => Some(crate::state::resume(
-            row.as_ref(),
-            s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
-            s.restart_lsn,
-            Some(s.current_wal_lsn),
+    // Where the next session starts: the session's own decision (docs/design.md §3),
+    // with the server's WAL history when the role may read it.
+    let history = match wal_reader::identify_server(&cfg.pg_options()?).await {
+        Ok((h, _)) => Some(h),
+        Err(e) => {
+            warns.push(format!(
+                "cannot read the server's WAL history over a replication connection ({e}): the stored position is shown without the history check"
+            ));
+            None
+        }
+    };
+    let plan = match &stored {
+        Ok(row) => Some(crate::pipeline::start::plan(
+            &crate::pipeline::start::Found {
+                explicit: None,
+                slot_confirmed: s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+                slot_restart: s.restart_lsn,
+                server_wal: s.current_wal_lsn,
+                history: history.as_ref(),
+                carried: None,
+                stored: row.as_ref(),
+                table: true,
+            },
         )),
         Err(_) => None,
     };
-    if let Some(crate::state::Resume::Ignored(why)) = &resume {
+    let ignored = plan.as_ref().is_some_and(|p| !p.fallbacks.is_empty());
+    let used = plan
+        .as_ref()
+        .is_some_and(|p| p.source == crate::pipeline::start::Source::Stored);
+    for fallback in plan.iter().flat_map(|p| &p.fallbacks) {
         warns.push(format!(
-            "{why}: the next session resumes from the slot's position"
+            "{fallback}: the next session resumes from the slot's position"
         ));
     }
-    let resumes_at = match &resume {
-        Some(crate::state::Resume::Stored(l)) => Some(*l),
-        _ => s.confirmed_flush_lsn,
+    let resumes_at = match &plan {
+        Some(p) => Some(p.start),
+        None => s.confirmed_flush_lsn,
     };
+    let producer = cfg.stream().and(history.as_ref()).map(|h| {
+        let database = s.database.clone().unwrap_or_default();
+        let source = crate::pipeline::sink::stream_source_of(
+            cfg.producer_name(),
+            &cfg.postgres.slot,
+            &database,
+            h,
+            s.current_wal_lsn,
+        );
+        source.reference_of(source.key(s.current_wal_lsn))
+    });
     let poison = match (s.active, cfg.metrics_listen()) {
         (true, Some(addr)) => fetch_poison(addr).await,
         _ => None,
@@ -165,12 +197,17 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
                     "acked_lsn": row.acked.to_string(),
                     "updated_at": row.updated_at,
                     "slot_restart_lsn_at_create": row.slot_restart_lsn.map(|l| l.to_string()),
-                    "used": matches!(resume, Some(crate::state::Resume::Stored(_))),
+                    "used": used,
+                    "system_identifier": row.origin.map(|o| o.system_id.to_string()),
+                    "timeline": row.origin.map(|o| o.timeline),
                 }),
                 Ok(None) => serde_json::Value::Null,
                 Err(e) => json!({ "error": e }),
             },
             "resumes_at_lsn": resumes_at.map(|l| l.to_string()),
+            "system_identifier": history.as_ref().map(|h| h.system_id.to_string()),
+            "timeline": history.as_ref().map(|h| h.timeline),
+            "stream_producer": producer,
             "replay_window": replay_window,
             "stuck_message": poison,
             "standbys": standbys.iter().map(super::standby::to_json).collect::<Vec<_>>(),
@@ -211,11 +248,12 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
                 "{} (updated {}){}",
                 row.acked,
                 row.updated_at,
-                match &resume {
-                    Some(crate::state::Resume::Stored(_)) =>
-                        ", ahead of the slot: the next session starts there",
-                    Some(crate::state::Resume::Ignored(_)) => ", ignored (see the warning)",
-                    _ => "",
+                if ignored {
+                    ", ignored (see the warning)"
+                } else if used {
+                    ", ahead of the slot: the next session starts there"
+                } else {
+                    ""
                 }
             ),
             Ok(None) => format!("- (no row in {})", crate::state::TABLE),
@@ -227,6 +265,12 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
         opt(resumes_at.map(|l| l.to_string()))
     );
     println!("current_wal_lsn:     {}", s.current_wal_lsn);
+    if let Some(h) = &history {
+        println!("system / timeline:   {} / {}", h.system_id, h.timeline);
+    }
+    if let Some(p) = &producer {
+        println!("stream_producer:     {p}");
+    }
     println!(
         "retained_wal:        {}",
         opt(s.retained_wal_bytes.map(human_bytes))

@@ -13,7 +13,7 @@ use wal_reader::conninfo::ConnInfoError;
 use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName};
 
 use super::{redact_url, Config, HeaderProfileKind, MessageFormatKind};
-use crate::pipeline::sink::{producer_reference, SinkConfig};
+use crate::pipeline::sink::SinkConfig;
 use publisher::message::cloudevents::CloudEventsFormat;
 use publisher::message::{HeaderProfile, MessageFormat};
 use publisher::stream::StreamConfig;
@@ -105,6 +105,23 @@ impl Config {
         self.relay.metrics_listen
     }
 
+    /// The metrics endpoint (`relay.metrics_*`), `None` when disabled.
+    pub fn metrics_endpoint(&self) -> Option<crate::endpoint::EndpointConfig> {
+        let r = &self.relay;
+        let path = |s: &str| Some(std::path::PathBuf::from(s)).filter(|_| !s.is_empty());
+        Some(crate::endpoint::EndpointConfig {
+            addr: r.metrics_listen?,
+            read_timeout: Duration::from_millis(r.metrics_read_timeout_ms),
+            max_connections: r.metrics_max_connections,
+            auth: crate::endpoint::Credentials {
+                bearer_token_file: path(&r.metrics_bearer_token_file),
+                basic: path(&r.metrics_basic_auth_password_file)
+                    .map(|p| (r.metrics_basic_auth_user.clone(), p)),
+            },
+            tls: path(&r.metrics_tls_cert_file).zip(path(&r.metrics_tls_key_file)),
+        })
+    }
+
     /// `relay.replay_window`, `None` when there is none.
     pub fn replay_window(&self) -> Option<Duration> {
         self.relay.replay_window
@@ -167,6 +184,11 @@ impl Config {
         Some(self.rabbitmq.stream.as_str()).filter(|s| !s.is_empty())
     }
 
+    /// `rabbitmq.producer_name`, `None` when `""` (derived from the source).
+    pub fn producer_name(&self) -> Option<&str> {
+        Some(self.rabbitmq.producer_name.as_str()).filter(|s| !s.is_empty())
+    }
+
     /// The stream URLs with passwords replaced by `***`, for logs.
     pub fn stream_urls_redacted(&self) -> Vec<String> {
         self.rabbitmq
@@ -176,9 +198,8 @@ impl Config {
             .collect()
     }
 
-    /// What the stream publisher needs (with `rabbitmq.stream` set): the producer
-    /// reference is derived from the slot, so a standby that takes the slot over
-    /// publishes under the same one and continues its publishing ids
+    /// What the stream publisher needs (with `rabbitmq.stream` set). The producers'
+    /// source is set per session, from the server's identity and history
     /// (docs/design.md §4).
     pub fn stream_config(&self) -> StreamConfig {
         let urls: Vec<String> = self
@@ -195,9 +216,9 @@ impl Config {
         s.declare_stream = self.rabbitmq.declare_stream;
         s.max_length_bytes = Some(self.rabbitmq.max_length_bytes).filter(|&b| b > 0);
         s.max_age = self.rabbitmq.max_age;
-        s.producer_reference = Some(producer_reference(&self.postgres.slot));
         s.max_in_flight = self.rabbitmq.max_in_flight;
         s.ca_file = self.ca_file().map(|p| p.to_path_buf());
+        s.auth = self.client_auth(&self.rabbitmq.stream_password_file);
         s.shutdown_timeout = self.shutdown_timeout();
         s.format = self.message_format();
         s.headers = self.header_profile();
@@ -208,8 +229,22 @@ impl Config {
     /// the exchange.
     pub fn sink_config(&self) -> SinkConfig {
         match self.stream() {
-            Some(_) => SinkConfig::Stream(self.stream_config()),
+            Some(_) => SinkConfig::Stream {
+                config: self.stream_config(),
+                producer_name: self.producer_name().map(str::to_string),
+            },
             None => SinkConfig::Exchange(self.publisher_config()),
+        }
+    }
+
+    /// The client certificate (`rabbitmq.cert_file`, `key_file`) and `password_file`
+    /// (that of `url` or of `stream_url`).
+    fn client_auth(&self, password_file: &str) -> publisher::ClientAuth {
+        let path = |s: &str| Some(std::path::PathBuf::from(s)).filter(|_| !s.is_empty());
+        publisher::ClientAuth {
+            cert_file: path(&self.rabbitmq.cert_file),
+            key_file: path(&self.rabbitmq.key_file),
+            password_file: path(password_file),
         }
     }
 
@@ -222,6 +257,7 @@ impl Config {
         );
         p.urls = urls;
         p.ca_file = self.ca_file().map(|p| p.to_path_buf());
+        p.auth = self.client_auth(&self.rabbitmq.password_file);
         p.exchange_type = self.rabbitmq.exchange_type.as_str().to_string();
         p.declare_exchange = self.rabbitmq.declare_exchange;
         p.routing_key = self.rabbitmq.routing_key.clone();

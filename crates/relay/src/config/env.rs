@@ -4,7 +4,7 @@ use figment::providers::{Format, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 
-use super::error::closest;
+use super::error::{closest, expectation};
 use super::{ConfigError, ENV_PREFIX};
 
 /// How an environment variable's text becomes a value.
@@ -49,6 +49,11 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("rabbitmq", "declare_stream", Kind::Bool),
     ("rabbitmq", "max_length_bytes", Kind::UInt),
     ("rabbitmq", "max_age", Kind::Str),
+    ("rabbitmq", "producer_name", Kind::Str),
+    ("rabbitmq", "cert_file", Kind::Str),
+    ("rabbitmq", "key_file", Kind::Str),
+    ("rabbitmq", "password_file", Kind::Str),
+    ("rabbitmq", "stream_password_file", Kind::Str),
     ("message", "format", Kind::Str),
     ("message", "headers", Kind::Str),
     ("message", "cloudevents_source", Kind::Str),
@@ -57,6 +62,13 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("relay", "metrics_listen", Kind::Str),
     ("relay", "replay_window", Kind::Str),
     ("relay", "shutdown_timeout_ms", Kind::UInt),
+    ("relay", "metrics_read_timeout_ms", Kind::UInt),
+    ("relay", "metrics_max_connections", Kind::UInt),
+    ("relay", "metrics_bearer_token_file", Kind::Str),
+    ("relay", "metrics_basic_auth_user", Kind::Str),
+    ("relay", "metrics_basic_auth_password_file", Kind::Str),
+    ("relay", "metrics_tls_cert_file", Kind::Str),
+    ("relay", "metrics_tls_key_file", Kind::Str),
     ("retention", "keep", Kind::Str),
 ];
 
@@ -74,17 +86,57 @@ pub fn env_var_name(dotted_key: &str) -> String {
 pub(super) struct EnvOverrides(Dict);
 
 impl EnvOverrides {
-    pub(super) fn parse<I, K, V>(env: I) -> Result<EnvOverrides, ConfigError>
+    /// The variables that name a key and hold a value of its kind, and an error for
+    /// each of the others (every one is reported, not only the first).
+    pub(super) fn parse<I, K, V>(env: I) -> (EnvOverrides, Vec<ConfigError>)
     where
         I: IntoIterator<Item = (K, V)>,
         K: AsRef<str>,
         V: AsRef<str>,
     {
         let mut sections: Map<String, Dict> = Map::new();
+        let mut errors = Vec::new();
         for (var, text) in env {
-            let (var, text) = (var.as_ref(), text.as_ref());
+            match Self::parse_one(var.as_ref(), text.as_ref()) {
+                Ok(None) => {}
+                Ok(Some((section, key, value))) => {
+                    sections
+                        .entry(section.to_string())
+                        .or_default()
+                        .insert(key.to_string(), value);
+                }
+                Err(e) => errors.push(e),
+            }
+        }
+        let dict = sections
+            .into_iter()
+            .map(|(s, d)| (s, Value::from(d)))
+            .collect();
+        (EnvOverrides(dict), errors)
+    }
+
+    /// True when a variable set `section.key`.
+    pub(super) fn sets(&self, section: &str, key: &str) -> bool {
+        match self.0.get(section) {
+            Some(Value::Dict(_, d)) => d.contains_key(key),
+            _ => false,
+        }
+    }
+
+    /// Drops the value at `path` (a key that failed), so that the others can still be
+    /// checked. Returns whether there was one.
+    pub(super) fn remove(&mut self, path: &[&str]) -> bool {
+        super::load::remove_path(&mut self.0, path)
+    }
+
+    /// One variable: `Ok(None)` when it is not ours.
+    fn parse_one(
+        var: &str,
+        text: &str,
+    ) -> Result<Option<(&'static str, &'static str, Value)>, ConfigError> {
+        {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
-                continue;
+                return Ok(None);
             };
             let lower = rest.to_ascii_lowercase();
             let found = KEYS.iter().find(|(section, key, _)| {
@@ -105,29 +157,29 @@ impl EnvOverrides {
                 });
             };
             let dotted = format!("{section}.{key}");
+            let origin = Some(format!("in {ENV_METADATA_NAME} {var}"));
             let invalid = |reason: String| ConfigError::Invalid {
                 key: dotted.clone(),
-                origin: Some(format!("in {ENV_METADATA_NAME} {var}")),
+                origin: origin.clone(),
                 reason,
+            };
+            // The value is quoted: it is not a URL (those are `Str` or `UrlList`).
+            let wrong = || ConfigError::WrongType {
+                expected: expectation(&dotted),
+                found: format!("{text:?}"),
+                key: dotted.clone(),
+                origin: origin.clone(),
             };
             let value = match kind {
                 Kind::Str => Value::from(text.to_string()),
                 Kind::Bool => match text.trim().to_ascii_lowercase().as_str() {
                     "true" => Value::from(true),
                     "false" => Value::from(false),
-                    _ => {
-                        return Err(invalid(format!(
-                            "{text:?} is not a boolean: use true or false"
-                        )))
-                    }
+                    _ => return Err(wrong()),
                 },
                 Kind::UInt => match text.trim().parse::<u64>() {
                     Ok(n) => Value::from(n),
-                    Err(_) => {
-                        return Err(invalid(format!(
-                            "{text:?} is not a non-negative integer: use digits only"
-                        )))
-                    }
+                    Err(_) => return Err(wrong()),
                 },
                 Kind::List => {
                     if text.trim_start().starts_with('[') {
@@ -160,16 +212,8 @@ impl EnvOverrides {
                     }
                 }
             };
-            sections
-                .entry(section.to_string())
-                .or_default()
-                .insert(key.to_string(), value);
+            Ok(Some((section, key, value)))
         }
-        let dict = sections
-            .into_iter()
-            .map(|(s, d)| (s, Value::from(d)))
-            .collect();
-        Ok(EnvOverrides(dict))
     }
 }
 

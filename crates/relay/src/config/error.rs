@@ -39,6 +39,39 @@ pub enum ConfigError {
         origin: Option<String>,
         reason: String,
     },
+    /// A value of the wrong kind (text for a number, ...): says what the key takes,
+    /// in words rather than in Rust's type names.
+    #[error("`{key}`{} must be {expected}, not {found}", origin_suffix(origin))]
+    WrongType {
+        key: String,
+        origin: Option<String>,
+        /// What it takes: "a whole number like 10000".
+        expected: String,
+        /// What it holds: `the string "lots"` (never a secret's value).
+        found: String,
+    },
+    /// A command that connects found no configuration at all: no file, no
+    /// `--config`, no URL variable (docs/operations.md, "Configuration and check").
+    #[error("nothing says where to connect: {} does not exist, --config was not given, and {} {} not set; pass --config FILE (outbox-relay.example.toml shows every key) or set {}: `{command}` does not connect to built-in defaults", looked_for.display(), and_list(variables), if variables.len() == 1 { "is" } else { "are" }, if variables.len() == 1 { "it" } else { "them" })]
+    NoConnectionSettings {
+        command: String,
+        /// The file looked for (`./outbox-relay.toml`, absolute).
+        looked_for: PathBuf,
+        /// The variables that would have named the servers.
+        variables: Vec<String>,
+    },
+    /// Several of the above, in the order found: every problem at once.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Several(Vec<ConfigError>),
+}
+
+/// `A`, `A and B`, `A, B and C`.
+fn and_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
 }
 
 fn origin_suffix(origin: &Option<String>) -> String {
@@ -62,11 +95,56 @@ impl ConfigError {
     }
 
     /// The configuration key the error is about, if it is about one.
-    #[cfg_attr(not(test), allow(dead_code))]
     pub fn key(&self) -> Option<&str> {
         match self {
-            ConfigError::UnknownKey { key, .. } | ConfigError::Invalid { key, .. } => Some(key),
+            ConfigError::UnknownKey { key, .. }
+            | ConfigError::Invalid { key, .. }
+            | ConfigError::WrongType { key, .. } => Some(key),
             _ => None,
+        }
+    }
+
+    /// One error, or [`ConfigError::Several`]; `None` for none.
+    pub(super) fn from_list(mut errors: Vec<ConfigError>) -> Option<ConfigError> {
+        match errors.len() {
+            0 => None,
+            1 => errors.pop(),
+            _ => Some(ConfigError::Several(errors)),
+        }
+    }
+
+    /// The errors one by one ([`ConfigError::Several`] unpacked).
+    pub fn each(&self) -> Vec<&ConfigError> {
+        match self {
+            ConfigError::Several(list) => list.iter().collect(),
+            one => vec![one],
+        }
+    }
+
+    /// Sets where the value came from, if the error does not say yet.
+    pub(super) fn with_origin(self, origin: impl FnOnce(&str) -> Option<String>) -> ConfigError {
+        match self {
+            ConfigError::Invalid {
+                key,
+                origin: None,
+                reason,
+            } => ConfigError::Invalid {
+                origin: origin(&key),
+                key,
+                reason,
+            },
+            ConfigError::WrongType {
+                key,
+                origin: None,
+                expected,
+                found,
+            } => ConfigError::WrongType {
+                origin: origin(&key),
+                key,
+                expected,
+                found,
+            },
+            other => other,
         }
     }
 }
@@ -95,7 +173,7 @@ pub(super) fn from_figment(e: figment::Error, file: Option<&Path>) -> ConfigErro
         .as_ref()
         .map(|m| describe_origin(m, &path.join(".")));
     // `rabbitmq.url` may fail on one of its elements: `rabbitmq.url.1`.
-    let secret = path.iter().any(|k| k == "url");
+    let secret = path.iter().any(|k| k == "url" || k == "stream_url");
     let actual = |a: &Actual| -> String {
         match a {
             Actual::Bool(b) => format!("the boolean {b}"),
@@ -131,33 +209,92 @@ pub(super) fn from_figment(e: figment::Error, file: Option<&Path>) -> ConfigErro
             None => ConfigError::invalid("", redact_url(msg)),
         },
         kind => {
-            let reason = match kind {
-                K::Message(msg) => msg.clone(),
-                K::InvalidType(a, exp) | K::InvalidValue(a, exp) => {
-                    format!("expected {exp}, found {}: fix the value", actual(a))
-                }
-                K::UnknownVariant(v, expected) => format!(
-                    "{v:?} is not one of {}: use one of them",
-                    expected.join(", ")
-                ),
-                K::InvalidLength(n, exp) => format!("expected {exp}, found {n} items"),
-                other => format!("{other}: fix the value"),
-            };
             // An element of a list: name the key and the element's position.
             let item = match path.last().map(|i| i.parse::<usize>()) {
                 Some(Ok(i)) => {
                     path.pop();
-                    format!("item #{}: ", i + 1)
+                    Some(i + 1)
                 }
-                _ => String::new(),
+                _ => None,
             };
+            let key = path.join(".");
+            let found = match kind {
+                K::InvalidType(a, _) | K::InvalidValue(a, _) => Some(actual(a)),
+                K::UnknownVariant(v, _) => Some(format!("{v:?}")),
+                _ => None,
+            };
+            if let Some(found) = found {
+                let expected = match (kind, item) {
+                    (K::UnknownVariant(_, choices), _) => format!("one of {}", choices.join(", ")),
+                    (_, Some(n)) => format!("{} (item #{n} is not)", expectation(&key)),
+                    _ => expectation(&key),
+                };
+                return ConfigError::WrongType {
+                    key,
+                    origin,
+                    expected,
+                    found: redact_url(&found),
+                };
+            }
+            let reason = match kind {
+                K::Message(msg) => msg.clone(),
+                K::InvalidLength(n, exp) => format!("expected {exp}, found {n} items"),
+                other => format!("{other}: fix the value"),
+            };
+            let item = item.map(|n| format!("item #{n}: ")).unwrap_or_default();
             ConfigError::Invalid {
-                key: path.join("."),
+                key,
                 origin,
                 reason: redact_url(&format!("{item}{reason}")),
             }
         }
     }
+}
+
+/// What `dotted_key` takes, in words: "a whole number like 10000", "true or false".
+pub(super) fn expectation(dotted_key: &str) -> String {
+    use super::env::{Kind, KEYS};
+    let kind = KEYS
+        .iter()
+        .find(|(s, k, _)| dotted_key.split_once('.') == Some((s, k)))
+        .map(|(_, _, kind)| *kind);
+    let text = match dotted_key {
+        "rabbitmq.max_in_flight" => "a whole number like 10000",
+        "rabbitmq.heartbeat_secs" => "a whole number of seconds like 60, or 0 for the broker's",
+        "rabbitmq.max_length_bytes" => {
+            "a whole number of bytes like 20000000000, or 0 for no limit"
+        }
+        "relay.status_interval_ms" => "a whole number of milliseconds like 1000",
+        "relay.shutdown_timeout_ms" => "a whole number of milliseconds like 30000",
+        "relay.metrics_read_timeout_ms" => "a whole number of milliseconds like 10000",
+        "relay.metrics_max_connections" => "a whole number like 64",
+        "relay.replay_window" | "retention.keep" | "rabbitmq.max_age" => {
+            "a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none"
+        }
+        "relay.metrics_listen" => {
+            "an address in quotes like \"127.0.0.1:9187\" or \"[::]:9187\", or \"\" to disable it"
+        }
+        "rabbitmq.exchange_type" => "one of direct, fanout, topic, headers",
+        "message.format" => "one of native, cloudevents",
+        "message.headers" => "one of full, minimal",
+        "postgres.tables" => "a table name or a list of them, like [\"public.outbox\"]",
+        "rabbitmq.url" => {
+            "a URL in quotes, or a list of URLs like [\"amqp://...\", \"amqp://...\"]"
+        }
+        "rabbitmq.stream_url" => {
+            "a URL in quotes, or a list of URLs like [\"rabbitmq-stream://...\"]"
+        }
+        _ => match kind {
+            Some(Kind::Bool) => "true or false",
+            Some(Kind::UInt) => "a whole number like 100",
+            Some(Kind::Str) => "text in quotes",
+            Some(Kind::List | Kind::UrlList) => "a string or a list of strings",
+            // A section: `[rabbitmq] = 5`.
+            None if !dotted_key.contains('.') => "a section of keys, like [rabbitmq]",
+            None => "another kind of value",
+        },
+    };
+    text.to_string()
 }
 
 /// toml's errors span several lines and quote the offending line (which may hold a

@@ -7,6 +7,10 @@ use super::error::closest;
 use super::validate::validate_routing_key;
 use super::*;
 use std::io::Write as _;
+use std::path::Path;
+
+use figment::providers::{Format, Toml};
+use figment::Figment;
 use wal_reader::TableName;
 
 const NO_ENV: [(&str, &str); 0] = [];
@@ -201,7 +205,14 @@ fn every_key_has_a_working_env_var() {
             ("rabbitmq.exchange_type", _) => "direct",
             ("rabbitmq.routing_key", _) => "{table}",
             ("rabbitmq.ca_file", _) => "Cargo.toml",
+            ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => "Cargo.toml",
+            // A pair, checked against each other (like the metrics keys below).
+            ("rabbitmq.cert_file" | "rabbitmq.key_file", _) => continue,
             ("relay.metrics_listen", _) => "0.0.0.0:1",
+            // Those of a pair are checked against each other: set alone, each names
+            // the other (checked by the test below).
+            ("relay.metrics_basic_auth_user" | "relay.metrics_basic_auth_password_file", _)
+            | ("relay.metrics_tls_cert_file" | "relay.metrics_tls_key_file", _) => continue,
             ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
             ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
             ("message.format", _) => "cloudevents",
@@ -241,19 +252,82 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.declare_stream" => !c.rabbitmq.declare_stream,
             "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
             "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
+            "rabbitmq.producer_name" => c.producer_name() == Some(value),
             "message.format" => c.message.format == MessageFormatKind::CloudEvents,
             "message.headers" => c.header_profile() == publisher::message::HeaderProfile::Minimal,
             "message.cloudevents_source" => c.message.cloudevents_source == value,
             "message.cloudevents_type_prefix" => c.message.cloudevents_type_prefix == value,
+            "rabbitmq.password_file" => {
+                c.publisher_config().auth.password_file == Some(value.into())
+            }
+            "rabbitmq.stream_password_file" => {
+                c.stream_config().auth.password_file == Some(value.into())
+            }
             "relay.status_interval_ms" => c.relay.status_interval_ms == 123,
             "relay.metrics_listen" => c.metrics_listen() == value.parse().ok(),
             "relay.replay_window" => c.replay_window() == Some(Duration::from_secs(300)),
             "relay.shutdown_timeout_ms" => c.relay.shutdown_timeout_ms == 123,
+            "relay.metrics_read_timeout_ms" => c.relay.metrics_read_timeout_ms == 123,
+            "relay.metrics_max_connections" => c.relay.metrics_max_connections == 123,
+            "relay.metrics_bearer_token_file" => c.relay.metrics_bearer_token_file == value,
             "retention.keep" => c.retention_keep() == Some(Duration::from_secs(300)),
             other => panic!("key {other} missing from this test"),
         };
         assert!(changed, "{var}={value} did not change {dotted}");
     }
+}
+
+/// The metrics endpoint's keys come in pairs where they must: one without the
+/// other names the missing one; both through their variables reach the endpoint.
+#[test]
+fn metrics_endpoint_pairs_are_set_together() {
+    for (set, missing) in [
+        (
+            "relay.metrics_basic_auth_user",
+            "relay.metrics_basic_auth_password_file",
+        ),
+        (
+            "relay.metrics_basic_auth_password_file",
+            "relay.metrics_basic_auth_user",
+        ),
+        ("relay.metrics_tls_cert_file", "relay.metrics_tls_key_file"),
+        ("relay.metrics_tls_key_file", "relay.metrics_tls_cert_file"),
+    ] {
+        let var = env_var_name(set);
+        let e = load_env(&[(var.as_str(), "x")]).unwrap_err().to_string();
+        assert!(e.contains(missing), "{set}: {e}");
+    }
+    let c = load_env(&[
+        (
+            env_var_name("relay.metrics_basic_auth_user").as_str(),
+            "prom",
+        ),
+        (
+            env_var_name("relay.metrics_basic_auth_password_file").as_str(),
+            "/p",
+        ),
+        (env_var_name("relay.metrics_tls_cert_file").as_str(), "/c"),
+        (env_var_name("relay.metrics_tls_key_file").as_str(), "/k"),
+    ])
+    .unwrap();
+    let e = c.metrics_endpoint().unwrap();
+    assert_eq!(e.auth.basic, Some(("prom".into(), "/p".into())));
+    assert_eq!(e.tls, Some(("/c".into(), "/k".into())));
+    // The broker's client certificate: the same rule, and both reach both targets.
+    let e = load_env(&[(env_var_name("rabbitmq.cert_file").as_str(), "Cargo.toml")])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("rabbitmq.key_file"), "{e}");
+    let c = load_env(&[
+        (env_var_name("rabbitmq.cert_file").as_str(), "Cargo.toml"),
+        (env_var_name("rabbitmq.key_file").as_str(), "Cargo.toml"),
+    ])
+    .unwrap();
+    assert_eq!(
+        c.publisher_config().auth.cert_file,
+        Some("Cargo.toml".into())
+    );
+    assert_eq!(c.stream_config().auth.key_file, Some("Cargo.toml".into()));
 }
 
 #[test]
@@ -325,7 +399,7 @@ fn wrong_types_name_the_key_and_origin() {
         "rabbitmq.exchange_type",
     );
     assert!(
-        msg.contains("\"topik\" is not one of direct, fanout, topic, headers"),
+        msg.contains("must be one of direct, fanout, topic, headers, not \"topik\""),
         "{msg}"
     );
     err_about(
@@ -340,11 +414,10 @@ fn wrong_types_name_the_key_and_origin() {
         load_toml("[postgres]\ntables = [\"a\", 5]\n"),
         "postgres.tables",
     );
-    assert!(msg.contains("item #2: expected a string"), "{msg}");
-    err_about(
-        load_toml("[postgres]\ntables = \"public.outbox\"\n"),
-        "postgres.tables",
-    );
+    assert!(msg.contains("(item #2 is not), not the number 5"), "{msg}");
+    // One string, as the environment variable takes it.
+    let c = load_toml("[postgres]\ntables = \"public.outbox, app.events\"\n").unwrap();
+    assert_eq!(c.postgres.tables, ["public.outbox", "app.events"]);
     err_about(
         load_toml("[relay]\nstatus_interval_ms = 1.5\n"),
         "relay.status_interval_ms",
@@ -456,12 +529,12 @@ fn invalid_values_name_the_key() {
         (
             "relay.metrics_listen",
             "[relay]\nmetrics_listen = \"localhost\"",
-            "socket address",
+            "must be an address in quotes like \"127.0.0.1:9187\"",
         ),
         (
             "relay.replay_window",
             "[relay]\nreplay_window = \"an hour\"",
-            "not a duration",
+            "must be a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none, not the string \"an hour\"",
         ),
         (
             "relay.replay_window",
@@ -471,7 +544,7 @@ fn invalid_values_name_the_key() {
         (
             "retention.keep",
             "[retention]\nkeep = \"7 days-ish\"",
-            "not a duration",
+            "must be a duration",
         ),
     ];
     for (key, toml, needle) in cases {
@@ -623,15 +696,34 @@ fn example_file_loads_and_equals_the_defaults() {
     assert!(example
         .postgres_url_exposed()
         .contains("sslmode=verify-full"));
-    let c = Config::load_with_env(
+    let mut c = Config::load_with_env(
         Some(&example_path()),
         [("OUTBOX_RELAY_POSTGRES_URL", DEFAULT_POSTGRES_URL)],
     )
     .unwrap();
+    c.given = Default::default();
     assert_eq!(
         format!("{c:?}").replace(&format!("{:?}", c.source), ""),
         format!("{:?}", Config::default()).replace(&format!("{:?}", ConfigSource::Defaults), "")
     );
+}
+
+/// The local example works as it is: it names both servers (no refusal of built-in
+/// defaults), and no file that exists on a server only (no TLS or secret files).
+#[test]
+fn local_example_needs_no_server_files() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../outbox-relay.local.toml");
+    let c = Config::load_with_env(Some(&path), NO_ENV).unwrap();
+    assert!(c.given.postgres_url && c.given.rabbitmq_url);
+    assert!(c.require_connection_settings("run", true, true).is_ok());
+    assert!(c.warnings().is_empty());
+    let pg = c.pg_options().unwrap();
+    assert_eq!(
+        (pg.user.as_str(), pg.dbname.as_str()),
+        ("outbox_relay", "app")
+    );
+    assert!(pg.sslrootcert.is_none() || !pg.sslrootcert_explicit);
+    assert!(c.ca_file().is_none() && c.rabbitmq.cert_file.is_empty());
 }
 
 #[test]
@@ -673,13 +765,23 @@ fn stream_target_defaults_and_keys() {
     assert!(!s.declare_stream);
     assert_eq!(s.max_length_bytes, Some(20_000_000_000));
     assert_eq!(s.max_age, Some(Duration::from_secs(7 * 86_400)));
-    assert_eq!(
-        s.producer_reference.as_deref(),
-        Some("outbox-relay:orders_slot")
-    );
+    // The producers' source is set per session, from the server's identity.
+    assert_eq!(s.source, None);
     assert!(matches!(
         c.sink_config(),
-        crate::pipeline::sink::SinkConfig::Stream(_)
+        crate::pipeline::sink::SinkConfig::Stream {
+            producer_name: None,
+            ..
+        }
+    ));
+    let named =
+        load_toml("[rabbitmq]\nstream = \"orders\"\nproducer_name = \"orders-db\"\n").unwrap();
+    assert!(matches!(
+        named.sink_config(),
+        crate::pipeline::sink::SinkConfig::Stream {
+            producer_name: Some(ref n),
+            ..
+        } if n == "orders-db"
     ));
     let debug = format!("{c:?}");
     assert!(!debug.contains("s3cret"), "{debug}");
@@ -773,14 +875,14 @@ fn unknown_message_format_names_the_valid_values() {
     assert_eq!(
         e.to_string(),
         format!(
-            "invalid `message.format` in {}: \"cloud-events\" is not one of native, cloudevents: use one of them",
+            "`message.format` in {} must be one of native, cloudevents, not \"cloud-events\"",
             file.path.display()
         )
     );
     let e = load_env(&[("OUTBOX_RELAY_MESSAGE_FORMAT", "CloudEvents")]).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "invalid `message.format` in environment variable OUTBOX_RELAY_MESSAGE_FORMAT: \"CloudEvents\" is not one of native, cloudevents: use one of them"
+        "`message.format` in environment variable OUTBOX_RELAY_MESSAGE_FORMAT must be one of native, cloudevents, not \"CloudEvents\""
     );
 }
 
@@ -796,7 +898,7 @@ fn header_profile_reaches_both_publishers() {
     let e = load_env(&[("OUTBOX_RELAY_MESSAGE_HEADERS", "lean")]).unwrap_err();
     assert_eq!(
         e.to_string(),
-        "invalid `message.headers` in environment variable OUTBOX_RELAY_MESSAGE_HEADERS: \"lean\" is not one of full, minimal: use one of them"
+        "`message.headers` in environment variable OUTBOX_RELAY_MESSAGE_HEADERS must be one of full, minimal, not \"lean\""
     );
 }
 

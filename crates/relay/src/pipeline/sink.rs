@@ -4,17 +4,12 @@
 //! reader's batches and publish the acked watermark the same way, so the session
 //! loop does not know which one it drives.
 
+use outbox_event::history::History;
 use outbox_event::{Lsn, WalBatch};
-use publisher::stream::{StreamConfig, StreamPublisher};
+use publisher::stream::{StreamConfig, StreamPublisher, StreamSource};
 use publisher::{PublishError, Publisher, PublisherConfig, PublisherReport, PublisherStatus};
 use tokio::sync::{mpsc, watch};
-
-/// The producer reference of the relay that owns `slot`. Derived from the slot name
-/// alone, so a restarted relay and a standby that takes the slot over publish under
-/// the same producer and continue its publishing ids (docs/design.md §4).
-pub fn producer_reference(slot: &str) -> String {
-    format!("outbox-relay:{slot}")
-}
+use wal_reader::StartInfo;
 
 /// Where a session publishes.
 #[derive(Debug, Clone)]
@@ -22,24 +17,52 @@ pub enum SinkConfig {
     /// `[rabbitmq] exchange` over AMQP with publisher confirms.
     Exchange(PublisherConfig),
     /// `[rabbitmq] stream` over the stream protocol.
-    Stream(StreamConfig),
+    Stream {
+        config: StreamConfig,
+        /// `[rabbitmq] producer_name`; `None`: derived from the source.
+        producer_name: Option<String>,
+    },
 }
 
 impl SinkConfig {
-    /// `rabbitmq.max_in_flight`.
-    pub fn max_in_flight(&self) -> usize {
-        match self {
-            SinkConfig::Exchange(p) => p.max_in_flight,
-            SinkConfig::Stream(s) => s.max_in_flight,
-        }
-    }
-
     /// `exchange X` or `stream X`, for logs.
     pub fn target(&self) -> String {
         match self {
             SinkConfig::Exchange(p) => format!("exchange {}", p.exchange),
-            SinkConfig::Stream(s) => format!("stream {}", s.stream),
+            SinkConfig::Stream { config, .. } => format!("stream {}", config.stream),
         }
+    }
+}
+
+/// The stream producers' source for a session that started as `info` says, on
+/// `slot` (docs/design.md §4): the producer reference is `producer_name`, or derived
+/// from the server's system identifier, the database and the slot.
+pub fn stream_source(producer_name: Option<&str>, slot: &str, info: &StartInfo) -> StreamSource {
+    stream_source_of(
+        producer_name,
+        slot,
+        &info.database,
+        &info.history,
+        info.server_wal,
+    )
+}
+
+/// [`stream_source`] from its parts (`status`, `check`).
+pub fn stream_source_of(
+    producer_name: Option<&str>,
+    slot: &str,
+    database: &str,
+    history: &History,
+    server_wal: Lsn,
+) -> StreamSource {
+    let system_id = history.system_id;
+    StreamSource {
+        reference: producer_name
+            .map(str::to_string)
+            .unwrap_or_else(|| StreamSource::derived_reference(system_id, database, slot)),
+        source: format!("{system_id}/{database}/{slot}"),
+        history: history.clone(),
+        server_wal,
     }
 }
 
@@ -50,11 +73,19 @@ pub enum Sink {
 }
 
 impl Sink {
-    /// Connects (declaring the exchange or stream when configured).
-    pub async fn connect(cfg: &SinkConfig) -> Result<Sink, PublishError> {
+    /// Connects (declaring the exchange or stream when configured). A stream sink
+    /// publishes as `source` (`None`: unnamed, for replay).
+    pub async fn connect(
+        cfg: &SinkConfig,
+        source: Option<StreamSource>,
+    ) -> Result<Sink, PublishError> {
         Ok(match cfg {
             SinkConfig::Exchange(p) => Sink::Exchange(Publisher::connect(p.clone()).await?),
-            SinkConfig::Stream(s) => Sink::Stream(StreamPublisher::connect(s.clone()).await?),
+            SinkConfig::Stream { config, .. } => {
+                let mut config = config.clone();
+                config.source = source;
+                Sink::Stream(StreamPublisher::connect(config).await?)
+            }
         })
     }
 

@@ -219,7 +219,8 @@ fn sql_message(e: &tokio_postgres::Error) -> String {
                 s.push_str("; hint: ");
                 s.push_str(hint);
             }
-            s
+            // Server text is printed and logged: no line breaks or escapes.
+            outbox_event::redact::printable(&s).into_owned()
         }
         None => {
             let mut s = format!("Postgres query failed: {e}");

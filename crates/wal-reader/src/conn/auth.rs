@@ -1,8 +1,9 @@
 //! Startup and authentication: the startup packet with `replication=database`,
 //! then trust, cleartext, md5, SCRAM-SHA-256 and SCRAM-SHA-256-PLUS (channel
-//! binding to the server certificate), under the rules of docs/security.md: no
-//! cleartext or md5 password over an unencrypted link unless `sslmode=disable` is
-//! explicit, and `channel_binding=require` met or refused.
+//! binding to the server certificate), under the rules of docs/security.md that
+//! `policy.rs` holds for both connection kinds: no cleartext or md5 password over an
+//! unencrypted link unless `sslmode=disable` is explicit, `require_auth`, and
+//! `channel_binding=require` met or refused.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -14,10 +15,12 @@ use postgres_protocol::message::backend::Message;
 use postgres_protocol::message::frontend;
 
 use super::framing::parse_error;
+use super::policy::{self, AuthPolicy, Link, Request};
 use super::transport::Transport;
 use super::ReplicationConnection;
-use crate::conninfo::{ChannelBindingMode, PgConnectOptions, SslMode};
+use crate::conninfo::{ChannelBindingMode, PgConnectOptions};
 use crate::error::ReaderError;
+use outbox_event::redact::printable;
 
 /// Set once the superuser warning was logged (once per process).
 static SUPERUSER_WARNED: AtomicBool = AtomicBool::new(false);
@@ -33,24 +36,15 @@ impl ReplicationConnection {
         }
     }
 
-    /// Refuses to send `method` (cleartext or md5) when the link is not encrypted,
-    /// unless `sslmode=disable` was given explicitly (docs/security.md); also when
-    /// `channel_binding=require`.
-    fn may_send_password(&self, opts: &PgConnectOptions, method: &str) -> Result<(), ReaderError> {
-        if opts.channel_binding == ChannelBindingMode::Require {
-            return Err(ReaderError::Precondition(format!(
-                "channel_binding=require, but Postgres asks user {:?} for a {method} password instead of SCRAM-SHA-256-PLUS: use scram-sha-256 in the server's pg_hba.conf over hostssl",
-                opts.user
-            )));
+    /// The link under this login, for [`AuthPolicy`].
+    fn link(&self) -> Link {
+        match &self.stream {
+            Transport::Tls(_) => Link::Tls {
+                end_point: self.server_end_point().is_some(),
+            },
+            Transport::Unix(_) => Link::Unix,
+            Transport::Tcp(_) => Link::PlainTcp,
         }
-        let explicit_plain = opts.sslmode == SslMode::Disable && opts.sslmode_explicit;
-        if self.tls || matches!(self.stream, Transport::Unix(_)) || explicit_plain {
-            return Ok(());
-        }
-        Err(ReaderError::Precondition(format!(
-            "Postgres asks user {:?} for a {method} password over an unencrypted connection, and outbox-relay does not send a password that way: turn TLS on in the server and use sslmode=verify-full, or use scram-sha-256 in pg_hba.conf",
-            opts.user
-        )))
     }
 
     pub(super) async fn startup(&mut self, opts: &PgConnectOptions) -> Result<(), ReaderError> {
@@ -64,10 +58,8 @@ impl ReplicationConnection {
         frontend::startup_message(params.iter().copied(), &mut self.wbuf)?;
         self.flush().await?;
 
+        let mut policy = AuthPolicy::new(opts, self.link());
         let mut scram: Option<ScramSha256> = None;
-        // True once SCRAM-SHA-256-PLUS completed (channel_binding=require needs it).
-        let mut bound = false;
-        let mut plus = false;
         loop {
             let frame = self.read_frame().await?;
             match frame.tag() {
@@ -77,23 +69,20 @@ impl ReplicationConnection {
                         return Err(ReaderError::Protocol("short authentication request".into()));
                     }
                     let kind = body.get_i32();
-                    match kind {
-                        0 => {
-                            if opts.channel_binding == ChannelBindingMode::Require && !bound {
-                                return Err(ReaderError::Precondition(format!(
-                                    "channel_binding=require, but Postgres logged user {:?} in without SCRAM-SHA-256-PLUS channel binding (trust or another method in pg_hba.conf): use scram-sha-256 over hostssl",
-                                    opts.user
-                                )));
-                            }
-                        }
-                        3 => {
-                            self.may_send_password(opts, "cleartext")?;
+                    let Some(request) = Request::parse(kind, body) else {
+                        policy.on_ok().map_err(ReaderError::Precondition)?;
+                        continue;
+                    };
+                    policy
+                        .on_request(&request)
+                        .map_err(ReaderError::Precondition)?;
+                    match request {
+                        Request::Cleartext => {
                             let pw = self.password(opts)?;
                             frontend::password_message(pw.as_bytes(), &mut self.wbuf)?;
                             self.flush().await?;
                         }
-                        5 => {
-                            self.may_send_password(opts, "md5")?;
+                        Request::Md5 => {
                             if body.len() < 4 {
                                 return Err(ReaderError::Protocol("short md5 salt".into()));
                             }
@@ -108,31 +97,12 @@ impl ReplicationConnection {
                             frontend::password_message(hash.as_bytes(), &mut self.wbuf)?;
                             self.flush().await?;
                         }
-                        10 => {
-                            let mechanisms: Vec<&[u8]> =
-                                body.split(|b| *b == 0).filter(|m| !m.is_empty()).collect();
+                        Request::Sasl(offer) => {
+                            let mechanisms = policy::mechanisms(offer);
                             let offers_plus = mechanisms.contains(&SCRAM_SHA_256_PLUS.as_bytes());
-                            let end_point = if self.tls
-                                && opts.channel_binding != ChannelBindingMode::Disable
-                            {
-                                self.server_end_point()
-                            } else {
-                                None
-                            };
-                            let (mechanism, binding) = match end_point {
-                                Some(ep) if offers_plus => {
+                            let (mechanism, binding) = match self.server_end_point() {
+                                Some(ep) if policy.binds() => {
                                     (SCRAM_SHA_256_PLUS, ChannelBinding::tls_server_end_point(ep))
-                                }
-                                _ if opts.channel_binding == ChannelBindingMode::Require => {
-                                    let why = if !offers_plus {
-                                        "the server does not offer SCRAM-SHA-256-PLUS (is the connection TLS, and the role's password stored as SCRAM?)"
-                                    } else {
-                                        "the server certificate's signature algorithm has no tls-server-end-point hash"
-                                    };
-                                    return Err(ReaderError::Precondition(format!(
-                                        "channel_binding=require cannot be met for user {:?}: {why}; use scram-sha-256 over hostssl",
-                                        opts.user
-                                    )));
                                 }
                                 _ if !mechanisms.contains(&SCRAM_SHA_256.as_bytes()) => {
                                     let names = mechanisms
@@ -140,9 +110,9 @@ impl ReplicationConnection {
                                         .map(|m| String::from_utf8_lossy(m).into_owned())
                                         .collect::<Vec<_>>()
                                         .join(", ");
-                                    return Err(ReaderError::UnsupportedAuth(format!(
-                                        "SASL ({names})"
-                                    )));
+                                    return Err(ReaderError::UnsupportedAuth(
+                                        printable(&format!("SASL ({names})")).into_owned(),
+                                    ));
                                 }
                                 // Over TLS with binding allowed but not offered: 'y'
                                 // (lets the server detect a stripped PLUS offer).
@@ -154,7 +124,6 @@ impl ReplicationConnection {
                                 }
                                 _ => (SCRAM_SHA_256, ChannelBinding::unsupported()),
                             };
-                            plus = mechanism == SCRAM_SHA_256_PLUS;
                             let pw = self.password(opts)?;
                             let s = ScramSha256::new(pw.as_bytes(), binding);
                             frontend::sasl_initial_response(
@@ -165,7 +134,7 @@ impl ReplicationConnection {
                             self.flush().await?;
                             scram = Some(s);
                         }
-                        11 => {
+                        Request::SaslContinue => {
                             let s = scram.as_mut().ok_or_else(|| {
                                 ReaderError::Protocol("SASL continue without SASL start".into())
                             })?;
@@ -176,7 +145,7 @@ impl ReplicationConnection {
                             frontend::sasl_response(s.message(), &mut self.wbuf)?;
                             self.flush().await?;
                         }
-                        12 => {
+                        Request::SaslFinal => {
                             let s = scram.as_mut().ok_or_else(|| {
                                 ReaderError::Protocol("SASL final without SASL start".into())
                             })?;
@@ -184,12 +153,19 @@ impl ReplicationConnection {
                                 user: opts.user.clone(),
                                 message: format!("the server's SCRAM proof is invalid: {e}"),
                             })?;
-                            bound = plus;
                         }
-                        2 => return Err(ReaderError::UnsupportedAuth("Kerberos V5".into())),
-                        7 | 8 => return Err(ReaderError::UnsupportedAuth("GSSAPI".into())),
-                        9 => return Err(ReaderError::UnsupportedAuth("SSPI".into())),
-                        other => return Err(ReaderError::UnsupportedAuth(format!("code {other}"))),
+                        Request::Other(2) => {
+                            return Err(ReaderError::UnsupportedAuth("Kerberos V5".into()))
+                        }
+                        Request::Other(7 | 8) => {
+                            return Err(ReaderError::UnsupportedAuth("GSSAPI".into()))
+                        }
+                        Request::Other(9) => {
+                            return Err(ReaderError::UnsupportedAuth("SSPI".into()))
+                        }
+                        Request::Other(other) => {
+                            return Err(ReaderError::UnsupportedAuth(format!("code {other}")))
+                        }
                     }
                 }
                 b'S' | b'K' => match frame.parse()? {
@@ -235,8 +211,7 @@ impl ReplicationConnection {
     }
 
     fn password(&self, opts: &PgConnectOptions) -> Result<String, ReaderError> {
-        opts.password
-            .clone()
+        opts.login_password()
             .ok_or_else(|| ReaderError::PasswordRequired(opts.user.clone()))
     }
 }

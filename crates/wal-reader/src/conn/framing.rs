@@ -13,6 +13,7 @@ use fallible_iterator::FallibleIterator;
 use postgres_protocol::message::backend::{DataRowBody, Message};
 
 use crate::error::{ReaderError, ServerError};
+use outbox_event::redact::printable;
 
 /// Largest backend message accepted (Postgres caps a field at 1 GB).
 pub(super) const MAX_MESSAGE_LEN: usize = (1 << 30) + (1 << 20);
@@ -97,7 +98,8 @@ pub(crate) fn parse_error(body: &[u8]) -> ServerError {
             break;
         }
         let end = after.iter().position(|b| *b == 0).unwrap_or(after.len());
-        let value = String::from_utf8_lossy(&after[..end]).into_owned();
+        // Server text is printed and logged: no line breaks or terminal escapes.
+        let value = printable(&String::from_utf8_lossy(&after[..end])).into_owned();
         match kind {
             b'S' => e.severity = value,
             b'C' => e.code = value,

@@ -8,6 +8,8 @@
 //!                retry), simple queries, the read and write buffers
 //!  transport.rs  the byte stream (TCP, Unix socket, TLS)
 //!  auth.rs       startup packet, trust / cleartext / md5 / SCRAM(-PLUS)
+//!  policy.rs     what the server may ask for (plain-link passwords, require_auth,
+//!                channel_binding=require); the SQL connection's guard asks it too
 //!  framing.rs    messages off the read buffer, size caps, ErrorResponse fields
 //!  copy.rs       CopyBoth: START_REPLICATION's response, CopyData in and out,
 //!                everything else the server sends while streaming
@@ -21,6 +23,7 @@
 mod auth;
 mod copy;
 mod framing;
+pub(crate) mod policy;
 mod transport;
 
 use std::io;
@@ -43,6 +46,24 @@ pub(crate) use transport::Transport;
 
 /// How the "TLS refused" precondition starts (the `allow` retry recognises it).
 const TLS_REFUSED: &str = "Postgres does not accept TLS";
+
+/// The refusal of a server that answers SSLRequest with `N` while `sslmode`
+/// requires TLS; it never suggests a weaker mode.
+pub(crate) fn tls_refused(target: &str, mode: SslMode) -> String {
+    format!(
+        "{TLS_REFUSED} at {target} but sslmode={} requires it: turn TLS on in the server (ssl = on with a certificate in postgresql.conf)",
+        mode.as_str()
+    )
+}
+
+/// The refusal of an answer to SSLRequest that is neither `S` nor `N`: no Postgres
+/// server sends one, and a client that read it as "no TLS" (tokio-postgres does under
+/// `sslmode=prefer`) would log in over plain TCP (docs/security.md).
+pub(crate) fn not_postgres_answer(answer: u8, target: &str) -> String {
+    format!(
+        "{target} answered the TLS request with byte {answer:#04x} instead of S or N: this is not a Postgres server, or something in between tampers with the connection; check host and port in [postgres] url"
+    )
+}
 
 /// A connection in replication mode (`replication=database`): it accepts simple
 /// queries (SQL and replication commands) and `START_REPLICATION`.
@@ -165,15 +186,15 @@ impl ReplicationConnection {
             }
             b'N' => match opts.sslmode {
                 SslMode::Disable | SslMode::Allow | SslMode::Prefer => Ok(Transport::Tcp(tcp)),
-                mode => Err(ReaderError::Precondition(format!(
-                    "{TLS_REFUSED} at {} but sslmode={} requires it: turn TLS on in the server (ssl = on with a certificate in postgresql.conf)",
-                    opts.display_target(),
-                    mode.as_str()
+                mode => Err(ReaderError::Precondition(tls_refused(
+                    &opts.display_target(),
+                    mode,
                 ))),
             },
-            _ => Err(ReaderError::Protocol(
-                "the server answered SSLRequest with neither S nor N".into(),
-            )),
+            other => Err(ReaderError::Precondition(not_postgres_answer(
+                other,
+                &opts.display_target(),
+            ))),
         }
     }
 

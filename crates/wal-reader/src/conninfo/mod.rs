@@ -10,6 +10,8 @@
 //! value from the string (only parameter names, and not even those once a password
 //! was seen), so a malformed URL cannot print a fragment of the password.
 
+mod passfile;
+mod require_auth;
 mod syntax;
 #[cfg(test)]
 mod tests;
@@ -18,6 +20,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use require_auth::{AuthMethod, RequireAuth};
 pub use syntax::PERCENT_ENCODE_PASSWORD;
 use syntax::{parse_keyvalue, parse_url};
 
@@ -139,6 +142,19 @@ pub struct PgConnectOptions {
     /// `require`; see docs/security.md).
     pub sslrootcert_explicit: bool,
     pub channel_binding: ChannelBindingMode,
+    /// libpq's `require_auth`: the authentication methods the server may use.
+    pub require_auth: RequireAuth,
+    /// The client certificate (`sslcert`, `PGSSLCERT`, or
+    /// `~/.postgresql/postgresql.crt` when that file exists) and its key (`sslkey`,
+    /// `PGSSLKEY`, or `~/.postgresql/postgresql.key`), presented when the server asks
+    /// for one (pg_hba.conf `cert`, `clientcert=verify-ca|verify-full`).
+    pub sslcert: Option<PathBuf>,
+    pub sslkey: Option<PathBuf>,
+    /// The passphrase of an encrypted `sslkey` (PKCS#8 `ENCRYPTED PRIVATE KEY`).
+    pub sslpassword: Option<String>,
+    /// The password file (`passfile`, `PGPASSFILE`, or `~/.pgpass`), read at every
+    /// login when no password is given ([`PgConnectOptions::login_password`]).
+    pub passfile: Option<PathBuf>,
     pub application_name: String,
     pub connect_timeout: Option<Duration>,
 }
@@ -155,6 +171,11 @@ impl fmt::Debug for PgConnectOptions {
             .field("sslmode", &self.sslmode)
             .field("sslrootcert", &self.sslrootcert)
             .field("channel_binding", &self.channel_binding)
+            .field("require_auth", &self.require_auth)
+            .field("sslcert", &self.sslcert)
+            .field("sslkey", &self.sslkey)
+            .field("sslpassword", &self.sslpassword.as_ref().map(|_| "***"))
+            .field("passfile", &self.passfile)
             .field("application_name", &self.application_name)
             .finish()
     }
@@ -165,7 +186,6 @@ const IGNORED: &[&str] = &[
     "client_encoding",
     "options",
     "replication",
-    "target_session_attrs",
     "keepalives",
     "keepalives_idle",
     "keepalives_interval",
@@ -173,11 +193,36 @@ const IGNORED: &[&str] = &[
     "fallback_application_name",
 ];
 
+/// libpq's `target_session_attrs` chooses among several hosts; the relay connects to
+/// one host, so only `any` (libpq's default) means what it says. Any other value is
+/// refused rather than ignored: `read-write` would promise a check that is not made.
+fn check_target_session_attrs(value: &str) -> Result<(), ConnInfoError> {
+    const LIBPQ: &[&str] = &[
+        "read-write",
+        "read-only",
+        "primary",
+        "standby",
+        "prefer-standby",
+    ];
+    if value == "any" {
+        return Ok(());
+    }
+    let named = if LIBPQ.contains(&value) {
+        format!("={value}")
+    } else {
+        String::new()
+    };
+    Err(ConnInfoError(format!(
+        "target_session_attrs{named} is not supported: the relay connects to the one host of the URL, which must be the primary, so remove the parameter (or set it to any)"
+    )))
+}
+
 impl PgConnectOptions {
     /// Parses a `postgresql://` / `postgres://` URL or a key=value conninfo string.
     /// Missing values fall back to `PGHOST`, `PGHOSTADDR`, `PGPORT`, `PGUSER`,
     /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGCHANNELBINDING`,
-    /// `PGGSSENCMODE`, then libpq's defaults.
+    /// `PGGSSENCMODE`, `PGREQUIREAUTH`, `PGSSLCERT`, `PGSSLKEY`, `PGPASSFILE`, then
+    /// libpq's defaults.
     pub fn parse(s: &str) -> Result<PgConnectOptions, ConnInfoError> {
         Self::parse_with_env(s, &|k| std::env::var(k).ok())
     }
@@ -206,9 +251,15 @@ impl PgConnectOptions {
             sslrootcert: None,
             sslrootcert_explicit: false,
             channel_binding: ChannelBindingMode::Prefer,
+            require_auth: RequireAuth::default(),
+            sslcert: None,
+            sslkey: None,
+            sslpassword: None,
+            passfile: None,
             application_name: "outbox-relay".into(),
             connect_timeout: None,
         };
+        let mut require_auth = None;
         let mut sslmode = None;
         let mut channel_binding = None;
         let mut gssencmode = None;
@@ -226,6 +277,11 @@ impl PgConnectOptions {
                     o.sslrootcert = Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty())
                 }
                 "channel_binding" => channel_binding = Some(ChannelBindingMode::parse(&v)?),
+                "require_auth" => require_auth = Some(RequireAuth::parse(&v)?),
+                "sslcert" => o.sslcert = Some(PathBuf::from(v)),
+                "sslkey" => o.sslkey = Some(PathBuf::from(v)),
+                "sslpassword" => o.sslpassword = Some(v).filter(|v| !v.is_empty()),
+                "passfile" => o.passfile = Some(PathBuf::from(v)),
                 "gssencmode" => gssencmode = Some(v),
                 "application_name" => o.application_name = v,
                 "connect_timeout" => {
@@ -234,6 +290,7 @@ impl PgConnectOptions {
                     })?;
                     o.connect_timeout = (secs > 0).then(|| Duration::from_secs(secs));
                 }
+                "target_session_attrs" => check_target_session_attrs(&v)?,
                 k if IGNORED.contains(&k) => {}
                 other => {
                     // `other` never comes from inside a value (parse_keyvalue and
@@ -321,6 +378,14 @@ impl PgConnectOptions {
                 .transpose()?
                 .unwrap_or_default(),
         };
+        o.require_auth = match require_auth {
+            Some(r) => r,
+            None => match env("PGREQUIREAUTH") {
+                Some(v) => RequireAuth::parse(&v)?,
+                None => RequireAuth::default(),
+            },
+        };
+        o.client_files(&env)?;
         if o.channel_binding == ChannelBindingMode::Require && o.sslmode == SslMode::Disable {
             return Err(ConnInfoError(
                 "channel_binding=require needs TLS, but sslmode=disable: use sslmode=verify-full"
@@ -346,6 +411,69 @@ impl PgConnectOptions {
             ));
         }
         Ok(o)
+    }
+
+    /// `sslcert`, `sslkey` and `passfile` with their environment variables and
+    /// libpq's defaults under `HOME`; an empty value means "none" (libpq's way to
+    /// turn a default file off).
+    fn client_files(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), ConnInfoError> {
+        let home = env("HOME").map(PathBuf::from);
+        let pick = |given: Option<PathBuf>, var: &str, default: Option<PathBuf>| match given
+            .or_else(|| env(var).map(PathBuf::from))
+        {
+            Some(p) if p.as_os_str().is_empty() => None,
+            Some(p) => Some(p),
+            None => default,
+        };
+        let default_cert = home
+            .as_ref()
+            .map(|h| h.join(".postgresql/postgresql.crt"))
+            .filter(|p| p.is_file());
+        let cert_given = self.sslcert.is_some() || env("PGSSLCERT").is_some();
+        self.sslcert = pick(self.sslcert.take(), "PGSSLCERT", default_cert);
+        let default_key = self
+            .sslcert
+            .as_ref()
+            .and(home.as_ref())
+            .map(|h| h.join(".postgresql/postgresql.key"));
+        self.sslkey = pick(self.sslkey.take(), "PGSSLKEY", default_key);
+        if self.sslcert.is_some() && self.sslkey.is_none() {
+            return Err(ConnInfoError(
+                "sslcert is set but sslkey is not: give the client certificate's private key file as sslkey".into(),
+            ));
+        }
+        if cert_given && self.sslmode == SslMode::Disable {
+            tracing::debug!("sslcert is ignored with sslmode=disable");
+        }
+        self.passfile = pick(
+            self.passfile.take(),
+            "PGPASSFILE",
+            home.map(|h| h.join(".pgpass")),
+        );
+        Ok(())
+    }
+
+    /// The password to log in with: `password` (or `PGPASSWORD`), else the matching
+    /// line of the password file, read now (so a rotated file is used at the next
+    /// reconnect). `None` when neither has one.
+    pub fn login_password(&self) -> Option<String> {
+        if let Some(p) = &self.password {
+            return Some(p.clone());
+        }
+        let path = self.passfile.as_ref()?;
+        let host = match (&self.hostaddr, self.host.is_empty()) {
+            (Some(a), true) => a.as_str(),
+            _ => self.host.as_str(),
+        };
+        passfile::lookup(
+            path,
+            &passfile::Target {
+                host,
+                port: self.port,
+                dbname: &self.dbname,
+                user: &self.user,
+            },
+        )
     }
 
     /// True when `host` is a Unix socket directory (and no `hostaddr` is given).
@@ -384,7 +512,10 @@ impl PgConnectOptions {
             .user(&self.user)
             .dbname(&self.dbname)
             .application_name(&self.application_name)
+            // libpq ignores sslmode on a Unix socket, as the replication connection
+            // does: no TLS request there.
             .ssl_mode(match self.sslmode {
+                _ if self.is_unix_socket() => Tm::Disable,
                 SslMode::Disable => Tm::Disable,
                 SslMode::Allow | SslMode::Prefer => Tm::Prefer,
                 _ => Tm::Require,
@@ -394,7 +525,7 @@ impl PgConnectOptions {
                 ChannelBindingMode::Prefer => Cb::Prefer,
                 ChannelBindingMode::Require => Cb::Require,
             });
-        if let Some(p) = &self.password {
+        if let Some(p) = self.login_password() {
             c.password(p);
         }
         if let Some(t) = self.connect_timeout {

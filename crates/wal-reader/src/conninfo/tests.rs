@@ -125,3 +125,40 @@ fn errors_never_contain_the_password() {
     let o = parse("postgresql://u:zq9Vw7kX@h/db").unwrap();
     assert!(!format!("{o:?}").contains("zq9"));
 }
+
+#[test]
+fn client_files_and_secrets_stay_hidden() {
+    let o = parse(
+        "host=h user=u password=Pw-1 sslcert=/c.pem sslkey=/k.pem sslpassword=Kp-2 passfile=/pf require_auth=!md5",
+    )
+    .unwrap();
+    assert_eq!(o.sslcert.as_deref(), Some(std::path::Path::new("/c.pem")));
+    assert_eq!(o.sslkey.as_deref(), Some(std::path::Path::new("/k.pem")));
+    assert_eq!(o.sslpassword.as_deref(), Some("Kp-2"));
+    assert_eq!(o.passfile.as_deref(), Some(std::path::Path::new("/pf")));
+    assert!(!o.require_auth.allows(AuthMethod::Md5));
+    let debug = format!("{o:?}");
+    assert!(
+        !debug.contains("Pw-1") && !debug.contains("Kp-2"),
+        "{debug}"
+    );
+    let url = "postgresql://u@h/db?sslpassword=Kp-2&sslcert=/c.pem";
+    assert!(!crate::redact::redact_url(url).contains("Kp-2"));
+    assert!(!crate::redact::redact_url("host=h sslpassword='K p-2'").contains("p-2"));
+    // A certificate without its key is refused; an empty value turns a default off.
+    assert!(parse("host=h sslcert=/c.pem sslkey=").is_err());
+    assert_eq!(parse("host=h sslcert=").unwrap().sslcert, None);
+}
+
+#[test]
+fn target_session_attrs_is_any_or_refused() {
+    assert!(parse("postgresql://u@h/db?target_session_attrs=any").is_ok());
+    let e = parse("postgresql://u@h/db?target_session_attrs=read-write").unwrap_err();
+    assert!(
+        e.0.starts_with("target_session_attrs=read-write is not supported: "),
+        "{e}"
+    );
+    // A value that is not libpq's is not echoed.
+    let e = parse("host=h target_session_attrs=Sekr1t").unwrap_err();
+    assert!(!e.0.contains("Sekr1t"), "{e}");
+}

@@ -9,6 +9,8 @@
 //! - `verify-full`: the chain, and the certificate must name `host`;
 //!   `sslrootcert=system` uses the system roots (only with verify-full).
 
+mod client_cert;
+mod guard;
 mod sql;
 
 use std::sync::Arc;
@@ -19,7 +21,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
 
 use crate::conninfo::{PgConnectOptions, SslMode};
-pub use sql::{connect_sql, GuardedSocket, SqlConnectError};
+pub use sql::{connect_sql, describe_pg_error, SqlConnectError};
 
 /// TLS could not be set up from the configured files.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +35,12 @@ pub enum TlsSetupError {
     EmptyRoot(String),
     #[error("sslmode={0} needs a root certificate to verify the server against: add sslrootcert=/path/to/ca.pem to [postgres] url (or set PGSSLROOTCERT, or install ~/.postgresql/root.crt)")]
     NoRoot(&'static str),
+    #[error("cannot use {key} {path} of [postgres] url: {why}")]
+    ClientCert {
+        key: &'static str,
+        path: String,
+        why: String,
+    },
     #[error("TLS configuration failed: {0}")]
     Rustls(#[from] rustls::Error),
 }
@@ -76,39 +84,63 @@ fn load_roots(opts: &PgConnectOptions) -> Result<Option<RootCertStore>, TlsSetup
     }
 }
 
-fn chain_only(roots: RootCertStore) -> Result<ClientConfig, TlsSetupError> {
-    let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
-        .build()
-        .map_err(|e| rustls::Error::General(e.to_string()))?;
-    Ok(ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
-        .with_no_client_auth())
+/// How the server's certificate is checked.
+enum Verify {
+    /// Encryption without authentication (`require`/`prefer` without a root).
+    Nothing,
+    /// The chain must lead to a root; any name (`verify-ca`, or a weaker mode with
+    /// a root certificate in effect).
+    Chain(RootCertStore),
+    /// The chain and the host name (`verify-full`).
+    Full(RootCertStore),
 }
 
 /// The rustls client configuration for `opts.sslmode`, or `None` for `disable`.
+/// With `sslcert`, the client certificate is presented when the server asks for one.
 pub fn client_config(opts: &PgConnectOptions) -> Result<Option<Arc<ClientConfig>>, TlsSetupError> {
-    let builder =
-        ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
-    let config = match opts.sslmode {
+    let verify = match opts.sslmode {
         SslMode::Disable => return Ok(None),
         // libpq verifies the chain whenever a root certificate is in effect.
         SslMode::Allow | SslMode::Prefer | SslMode::Require => match load_roots(opts)? {
-            Some(roots) => chain_only(roots)?,
-            None => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(NoVerify(provider())))
-                .with_no_client_auth(),
+            Some(roots) => Verify::Chain(roots),
+            None => Verify::Nothing,
         },
         SslMode::VerifyCa => {
-            let roots = load_roots(opts)?.ok_or(TlsSetupError::NoRoot("verify-ca"))?;
-            chain_only(roots)?
+            Verify::Chain(load_roots(opts)?.ok_or(TlsSetupError::NoRoot("verify-ca"))?)
         }
         SslMode::VerifyFull => {
-            let roots = load_roots(opts)?.ok_or(TlsSetupError::NoRoot("verify-full"))?;
-            builder.with_root_certificates(roots).with_no_client_auth()
+            Verify::Full(load_roots(opts)?.ok_or(TlsSetupError::NoRoot("verify-full"))?)
         }
+    };
+    let builder =
+        ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let builder = match verify {
+        Verify::Nothing => builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerify(provider()))),
+        Verify::Chain(roots) => {
+            let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| rustls::Error::General(e.to_string()))?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))
+        }
+        Verify::Full(roots) => builder.with_root_certificates(roots),
+    };
+    let config = match client_cert::load(opts)? {
+        None => builder.with_no_client_auth(),
+        Some((chain, key)) => builder.with_client_auth_cert(chain, key).map_err(|e| {
+            TlsSetupError::ClientCert {
+                key: "sslkey",
+                path: opts
+                    .sslkey
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                why: format!("it does not fit sslcert or cannot be read ({e}); check the pair, and sslpassword for an encrypted key"),
+            }
+        })?,
     };
     Ok(Some(Arc::new(config)))
 }
@@ -197,21 +229,6 @@ pub fn server_name(opts: &PgConnectOptions) -> Result<ServerName<'static>, TlsSe
             opts.host
         )))
     })
-}
-
-/// A connector for tokio-postgres SQL connections with the same TLS rules.
-pub fn make_tls_connect(
-    opts: &PgConnectOptions,
-) -> Result<tokio_postgres_rustls::MakeRustlsConnect, TlsSetupError> {
-    let config = match client_config(opts)? {
-        Some(c) => (*c).clone(),
-        // sslmode=disable: tokio-postgres never calls the connector.
-        None => ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(RootCertStore::empty())
-            .with_no_client_auth(),
-    };
-    Ok(tokio_postgres_rustls::MakeRustlsConnect::new(config))
 }
 
 /// `sslmode=require`/`prefer` without a root certificate: encryption without

@@ -30,18 +30,19 @@ use wal_reader::admin::{self, ident};
 use wal_reader::WalReader;
 
 use super::progress::{self, Unit};
-use super::{check_report, connect_publisher, drop_stale, replay_slot_prefix};
+use super::{check_report, connect_publisher, drop_stale, replay_slot_prefix, Plan};
 use crate::anchor::anchor_slot_name;
-use crate::cli::LogFormat;
+use crate::cli::FilterField;
 use crate::config::Config;
 use crate::error::CliError;
 
-/// Replays the commits in `[from, to]` (to the live slot's position by default).
+/// Replays the commits in `[from, to]` (to the live slot's position by default) that
+/// the plan selects.
 pub(super) async fn replay(
     cfg: &Config,
     from: Lsn,
     to: Option<Lsn>,
-    format: LogFormat,
+    plan: &Plan,
 ) -> Result<(), CliError> {
     let client = crate::sql::connect_for_command(cfg).await?;
     let slot = &cfg.postgres.slot;
@@ -94,7 +95,7 @@ pub(super) async fn replay(
         })?;
     info!(slot = %tmp, from = %from, stop = %stop, "replaying from a copy of the anchor slot");
     let result = tokio::select! {
-        r = replay_copy(cfg, &client, &tmp, &anchor_name, (from, stop, end), format) => r,
+        r = replay_copy(cfg, &client, &tmp, &anchor_name, (from, stop, end), plan) => r,
         signal = interrupted() => Err(CliError::Runtime(format!(
             "{signal}: the replay stopped before the end of its range; run it again (consumers deduplicate on message_id)"
         ))),
@@ -104,10 +105,19 @@ pub(super) async fn replay(
         warn!(slot = %tmp, error = %e, "cannot drop the replay slot; the next replay drops it");
     }
     let (events, report) = result?;
-    println!(
-        "replayed {events} events committed from {from} to before {stop} with header replay = true ({} confirmed by the broker)",
-        report.acked
-    );
+    match report {
+        Some(report) => println!(
+            "replayed {events} events committed from {from} to before {stop}{} to {} with header replay = true ({} confirmed by the broker)",
+            plan.matching(),
+            plan.destination(cfg),
+            report.acked
+        ),
+        None => println!(
+            "dry run: {events} events committed from {from} to before {stop}{} would be replayed to {}; nothing was published",
+            plan.matching(),
+            plan.destination(cfg)
+        ),
+    }
     Ok(())
 }
 
@@ -133,15 +143,28 @@ fn outside_window(from: Lsn, start: Lsn, end: Lsn, anchor: &str) -> CliError {
     ))
 }
 
-/// Streams the copied slot from `from` and publishes every commit before `stop`.
+/// Whether the plan selects the event.
+fn selected(plan: &Plan, e: &outbox_event::OutboxEvent) -> bool {
+    let text = |b: Option<&bytes::Bytes>| b.map(|b| String::from_utf8_lossy(b).into_owned());
+    plan.selection.matches(|field| match field {
+        FilterField::AggregateType => text(e.aggregate_type.as_ref()),
+        FilterField::AggregateId => text(e.aggregate_id.as_ref()),
+        FilterField::EventType => text(e.event_type.as_ref()),
+        FilterField::MessageId => text(e.id.as_ref()),
+        FilterField::Table => Some(e.table.qualified_name.clone()),
+    })
+}
+
+/// Streams the copied slot from `from` and publishes every selected event committed
+/// before `stop` (with `--dry-run`, only counts them: no report).
 async fn replay_copy(
     cfg: &Config,
     client: &Client,
     tmp: &str,
     anchor_name: &str,
     (from, stop, end): (Lsn, Lsn, Lsn),
-    format: LogFormat,
-) -> Result<(u64, PublisherReport), CliError> {
+    plan: &Plan,
+) -> Result<(u64, Option<PublisherReport>), CliError> {
     let copy = admin::require_slot(client, tmp).await?;
     let copied_at = copy.confirmed_flush_lsn.unwrap_or(Lsn::ZERO);
     if copied_at > from {
@@ -156,14 +179,21 @@ async fn replay_copy(
     let mut rcfg = cfg.reader_config(None)?;
     rcfg.slot = tmp.to_string();
     let reader = WalReader::start(rcfg).await?;
-    let publisher = connect_publisher(cfg).await?;
+    let publisher = match plan.dry_run {
+        false => Some(connect_publisher(cfg, plan).await?),
+        true => None,
+    };
 
     let (wal_tx, mut wal_rx) = mpsc::channel::<WalBatch>(64);
     let (pub_tx, pub_rx) = mpsc::channel::<WalBatch>(64);
     let (wm_tx, wm_rx) = watch::channel(from);
     let (stop_tx, stop_rx) = watch::channel(false);
     let reader_task = tokio::spawn(reader.run(wal_tx, wm_rx.clone(), stop_rx));
-    let pub_task = tokio::spawn(publisher.run(pub_rx, wm_tx));
+    // A dry run has no publisher: the positions it passes are its watermark.
+    let (pub_task, dry_wm) = match publisher {
+        Some(publisher) => (Some(tokio::spawn(publisher.run(pub_rx, wm_tx))), None),
+        None => (None, Some(wm_tx)),
+    };
     let total = stop.0.saturating_sub(from.0);
     // Events handed to the publisher, shown beside the WAL position.
     let sent = Arc::new(AtomicU64::new(0));
@@ -172,7 +202,7 @@ async fn replay_copy(
         total,
         Unit::WalBytes,
         Some(sent.clone()),
-        format,
+        plan.format,
         move |l| l.0.saturating_sub(from.0),
     );
 
@@ -184,7 +214,9 @@ async fn replay_copy(
         let mut out = Vec::with_capacity(batch.len());
         for item in batch {
             let keep = match &item {
-                WalItem::Event(e) => e.commit_lsn < stop && e.commit_lsn >= from,
+                WalItem::Event(e) => {
+                    e.commit_lsn < stop && e.commit_lsn >= from && selected(plan, e)
+                }
                 WalItem::Commit(c) => c.commit_lsn < stop,
                 WalItem::Keepalive(l) => *l < stop,
             };
@@ -206,6 +238,17 @@ async fn replay_copy(
             }
         }
         sent.store(events, Ordering::Relaxed);
+        if let Some(wm) = &dry_wm {
+            let last = out.iter().rev().find_map(|i| match i {
+                WalItem::Commit(c) => Some(c.end_lsn),
+                WalItem::Keepalive(l) => Some(*l),
+                WalItem::Event(_) => None,
+            });
+            if let Some(l) = last.filter(|l| *l > *wm.borrow()) {
+                let _ = wm.send(l);
+            }
+            out.clear();
+        }
         if !out.is_empty() && tx.send(out).await.is_err() {
             // The publisher ended early: its result says why.
             pub_tx = None;
@@ -217,10 +260,14 @@ async fn replay_copy(
         }
     }
     drop(pub_tx);
-    let report = check_report(pub_task.await);
+    let report = match pub_task {
+        Some(task) => Some(check_report(task.await)),
+        None => None,
+    };
+    drop(dry_wm);
     let reader_result = reader_task.await;
     progress.finish().await;
-    let report = report?;
+    let report = report.transpose()?;
     match reader_result {
         Ok(Ok(_)) if passed => {}
         Ok(Ok(_)) => return Err(CliError::Runtime(

@@ -26,8 +26,8 @@ use wal_reader::admin::{self, ident};
 use wal_reader::pgtype;
 
 use super::progress::{self, Unit};
-use super::{check_report, connect_publisher, drop_stale};
-use crate::cli::LogFormat;
+use super::{check_report, connect_publisher, drop_stale, Plan};
+use crate::cli::{FilterField, Selection};
 use crate::config::Config;
 use crate::error::CliError;
 
@@ -36,28 +36,72 @@ pub const TABLE_BATCH: i64 = 1000;
 /// Column `--from-table` orders and filters by, with the id column.
 pub const CREATED_AT: &str = "created_at";
 
-/// Replays the rows whose `created_at` is in `[since, until)`.
+/// The `--where` values of the columns filtered in SQL, in the order of the
+/// queries' parameters (`NULL`: any).
+const SQL_FILTERS: [FilterField; 4] = [
+    FilterField::AggregateType,
+    FilterField::AggregateId,
+    FilterField::EventType,
+    FilterField::MessageId,
+];
+
+fn sql_filter_values(selection: &Selection) -> Vec<Option<Vec<String>>> {
+    SQL_FILTERS
+        .iter()
+        .map(|f| {
+            let v = selection.values(*f);
+            (!v.is_empty()).then(|| v.iter().map(|s| s.to_string()).collect())
+        })
+        .collect()
+}
+
+/// Whether `--where table=…` selects this table (`schema.table`, or `table` for
+/// schema public).
+fn table_selected(selection: &Selection, qualified: &str) -> bool {
+    let wanted = selection.values(FilterField::Table);
+    wanted.is_empty()
+        || wanted
+            .iter()
+            .any(|w| wal_reader::TableName::parse(w).is_some_and(|t| t.qualified() == qualified))
+}
+
+/// Replays the rows whose `created_at` is in `[since, until)` and that the plan
+/// selects.
 pub(super) async fn replay(
     cfg: &Config,
     since: Option<SystemTime>,
     until: Option<SystemTime>,
-    format: LogFormat,
+    plan: &Plan,
 ) -> Result<(), CliError> {
     let client = crate::sql::connect_for_command(cfg).await?;
-    drop_stale(&client, &cfg.postgres.slot).await?;
+    if !plan.dry_run {
+        drop_stale(&client, &cfg.postgres.slot).await?;
+    }
     let mapping = cfg.mapping();
     let mut plans = Vec::new();
     for table in cfg.tables() {
+        if !table_selected(&plan.selection, &table.qualified()) {
+            continue;
+        }
         let cols = admin::check_columns(&client, &table, &mapping).await?;
         plans.push(TablePlan::new(&client, cols).await?);
     }
+    if plans.is_empty() {
+        let configured: Vec<String> = cfg.tables().iter().map(|t| t.qualified()).collect();
+        return Err(CliError::Usage(format!(
+            "--where table=… names none of the configured outbox tables ({}): use one of them",
+            configured.join(", ")
+        )));
+    }
     let since = since.map(|t| humantime::format_rfc3339_micros(t).to_string());
     let until = until.map(|t| humantime::format_rfc3339_micros(t).to_string());
+    let filters = sql_filter_values(&plan.selection);
+    let (f1, f2, f3, f4) = (&filters[0], &filters[1], &filters[2], &filters[3]);
     let mut total = 0u64;
     let mut skipped = Vec::new();
     for p in &plans {
         let n: i64 = client
-            .query_one(&p.count_sql, &[&since, &until])
+            .query_one(&p.count_sql, &[&since, &until, f1, f2, f3, f4])
             .await?
             .get(0);
         total += n as u64;
@@ -68,11 +112,24 @@ pub(super) async fn replay(
             skipped.push((p.table.qualified_name.clone(), nulls as u64));
         }
     }
-    let publisher = connect_publisher(cfg).await?;
+    let tables = plans
+        .iter()
+        .map(|p| p.table.qualified_name.clone())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if plan.dry_run {
+        println!(
+            "dry run: {total} rows from {tables}{} would be replayed to {}; nothing was published",
+            plan.matching(),
+            plan.destination(cfg)
+        );
+        return Ok(());
+    }
+    let publisher = connect_publisher(cfg, plan).await?;
     let (pub_tx, pub_rx) = mpsc::channel::<WalBatch>(4);
     let (wm_tx, wm_rx) = watch::channel(Lsn::ZERO);
     let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx));
-    let progress = progress::spawn(wm_rx, total, Unit::Rows, None, format, |l| l.0);
+    let progress = progress::spawn(wm_rx, total, Unit::Rows, None, plan.format, |l| l.0);
 
     // The watermark is the number of rows sent: each batch's marker carries it.
     let mut sent = 0u64;
@@ -84,7 +141,8 @@ pub(super) async fn replay(
                 Some((c, i)) => (Some(c.clone()), Some(i.clone())),
                 None => (None, None),
             };
-            let params: [&(dyn ToSql + Sync); 5] = [&since, &until, &ac, &ai, &TABLE_BATCH];
+            let params: [&(dyn ToSql + Sync); 9] =
+                [&since, &until, &ac, &ai, &TABLE_BATCH, f1, f2, f3, f4];
             let rows = match client.query(&p.page_sql, &params).await {
                 Ok(r) => r,
                 Err(e) => {
@@ -162,12 +220,9 @@ pub(super) async fn replay(
         );
     }
     println!(
-        "replayed {sent} rows from {} with header replay = true",
-        plans
-            .iter()
-            .map(|p| p.table.qualified_name.clone())
-            .collect::<Vec<_>>()
-            .join(", ")
+        "replayed {sent} rows from {tables}{} to {} with header replay = true",
+        plan.matching(),
+        plan.destination(cfg)
     );
     Ok(())
 }
@@ -175,11 +230,13 @@ pub(super) async fn replay(
 /// The queries and event metadata for one outbox table.
 struct TablePlan {
     table: Arc<OutboxTable>,
+    /// Params: since, until, then the `--where` values (text arrays or NULL) of
+    /// aggregate type, aggregate id, event type, message id.
     count_sql: String,
     /// Rows with a NULL created_at, which no page returns (no params).
     null_count_sql: String,
     /// Params: since, until (text timestamps or NULL), last created_at and id (text
-    /// or NULL for the first page), limit.
+    /// or NULL for the first page), limit, then the `--where` values as above.
     page_sql: String,
 }
 
@@ -213,6 +270,27 @@ impl TablePlan {
         let filter = format!(
             "{ca} IS NOT NULL AND ($1::text IS NULL OR {ca} >= $1::text::timestamptz) AND ($2::text IS NULL OR {ca} < $2::text::timestamptz)"
         );
+        // `--where`: each column against its values, from parameter `first` on.
+        let selected = |first: usize| {
+            [
+                &cols.aggregate_type.name,
+                &cols.aggregate_id.name,
+                &cols.event_type.name,
+                &cols.id.name,
+            ]
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let n = first + i;
+                format!(
+                    " AND (${n}::text[] IS NULL OR {}::text = ANY(${n}::text[]))",
+                    q(c)
+                )
+            })
+            .collect::<String>()
+        };
+        let count_sql = format!("SELECT count(*) FROM {table} WHERE {filter}{}", selected(3));
+        let filter = format!("{filter}{}", selected(6));
         let page_sql = format!(
             "SELECT {id}::text, {}, {}, {}, {}, {}, {}, {ca}::text, {id}::text, \
                     (extract(epoch FROM {ca}) * 1000000)::int8 \
@@ -227,7 +305,6 @@ impl TablePlan {
             text_col(cols.headers.as_ref()),
             text_col(cols.correlation_id.as_ref()),
         );
-        let count_sql = format!("SELECT count(*) FROM {table} WHERE {filter}");
         let null_count_sql = format!("SELECT count(*) FROM {table} WHERE {ca} IS NULL");
         let t = &cols.table;
         Ok(TablePlan {

@@ -1,0 +1,375 @@
+//! The metrics endpoint (`[relay] metrics_listen`) against slow and hostile HTTP
+//! clients and without credentials (docs/security.md): a client that never finishes
+//! its request is cut off after the read timeout, connections beyond the cap are
+//! closed at once (so the process's descriptors stay bounded), `/healthz` answers
+//! again as soon as the slow clients are gone, and with credentials configured
+//! `/metrics` and `/poison` answer 401 without them while `/healthz` and `/readyz`
+//! (probes) stay open but say nothing more than ready or not.
+//!
+//! The relay runs against an unreachable Postgres: `run` serves the endpoint while it
+//! waits for Postgres, which is all these tests need.
+#![allow(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::bin;
+use testkit::hostile::base64;
+use testkit::unique_name;
+
+struct Relay {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `run` with the metrics endpoint on a free port and `extra` lines in
+/// `[relay]`; waits until `/healthz` answers.
+fn start(extra: &str, files: &[(&str, &str)]) -> Relay {
+    spawn(extra, files, &|port| {
+        get(port, "/healthz", &[]).map(|r| r.0) == Some(200)
+    })
+}
+
+/// Writes the configuration and `files` into a new directory (`{dir}` in `extra`
+/// names it), starts `run`, and waits until `up(port)`.
+fn spawn(extra: &str, files: &[(&str, &str)], up: &dyn Fn(u16) -> bool) -> Relay {
+    bin();
+    let dir = std::env::temp_dir().join(unique_name("metrics"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, content) in files {
+        std::fs::write(dir.join(name), content).unwrap();
+    }
+    let port = free_port();
+    let extra = extra.replace("{dir}", &dir.display().to_string());
+    let cfg = write_config(&dir, &format!("127.0.0.1:{port}"), &extra);
+    let child = Command::new(bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("run")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join("relay.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let relay = Relay { child, dir, port };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !up(port) {
+        assert!(
+            Instant::now() < deadline,
+            "/healthz never answered: {}",
+            relay.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    relay
+}
+
+impl Relay {
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
+    }
+
+    fn descriptors(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    }
+}
+
+/// One request on its own connection: (status, body), or `None` when the server
+/// closed the connection without an answer or did not answer within 5 s.
+fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let status = resp.split(' ').nth(1)?.parse().ok()?;
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// True when the server has closed `s` (EOF or reset), waiting at most `wait`.
+fn closed_by_server(s: &mut TcpStream, wait: Duration) -> bool {
+    s.set_read_timeout(Some(wait)).unwrap();
+    let mut buf = [0u8; 512];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => continue,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    || e.kind() == std::io::ErrorKind::TimedOut =>
+            {
+                return false
+            }
+            Err(_) => return true,
+        }
+    }
+}
+
+/// 300 clients that send half a request and then nothing: the relay does not keep
+/// them (nor a descriptor each) beyond the read timeout, never holds more than its
+/// connection cap, and answers `/healthz` again once they are cut off.
+#[test]
+fn slow_clients_are_cut_off_and_connections_are_capped() {
+    let relay = start("", &[]);
+    let before = relay.descriptors();
+    let mut slow = Vec::new();
+    for _ in 0..300 {
+        let mut s = TcpStream::connect(("127.0.0.1", relay.port)).unwrap();
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+        slow.push(s);
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let during = relay.descriptors();
+    assert!(
+        during < before + 150,
+        "the relay holds {during} descriptors with 300 slow clients (it had {before})"
+    );
+    // The default read timeout is 10 s: every slow client is gone well within 20 s.
+    let started = Instant::now();
+    let mut kept = 0;
+    for s in &mut slow {
+        let left = Duration::from_secs(20).saturating_sub(started.elapsed());
+        if !closed_by_server(s, left.max(Duration::from_millis(10))) {
+            kept += 1;
+        }
+    }
+    assert_eq!(
+        kept, 0,
+        "{kept} of 300 slow clients still connected after 20 s"
+    );
+    assert_eq!(get(relay.port, "/healthz", &[]).map(|r| r.0), Some(200));
+    let after = relay.descriptors();
+    assert!(
+        after <= before + 5,
+        "{after} descriptors after, {before} before"
+    );
+}
+
+/// With a bearer token or basic credentials configured (both read from files),
+/// `/metrics` and `/poison` need them; `/healthz` and `/readyz` (probes) do not, and
+/// `/readyz` says only "not ready" without them.
+#[test]
+fn credentials_guard_metrics_and_poison_but_not_the_probes() {
+    let relay = start(
+        "metrics_bearer_token_file = \"{dir}/token\"\n\
+         metrics_basic_auth_user = \"prometheus\"\n\
+         metrics_basic_auth_password_file = \"{dir}/password\"\n",
+        &[
+            ("token", "Tk-0123456789abcdef\n"),
+            ("password", "Bp-secret\n"),
+        ],
+    );
+    let basic = format!("Basic {}", base64(b"prometheus:Bp-secret"));
+    let wrong = format!("Basic {}", base64(b"prometheus:nope"));
+    for path in ["/metrics", "/poison"] {
+        assert_eq!(get(relay.port, path, &[]).map(|r| r.0), Some(401), "{path}");
+        assert_eq!(
+            get(relay.port, path, &[("Authorization", "Bearer wrong")]).map(|r| r.0),
+            Some(401),
+            "{path}"
+        );
+        assert_eq!(
+            get(relay.port, path, &[("Authorization", &wrong)]).map(|r| r.0),
+            Some(401),
+            "{path}"
+        );
+        assert_eq!(
+            get(
+                relay.port,
+                path,
+                &[("Authorization", "Bearer Tk-0123456789abcdef")]
+            )
+            .map(|r| r.0),
+            Some(200),
+            "{path}"
+        );
+        assert_eq!(
+            get(relay.port, path, &[("Authorization", &basic)]).map(|r| r.0),
+            Some(200),
+            "{path}"
+        );
+    }
+    let (status, body) = get(relay.port, "/metrics", &[("Authorization", &basic)]).unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("outbox_relay_"), "{body}");
+    assert_eq!(get(relay.port, "/healthz", &[]).map(|r| r.0), Some(200));
+    let (status, body) = get(relay.port, "/readyz", &[]).unwrap();
+    assert_eq!((status, body.trim()), (503, "not ready"));
+    // The token file is read at every request: a rotated token works at once.
+    std::fs::write(relay.dir.join("token"), "Tk-rotated-token\n").unwrap();
+    assert_eq!(
+        get(
+            relay.port,
+            "/metrics",
+            &[("Authorization", "Bearer Tk-rotated-token")]
+        )
+        .map(|r| r.0),
+        Some(200)
+    );
+    assert_eq!(
+        get(
+            relay.port,
+            "/metrics",
+            &[("Authorization", "Bearer Tk-0123456789abcdef")]
+        )
+        .map(|r| r.0),
+        Some(401)
+    );
+    let log = relay.log();
+    assert!(!log.contains("Tk-") && !log.contains("Bp-secret"), "{log}");
+}
+
+/// Listening beyond loopback without credentials is allowed but warned about.
+#[test]
+fn an_open_endpoint_beyond_loopback_is_warned_about() {
+    let dir = std::env::temp_dir().join(unique_name("metrics"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let cfg = write_config(&dir, &format!("0.0.0.0:{}", free_port()), "");
+    let out = run_for(&cfg, Duration::from_secs(3));
+    assert!(
+        out.contains("metrics endpoint") && out.contains("without credentials"),
+        "{out}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A configuration in `dir` with an unreachable Postgres and broker, the endpoint on
+/// `listen` and `extra` lines in `[relay]`.
+fn write_config(dir: &Path, listen: &str, extra: &str) -> PathBuf {
+    let cfg = dir.join("relay.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[postgres]\nurl = \"postgresql://u@127.0.0.1:1/app\"\n\
+             [rabbitmq]\nurl = \"amqp://guest:guest@127.0.0.1:2/%2f\"\n\
+             [relay]\nmetrics_listen = \"{listen}\"\n{extra}\n"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn run_for(cfg: &Path, limit: Duration) -> String {
+    let mut child = Command::new(bin())
+        .arg("--config")
+        .arg(cfg)
+        .arg("run")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(limit);
+    let _ = child.kill();
+    let out = child.wait_with_output().unwrap();
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// With `metrics_tls_cert_file` and `metrics_tls_key_file` the endpoint speaks HTTPS
+/// only (as Prometheus's `scheme: https` with `tls_config.ca_file` scrapes it), and
+/// the bearer token works over it. Uses `openssl` and `curl`
+/// (scripts/test-services.sh installs both).
+#[test]
+fn the_endpoint_serves_https_with_a_certificate() {
+    let dir = std::env::temp_dir().join(unique_name("mtls"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ok = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost",
+        ])
+        .arg("-keyout")
+        .arg(dir.join("key.pem"))
+        .arg("-out")
+        .arg(dir.join("cert.pem"))
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let d = dir.display().to_string();
+    let relay = start_tls(&format!(
+        "metrics_tls_cert_file = \"{d}/cert.pem\"\nmetrics_tls_key_file = \"{d}/key.pem\"\n\
+         metrics_bearer_token_file = \"{{dir}}/token\"\n"
+    ));
+    let curl = |args: &[&str]| {
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "5",
+            ])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let url = format!("https://localhost:{}/metrics", relay.port);
+    let ca = format!("{d}/cert.pem");
+    assert_eq!(
+        curl(&["--cacert", &ca, "-H", "Authorization: Bearer Tk-tls", &url]),
+        "200"
+    );
+    assert_eq!(curl(&["--cacert", &ca, &url]), "401");
+    // Plain HTTP on the same port gets no answer.
+    assert_eq!(get(relay.port, "/healthz", &[]).map(|r| r.0), None);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// [`start`] for an HTTPS endpoint: waits with `curl -k` instead of plain HTTP.
+fn start_tls(extra: &str) -> Relay {
+    spawn(extra, &[("token", "Tk-tls\n")], &|port| {
+        Command::new("curl")
+            .args([
+                "-sk",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                "--max-time",
+                "2",
+            ])
+            .arg(format!("https://localhost:{port}/healthz"))
+            .output()
+            .is_ok_and(|out| out.stdout == b"200")
+    })
+}
