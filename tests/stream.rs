@@ -312,8 +312,8 @@ async fn minimal_headers_on_a_stream_exactly_once_through_a_kill() {
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
     assert!(
-        log.contains("events found already stored in the stream were not sent again"),
-        "the restarted relay read the stored events again and skipped them: {log}"
+        log.contains("events the stream already held were sent again"),
+        "the restarted relay did not find its stored events by their ids: {log}"
     );
     delete_stream(&stream).await;
     env.cleanup().await;

@@ -261,8 +261,8 @@ async fn stream_exactly_once_through_kills_and_restarts() {
     assert_eq!(verify_stream(&stream, N + BIG).await, (N + BIG) as usize);
     let log = relay.log_text();
     assert!(
-        log.contains("events found already stored in the stream were not sent again"),
-        "the restarted relay re-read nothing: {log}"
+        log.contains("events the stream already held were sent again"),
+        "the restarted relay found none of its events stored: {log}"
     );
     let (code, _) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");

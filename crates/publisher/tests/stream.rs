@@ -347,9 +347,11 @@ async fn a_second_producer_does_not_affect_the_first() {
     publish_all(config(&stream.name, Some("relay-a")), &a_first).await;
     let b_input = input("b_orders", 6000);
     publish_all(config(&stream.name, Some("relay-b")), &b_input).await;
-    // A restarts and gets its whole input again: it sends only what is not stored.
+    // A restarts and gets its whole input again: it sends it all again (the broker's
+    // last id may name writes a cut-off leader would lose), and the broker stores
+    // only what it did not hold.
     let (report, _) = publish_all(config(&stream.name, Some("relay-a")), &a_input).await;
-    assert_eq!(report.published, (1500 - a_stored) as u64);
+    assert_eq!(report.published, 1500);
     let messages = stream.read_all().await;
     assert_eq!(messages.len(), 1500 + 6000);
     assert_eq!(

@@ -17,7 +17,7 @@
 //!   below) — but perhaps not yet on a majority: a leader cut off from its replicas
 //!   reports writes it will lose when it rejoins. So it is sent again, not counted as
 //!   confirmed: the broker drops the copy as a duplicate and confirms it once the
-//!   write is committed (docs/operations.md, "Running against a cluster").
+//!   write is committed (docs/design.md §4).
 //! - **Frames fit.** A publish frame holds consecutive events of one producer, at most
 //!   [`MAX_BATCH`], and its exact encoded size never exceeds the frame maximum the
 //!   connection negotiated. An event that cannot fit even alone is a *poison*
@@ -385,8 +385,15 @@ impl<M: StreamMsg> Engine<M> {
             return;
         };
         if self.named {
+            // An id at or below the broker's last at the declaration was in the
+            // leader's log: refusing its copy says nothing about it (if the leader
+            // loses it, the next connection's last id lies below it, and it is sent
+            // again as a new event).
+            let held = conn.declared.get(&key).map_or(0, |d| d.last);
             let producer = self.producers.entry(key).or_default();
-            producer.refused.extend(ids.iter().copied());
+            producer
+                .refused
+                .extend(ids.iter().copied().filter(|id| *id > held));
             producer.resent = false;
         }
     }

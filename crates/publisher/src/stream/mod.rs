@@ -46,16 +46,18 @@
 //! 1. After any restart the slot delivers again every event after its confirmed
 //!    position, in the same order, with the same commit LSN and index: the same
 //!    producer and the same id. The broker's last stored id of that producer (asked
-//!    when the producer is declared, one request) says which of them are stored: the
-//!    engine confirms those at once without sending them, and sends the rest. Nothing
+//!    when the producer is declared, one request) says which of them the leader holds;
+//!    the engine sends them all the same (a leader cut off from its replicas reports
+//!    writes it will lose), and the broker drops the copies it holds and confirms
+//!    them once a majority stored them. Nothing
 //!    is read back from the stream, so the start takes the same few requests whatever
 //!    other writers do and however much retention removed.
 //! 2. Another source, or another WAL history of this one (a failover that replaced
 //!    WAL, a restore), publishes under other references: its ids never make the
 //!    broker drop ours.
 //! 3. Within one `run`, a lost connection or a refusal ends the connection; the next
-//!    one declares the producers again, confirms what is stored and re-sends the
-//!    rest in order.
+//!    one declares the producers again and sends everything unconfirmed again in
+//!    order.
 //!
 //! A refused id stays refused until it is confirmed; if the broker then reports a
 //! last id at or above it, it stored a later event and would drop this one: the

@@ -350,11 +350,14 @@ impl World {
     }
 
     /// The engine halted on a refused id below the producer's last: check that an
-    /// event with such an id is really not stored.
+    /// event with such an id is really not in the leader's log (committed or not).
     fn halt_justified(&self, key: Producer, last: u64) {
         let missing = self.events.iter().any(|e| {
             let id = publishing_id(e.commit, e.index).unwrap_or(0);
-            id <= last && e.key == key && !self.stored.contains_key(&(key, id))
+            id <= last
+                && e.key == key
+                && !self.stored.contains_key(&(key, id))
+                && !self.tentative.contains(&(key, id))
         });
         assert!(
             missing,
