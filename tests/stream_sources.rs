@@ -17,6 +17,12 @@
 //! A relay that identifies its producer by the slot name alone, or that applies a
 //! position from another WAL history, loses rows in each of them (each was seen
 //! failing so).
+//!
+//! And the upgrade from a version that published under `outbox-relay:<slot>` with
+//! ids 1, 2, 3, … (docs/streams.md, "Upgrading from a relay that named its producer
+//! `outbox-relay:<slot>`"): what that relay left — its messages in the stream, the
+//! slot and a state table without the history columns — is built as it left it after
+//! a clean stop and after a crash, and the new relay starts on it.
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
@@ -251,4 +257,88 @@ async fn an_asynchronous_failover_skips_nothing_of_the_new_timeline() {
     env.cleanup().await;
     drop(proxy);
     drop(pair);
+}
+
+/// The state table as versions before the history columns created it.
+const OLD_STATE_TABLE: &str = "DROP TABLE public.outbox_relay_state;
+ CREATE TABLE public.outbox_relay_state (
+    slot_name        text        PRIMARY KEY,
+    acked_lsn        pg_lsn      NOT NULL,
+    slot_restart_lsn pg_lsn,
+    slot_created_at  timestamptz,
+    updated_at       timestamptz NOT NULL DEFAULT now())";
+
+/// An earlier relay published rows 1..=600 of `up` under `outbox-relay:<slot>` and
+/// confirmed the slot (and stored the position) after row `confirmed`; then the new
+/// relay starts and rows 601..=900 follow. Returns the rows of `up` in stream order.
+async fn upgrade_after(confirmed: usize) -> Vec<u64> {
+    let env = Env::new().await;
+    env.create_slot();
+    env.db.psql(OLD_STATE_TABLE);
+    let stream = testkit::stream::TestStream::create("upgrade").await;
+    env.insert_tagged("up", 1, confirmed);
+    let acked = env
+        .db
+        .psql("SELECT pg_current_wal_lsn()::text")
+        .trim()
+        .to_string();
+    env.insert_tagged("up", confirmed + 1, 600 - confirmed);
+    let old_reference = format!("outbox-relay:{}", env.slot);
+    let old: Vec<testkit::stream::OutMessage> = (1..=600u64)
+        .map(|i| {
+            testkit::stream::OutMessage::builder()
+                .body(format!("{{\"seq\": {i}}}").into_bytes())
+                .application_properties()
+                .insert("aggregate_type", "up")
+                .insert("aggregate_id", i.to_string())
+                .insert("x-outbox-producer", old_reference.clone())
+                .message_builder()
+                .publising_id(i)
+                .build()
+        })
+        .collect();
+    testkit::stream::publish_as(&stream.name, Some(&old_reference), old).await;
+    env.db.psql(&format!(
+        "SELECT pg_replication_slot_advance('{slot}', '{acked}'); \
+         INSERT INTO public.outbox_relay_state (slot_name, acked_lsn) VALUES ('{slot}', '{acked}')",
+        slot = env.slot
+    ));
+    let vars = vec![
+        ("OUTBOX_RELAY_RABBITMQ_STREAM", stream.name.clone()),
+        ("OUTBOX_RELAY_RABBITMQ_STREAM_URL", stream_url()),
+    ];
+    let relay = env.start_env(&[], &as_refs(&vars));
+    env.insert_tagged("up", 601, 300);
+    let expected = 600 + (600 - confirmed) + 300;
+    let msgs = read_stream(&stream.name, expected, QUIET, WAIT).await;
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    // The new relay added the history columns and filled them.
+    let origin = env.db.psql(&format!(
+        "SELECT system_identifier IS NOT NULL AND timeline IS NOT NULL \
+           FROM public.outbox_relay_state WHERE slot_name = '{}'",
+        env.slot
+    ));
+    assert_eq!(
+        origin.trim(),
+        "t",
+        "the stored position has no origin after the upgrade"
+    );
+    stream.delete().await;
+    env.cleanup().await;
+    tagged(&msgs, "up")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_after_a_clean_stop_sends_nothing_twice() {
+    let rows = upgrade_after(600).await;
+    assert_eq!(rows, (1..=900).collect::<Vec<u64>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_after_a_crash_sends_the_unconfirmed_rows_again() {
+    let rows = upgrade_after(400).await;
+    // The old relay's 600, then the 200 it had not confirmed, again, and the rest.
+    let want: Vec<u64> = (1..=600).chain(401..=900).collect();
+    assert_eq!(rows, want);
 }

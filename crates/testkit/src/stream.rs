@@ -11,6 +11,9 @@ use rabbitmq_stream_client::types::{
 use rabbitmq_stream_client::{Client, ClientOptions, TlsConfiguration};
 use tokio::sync::mpsc;
 
+/// A message to publish with [`publish_as`].
+pub use rabbitmq_stream_client::types::Message as OutMessage;
+
 /// Stream-protocol URL of the test broker.
 pub fn stream_url() -> String {
     std::env::var("OUTBOX_TEST_STREAM_URL")
@@ -128,6 +131,23 @@ impl TestStream {
 /// Publishes `n` messages of `size` bytes into `stream` as another, unnamed producer,
 /// and waits for their confirms.
 pub async fn publish_foreign(stream: &str, n: usize, size: usize) {
+    let body = vec![b'f'; size];
+    let messages = (0..n as u64)
+        .map(|i| {
+            Message::builder()
+                .body(body.clone())
+                .publising_id(i + 2)
+                .build()
+        })
+        .collect();
+    publish_as(stream, None, messages).await;
+}
+
+/// Publishes `messages` (publishing ids set) into `stream` under the producer
+/// `reference` (`None`: unnamed), in frames of 100, and waits for every confirm —
+/// what another writer, or an earlier version of the relay, left in a stream.
+pub async fn publish_as(stream: &str, reference: Option<&str>, messages: Vec<Message>) {
+    let n = messages.len();
     let client = client().await;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let forward = move |item: MessageResult| {
@@ -143,30 +163,20 @@ pub async fn publish_foreign(stream: &str, n: usize, size: usize) {
     };
     client.set_handler(forward).await;
     let response = client
-        .declare_publisher(9, None, stream)
+        .declare_publisher(9, reference.map(str::to_string), stream)
         .await
         .expect("declare publisher");
     assert!(response.is_ok(), "declare publisher: {:?}", response.code());
-    let body = vec![b'f'; size];
-    let mut id = 1u64;
-    let mut confirmed = 0;
-    for batch in (0..n).collect::<Vec<_>>().chunks(100) {
-        let messages: Vec<Message> = batch
-            .iter()
-            .map(|_| {
-                id += 1;
-                Message::builder()
-                    .body(body.clone())
-                    .publising_id(id)
-                    .build()
-            })
-            .collect();
-        client.publish(9, messages).await.expect("publish");
+    let mut messages = messages.into_iter().peekable();
+    while messages.peek().is_some() {
+        let batch: Vec<Message> = messages.by_ref().take(100).collect();
+        client.publish(9, batch).await.expect("publish");
     }
+    let mut confirmed = 0;
     while confirmed < n {
         match tokio::time::timeout(Duration::from_secs(30), rx.recv()).await {
             Ok(Some(k)) => confirmed += k,
-            _ => panic!("{confirmed} of {n} foreign messages confirmed"),
+            _ => panic!("{confirmed} of {n} messages confirmed"),
         }
     }
     let _ = client.close().await;
