@@ -1046,7 +1046,7 @@ async fn drain_run(args: &Args, bin: &std::path::Path, per_tx: usize) -> anyhow:
             mapping: ColumnMapping::default(),
             start_lsn: None,
             status_interval: Duration::from_secs(1),
-            hold_events: 10_000,
+            max_in_flight: 10_000,
         };
         let start = Instant::now();
         let reader = WalReader::start(cfg).await?;

@@ -22,13 +22,15 @@ use outbox_event::{Lsn, WalBatch, WalItem};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::config::PublisherConfig;
 use crate::confirms::ConfirmSet;
 use crate::connection::Session;
-use crate::engine::{Engine, Failure, Returned, Send, Settled, Tag, Target};
+use crate::engine::{Engine, Failure, Outgoing, Returned, Settled, Tag, Target};
 use crate::error::PublishError;
 use crate::message::{returned_key, MessageBuilder, OutboundMessage};
+use crate::report::PublisherReport;
 use crate::status::{self, PublisherStatus};
-use crate::{Publisher, PublisherConfig, PublisherReport};
+use crate::Publisher;
 use recover::{failure_of, Episode, Recovered};
 
 mod recover;
@@ -227,7 +229,7 @@ impl Runner {
                 break;
             };
             let (tag, exchange, message) = match send {
-                Send::Main { tag, seq } => {
+                Outgoing::Main { tag, seq } => {
                     let Some(message) = self.engine.message(seq).cloned() else {
                         continue;
                     };
@@ -235,7 +237,7 @@ impl Runner {
                     metrics::counter!(status::EVENTS_PUBLISHED).increment(1);
                     (tag, self.exchange.clone(), message)
                 }
-                Send::DeadLetter { tag, seq, reason } => {
+                Outgoing::DeadLetter { tag, seq, reason } => {
                     let Some(original) = self.engine.message(seq) else {
                         continue;
                     };

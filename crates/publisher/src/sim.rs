@@ -22,7 +22,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::engine::{
-    DeadLetterReason, Engine, EventKey, Failure, Keyed, Returned, Send, Tag, Target,
+    DeadLetterReason, Engine, EventKey, Failure, Keyed, Outgoing, Returned, Tag, Target,
 };
 
 #[derive(Debug, Clone)]
@@ -231,8 +231,8 @@ impl World {
                 );
             }
             let (tag, seq, target) = match send {
-                Send::Main { tag, seq } => (tag, seq, Target::Exchange),
-                Send::DeadLetter { tag, seq, reason } => {
+                Outgoing::Main { tag, seq } => (tag, seq, Target::Exchange),
+                Outgoing::DeadLetter { tag, seq, reason } => {
                     if let DeadLetterReason::Refused { .. } = reason {
                         let e = self.engine.message(seq).map(|m| m.event);
                         assert!(

@@ -91,7 +91,7 @@ use outbox_event::Lsn;
 use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{debug, info, warn, Instrument};
-use wal_reader::admin::ident::quote_table;
+use wal_reader::admin::{self, ident::quote_table, AdminError};
 use wal_reader::{PgConnectOptions, TableName};
 
 use crate::config::Config;
@@ -310,8 +310,8 @@ impl Retention {
         client: &Client,
         stop: &Shutdown,
         markers: &mut VecDeque<Marker>,
-    ) -> Result<bool, tokio_postgres::Error> {
-        let confirmed = slot_confirmed(client, &self.slot).await?;
+    ) -> Result<bool, AdminError> {
+        let confirmed = admin::slot_confirmed_flush(client, &self.slot).await?;
         let marker = take_marker(client).await?;
         push_marker(markers, marker);
         debug!(
@@ -352,19 +352,6 @@ impl Retention {
         }
         Ok(true)
     }
-}
-
-/// The slot's `confirmed_flush_lsn`; `None` if the slot does not exist (or has none).
-async fn slot_confirmed(client: &Client, slot: &str) -> Result<Option<Lsn>, tokio_postgres::Error> {
-    let row = client
-        .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
-            &[&slot],
-        )
-        .await?;
-    Ok(row
-        .and_then(|r| r.get::<_, Option<String>>(0))
-        .and_then(|s| s.parse().ok()))
 }
 
 async fn take_marker(client: &Client) -> Result<Marker, tokio_postgres::Error> {

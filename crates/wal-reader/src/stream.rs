@@ -32,7 +32,7 @@
 //!
 //! The reader only reads the socket when the previous batch has been handed to the
 //! consumer, so a stalled broker stops reading at the TCP level. A transaction of at
-//! most `hold_events` events (and [`HOLD_BYTES`]) is handed on once its Commit has
+//! most `max_in_flight` events (and [`HOLD_BYTES`]) is handed on once its Commit has
 //! arrived, so a connection lost in its middle publishes nothing of it; a larger one
 //! goes on as it is decoded (pgoutput v1 only sends committed transactions), so any
 //! transaction size streams through in bounded memory.
@@ -80,16 +80,16 @@ pub struct ReaderConfig {
     pub start_lsn: Option<Lsn>,
     /// Period of standby status updates (capped at half of `wal_sender_timeout`).
     pub status_interval: Duration,
-    /// A transaction of at most this many outbox events (and [`HOLD_BYTES`]) is
-    /// handed on only once its Commit has arrived, so a connection lost in the middle
-    /// of it publishes nothing of it, and the next session sends it whole without a
-    /// duplicate (docs/design.md §3). A larger one is streamed as it is decoded. The
-    /// relay sets it to `max_in_flight`.
-    pub hold_events: usize,
+    /// The flow limit (`[rabbitmq] max_in_flight`, the publisher's window): a
+    /// transaction of at most this many outbox events (and [`HOLD_BYTES`]) is handed
+    /// on only once its Commit has arrived, so a connection lost in the middle of it
+    /// publishes nothing of it, and the next session sends it whole without a
+    /// duplicate (docs/design.md §3). A larger one is streamed as it is decoded.
+    pub max_in_flight: usize,
 }
 
 /// The most pgoutput bytes of one transaction held back until its Commit (see
-/// [`ReaderConfig::hold_events`]); a larger transaction is streamed.
+/// [`ReaderConfig::max_in_flight`]); a larger transaction is streamed.
 pub const HOLD_BYTES: usize = 16 << 20;
 
 /// Where a reader started, as found on the server.
@@ -188,7 +188,7 @@ pub struct WalReader {
     oldest_unacked: OldestUnacked,
     last_event_commit: LastEventCommit,
     /// The open transaction's events, held back until its Commit
-    /// ([`ReaderConfig::hold_events`]).
+    /// ([`ReaderConfig::max_in_flight`]).
     held: WalBatch,
     /// pgoutput bytes behind `held`.
     held_bytes: usize,
@@ -566,7 +566,7 @@ impl WalReader {
         track_unacked(&mut self.unacked, &self.oldest_unacked, &target[before..]);
         if holding {
             self.held_bytes += size;
-            let outgrown = self.held.len() > self.cfg.hold_events || self.held_bytes > HOLD_BYTES;
+            let outgrown = self.held.len() > self.cfg.max_in_flight || self.held_bytes > HOLD_BYTES;
             if done || outgrown {
                 pending.append(&mut self.held);
                 self.held_bytes = 0;

@@ -84,6 +84,7 @@
 //! may carry at most [`identity::MAX_EVENTS_PER_TRANSACTION`] events.
 
 mod connection;
+mod endpoint;
 mod engine;
 pub mod identity;
 mod message;
@@ -99,8 +100,8 @@ use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::{redact_url, PublishError};
+use crate::report::PublisherReport;
 use crate::status::PublisherStatus;
-use crate::PublisherReport;
 
 pub use identity::StreamSource;
 pub use message::{PRODUCER_PROPERTY, PUBLISHING_ID_PROPERTY, SOURCE_PROPERTY, TIMELINE_PROPERTY};
@@ -171,7 +172,7 @@ impl StreamConfig {
             });
         }
         for url in &self.urls {
-            connection::Endpoint::parse(url)?;
+            endpoint::Endpoint::parse(url)?;
         }
         if self.stream.is_empty() {
             return Err(PublishError::InvalidConfig {
@@ -179,12 +180,7 @@ impl StreamConfig {
                 reason: "empty stream name".into(),
             });
         }
-        if self.max_in_flight == 0 {
-            return Err(PublishError::InvalidConfig {
-                key: "max_in_flight",
-                reason: "0 would never publish; set a positive number such as 10000".into(),
-            });
-        }
+        crate::config::validate_max_in_flight(self.max_in_flight)?;
         if self.source.as_ref().is_some_and(|s| s.reference.is_empty()) {
             return Err(PublishError::InvalidConfig {
                 key: "producer_name",

@@ -15,8 +15,8 @@ use super::engine::{Engine, Next};
 use super::message::{Pending, StreamMessageBuilder};
 use super::{StreamConfig, StreamPublisher};
 use crate::error::{redact_url, PublishError};
+use crate::report::PublisherReport;
 use crate::status::{self, PoisonMessage, PublisherStatus};
-use crate::PublisherReport;
 
 /// How often a poison message is logged again while it holds the publisher.
 const POISON_LOG_EVERY: Duration = Duration::from_secs(60);

@@ -303,7 +303,7 @@ impl Sessions {
                     acked: acked_tx.subscribe(),
                     last_event_end: last_event,
                     status: sink.status(),
-                    max_in_flight: self.cfg.reader.hold_events,
+                    max_in_flight: self.cfg.reader.max_in_flight,
                     interval: self.cfg.reader.status_interval,
                     written: initial,
                     flushed,

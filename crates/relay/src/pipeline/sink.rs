@@ -11,6 +11,8 @@ use publisher::{PublishError, Publisher, PublisherConfig, PublisherReport, Publi
 use tokio::sync::{mpsc, watch};
 use wal_reader::StartInfo;
 
+use crate::config::Config;
+
 /// Where a session publishes.
 #[derive(Debug, Clone)]
 pub enum SinkConfig {
@@ -25,6 +27,18 @@ pub enum SinkConfig {
 }
 
 impl SinkConfig {
+    /// The target `run` publishes to: the stream when `rabbitmq.stream` is set, else
+    /// the exchange.
+    pub fn of(cfg: &Config) -> SinkConfig {
+        match cfg.stream() {
+            Some(_) => SinkConfig::Stream {
+                config: cfg.stream_config(),
+                producer_name: cfg.producer_name().map(str::to_string),
+            },
+            None => SinkConfig::Exchange(cfg.publisher_config()),
+        }
+    }
+
     /// `exchange X` or `stream X`, for logs.
     pub fn target(&self) -> String {
         match self {
@@ -121,5 +135,33 @@ impl Sink {
             Sink::Exchange(p) => p.run(input, watermark).await,
             Sink::Stream(s) => s.run(input, watermark).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_target_is_the_stream_when_one_is_named() {
+        let d = Config::default();
+        assert!(matches!(SinkConfig::of(&d), SinkConfig::Exchange(_)));
+        let mut c = Config::default();
+        c.rabbitmq.stream = "orders".into();
+        assert!(matches!(
+            SinkConfig::of(&c),
+            SinkConfig::Stream {
+                producer_name: None,
+                ..
+            }
+        ));
+        c.rabbitmq.producer_name = "orders-db".into();
+        assert!(matches!(
+            SinkConfig::of(&c),
+            SinkConfig::Stream {
+                producer_name: Some(ref n),
+                ..
+            } if n == "orders-db"
+        ));
     }
 }

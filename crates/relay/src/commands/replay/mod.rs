@@ -132,22 +132,14 @@ pub fn replay_slot_prefix(slot: &str) -> String {
 /// Every replay slot of `slot` (`<slot>_replay_<pid>`) with whether it is active.
 pub async fn replay_slots(c: &Client, slot: &str) -> Result<Vec<(String, bool)>, CliError> {
     let prefix = replay_slot_prefix(slot);
-    let rows = c
-        .query(
-            "SELECT slot_name::text, active FROM pg_replication_slots \
-              WHERE left(slot_name::text, length($1)) = $1",
-            &[&prefix],
-        )
-        .await?;
-    let mut out = Vec::new();
-    for r in rows {
-        let name: String = r.get(0);
-        let active: bool = r.get(1);
-        if name[prefix.len()..].chars().all(|c| c.is_ascii_digit()) {
-            out.push((name, active));
-        }
-    }
-    Ok(out)
+    let mut slots = admin::slots_with_prefix(c, &prefix)
+        .await
+        .map_err(|e| match e {
+            admin::AdminError::Sql(e) => CliError::from(e),
+            e => CliError::from(e),
+        })?;
+    slots.retain(|(name, _)| name[prefix.len()..].chars().all(|c| c.is_ascii_digit()));
+    Ok(slots)
 }
 
 /// Drops the replay slots nobody streams from (left by a killed replay).
