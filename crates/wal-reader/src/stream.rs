@@ -50,7 +50,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
-use outbox_event::history::History;
 use outbox_event::{Lsn, WalBatch, WalItem};
 use pgoutput::replication::{
     encode_standby_status_update, parse_copy_data, pg_now_micros, ReplicationMessage,
@@ -59,7 +58,6 @@ use tokio::sync::{mpsc, watch};
 use tracing::{debug, info};
 
 use crate::admin;
-use crate::admin::ident::{quote_ident, quote_literal};
 use crate::assemble::Assembler;
 use crate::conn::ReplicationConnection;
 use crate::conninfo::PgConnectOptions;
