@@ -12,6 +12,11 @@
 //! the one ordering guarantee the shell provides: a round sees every completion that
 //! happened before anything the previous round saw.
 //!
+//! Why one file over 600 lines: the broker model, the schedule that drives it and
+//! the invariants checked after every step are one argument, read top to bottom;
+//! split, each part would need the others' private state to be read at all. It is
+//! test code only (`#[cfg(test)]`).
+//!
 //! Run longer with `OUTBOX_SIM_SCHEDULES=100000 cargo test -p publisher --release sim`;
 //! replay one schedule with `OUTBOX_SIM_SEED=<seed>`.
 
