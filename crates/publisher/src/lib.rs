@@ -133,27 +133,18 @@ impl Publisher {
     ///
     /// The watermark starts at the `watch`'s current value (the position the relay
     /// resumes from) and is only sent when it advances.
+    ///
+    /// `flushed` carries the positions actually sent to Postgres as flushed (the
+    /// reader's status updates): a message counts against `max_in_flight` until a
+    /// position past it has been sent, which is what bounds the duplicates after a
+    /// crash (docs/design.md §1). Without it (`None`: `replay`, tools) the watermark
+    /// itself counts as sent.
     pub async fn run(
         self,
         input: mpsc::Receiver<WalBatch>,
         watermark: watch::Sender<Lsn>,
+        flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, None)?.run(input).await
-    }
-
-    /// [`Publisher::run`], with `flushed` carrying the positions actually sent to
-    /// Postgres as flushed (the reader's status updates): a message counts against
-    /// `max_in_flight` until a position past it has been sent, which is what bounds
-    /// the duplicates after a crash (docs/design.md §1). Without it (`run`) the
-    /// watermark itself counts as sent.
-    pub async fn run_with_flushed(
-        self,
-        input: mpsc::Receiver<WalBatch>,
-        watermark: watch::Sender<Lsn>,
-        flushed: watch::Receiver<Lsn>,
-    ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, Some(flushed))?
-            .run(input)
-            .await
+        run::Runner::new(self, watermark, flushed)?.run(input).await
     }
 }

@@ -1,7 +1,7 @@
 //! The second publishing target: a RabbitMQ *stream* over the stream protocol
 //! (`rabbitmq-stream://`, port 5552), exactly once thanks to the broker's publisher
 //! deduplication. [`StreamPublisher`] has the shape of [`crate::Publisher`]
-//! (`connect`, `status`, `run`, `run_with_flushed`) so the relay can drive either.
+//! (`connect`, `status`, `run`) so the relay can drive either.
 //!
 //! # What is shared with the AMQP publisher
 //!
@@ -309,24 +309,14 @@ impl StreamPublisher {
     /// `input` closes, publishing every event in order and advancing `watermark` as
     /// confirms arrive; reconnects by itself; returns once the input is closed and
     /// everything is confirmed, or when `shutdown_timeout` has passed since it closed.
+    /// `flushed`: the positions sent to Postgres as flushed, as for
+    /// [`crate::Publisher::run`].
     pub async fn run(
         self,
         input: mpsc::Receiver<WalBatch>,
         watermark: watch::Sender<Lsn>,
+        flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, None).run(input).await
-    }
-
-    /// [`StreamPublisher::run`] with the positions sent to Postgres as flushed, as
-    /// [`crate::Publisher::run_with_flushed`].
-    pub async fn run_with_flushed(
-        self,
-        input: mpsc::Receiver<WalBatch>,
-        watermark: watch::Sender<Lsn>,
-        flushed: watch::Receiver<Lsn>,
-    ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, Some(flushed))
-            .run(input)
-            .await
+        run::Runner::new(self, watermark, flushed).run(input).await
     }
 }

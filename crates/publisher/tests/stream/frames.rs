@@ -96,7 +96,7 @@ async fn an_event_over_the_frame_maximum_waits_until_the_limit_is_raised() {
     let status = publisher.status();
     let (tx, rx) = mpsc::channel(64);
     let (wtx, _watermark) = watch::channel(Lsn::ZERO);
-    let task = tokio::spawn(publisher.run(rx, wtx));
+    let task = tokio::spawn(publisher.run(rx, wtx, None));
     let feeder = feed(tx, input.batches.clone());
     let poison = tokio::time::timeout(PATIENCE, async {
         loop {

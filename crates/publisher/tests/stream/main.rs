@@ -94,7 +94,7 @@ async fn start(config: StreamConfig) -> Running {
     let publisher = StreamPublisher::connect(config).await.unwrap();
     let (input, rx) = mpsc::channel(64);
     let (tx, watermark) = watch::channel(Lsn::ZERO);
-    let task = tokio::spawn(publisher.run(rx, tx));
+    let task = tokio::spawn(publisher.run(rx, tx, None));
     Running {
         input,
         watermark,

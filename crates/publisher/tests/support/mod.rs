@@ -374,7 +374,7 @@ pub async fn start(config: PublisherConfig) -> Running {
             seen2.lock().unwrap().push(lsn);
         }
     });
-    let task = tokio::spawn(publisher.run(rx, wm_tx));
+    let task = tokio::spawn(publisher.run(rx, wm_tx, None));
     Running {
         input: Some(tx),
         watermark: wm_rx,

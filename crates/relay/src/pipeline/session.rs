@@ -319,7 +319,7 @@ impl Sessions {
             None => (flushed, None),
         };
         let publisher_task =
-            tokio::spawn(sink.run_with_flushed(rx, acked_tx, bound).instrument(
+            tokio::spawn(sink.run(rx, acked_tx, Some(bound)).instrument(
                 tracing::info_span!("publisher", target = %self.cfg.publisher.target()),
             ));
         self.health.set_streaming(true);

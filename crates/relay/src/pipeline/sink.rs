@@ -112,28 +112,17 @@ impl Sink {
     }
 
     /// Publishes until `input` ends, moving `watermark` only past confirmed events
-    /// (each counted in flight until `flushed` passes it).
-    pub async fn run_with_flushed(
-        self,
-        input: mpsc::Receiver<WalBatch>,
-        watermark: watch::Sender<Lsn>,
-        flushed: watch::Receiver<Lsn>,
-    ) -> Result<PublisherReport, PublishError> {
-        match self {
-            Sink::Exchange(p) => p.run_with_flushed(input, watermark, flushed).await,
-            Sink::Stream(s) => s.run_with_flushed(input, watermark, flushed).await,
-        }
-    }
-
-    /// Publishes until `input` ends (no Postgres feedback: `replay`).
+    /// (each counted in flight until `flushed` passes it; `None`: no Postgres
+    /// feedback, `replay`).
     pub async fn run(
         self,
         input: mpsc::Receiver<WalBatch>,
         watermark: watch::Sender<Lsn>,
+        flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<PublisherReport, PublishError> {
         match self {
-            Sink::Exchange(p) => p.run(input, watermark).await,
-            Sink::Stream(s) => s.run(input, watermark).await,
+            Sink::Exchange(p) => p.run(input, watermark, flushed).await,
+            Sink::Stream(s) => s.run(input, watermark, flushed).await,
         }
     }
 }

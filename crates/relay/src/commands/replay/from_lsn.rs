@@ -231,7 +231,7 @@ async fn replay_copy(
     let reader_task = tokio::spawn(reader.run(wal_tx, wm_rx.clone(), stop_rx));
     // A dry run has no publisher: the positions it passes are its watermark.
     let (pub_task, dry_wm) = match publisher {
-        Some(publisher) => (Some(tokio::spawn(publisher.run(pub_rx, wm_tx))), None),
+        Some(publisher) => (Some(tokio::spawn(publisher.run(pub_rx, wm_tx, None))), None),
         None => (None, Some(wm_tx)),
     };
     let total = stop.0.saturating_sub(from.0);

@@ -100,7 +100,7 @@ pub(super) async fn replay(
     let publisher = connect_publisher(cfg, plan).await?;
     let (pub_tx, pub_rx) = mpsc::channel::<WalBatch>(4);
     let (wm_tx, wm_rx) = watch::channel(Lsn::ZERO);
-    let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx));
+    let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx, None));
     let progress = progress::spawn(wm_rx, total, Unit::Rows, None, plan.format, |l| l.0);
     let (sent, failed) = send_rows(&client, &plans, &params, pub_tx).await;
     let report = check_report(pub_task.await);
