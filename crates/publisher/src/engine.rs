@@ -255,6 +255,21 @@ pub(crate) struct Engine<M> {
     settled: Vec<Settled<M>>,
 }
 
+impl<M: Keyed + Clone> crate::progress::Progress<M> for Engine<M> {
+    fn push_message(&mut self, message: M) {
+        Engine::push_message(self, message)
+    }
+    fn push_mark(&mut self, lsn: Lsn) {
+        Engine::push_mark(self, lsn)
+    }
+    fn flushed(&mut self, lsn: Lsn) {
+        Engine::flushed(self, lsn)
+    }
+    fn watermark(&self) -> Lsn {
+        Engine::watermark(self)
+    }
+}
+
 impl<M: Keyed + Clone> Engine<M> {
     pub fn new(max_in_flight: usize, watermark: Lsn, dead_letter: bool) -> Self {
         Self {

@@ -68,6 +68,7 @@ mod confirms;
 mod connection;
 pub(crate) mod engine;
 pub mod probe;
+mod progress;
 mod report;
 mod run;
 #[cfg(test)]
