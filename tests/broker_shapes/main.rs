@@ -24,8 +24,9 @@ use futures_util::StreamExt;
 use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions};
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Connection, ConnectionProperties};
+use support::stream::parse_lsn;
 use support::{Env, Relay};
-use testkit::unique_name;
+use testkit::{free_addr, unique_name};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod dead_letter;
@@ -308,18 +309,6 @@ fn tally(
 
 // ---------------------------------------------------------------------------------
 // World
-
-/// A free port on 127.0.0.1 right now (the relay binds it moments later).
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
-/// `X/Y` → u64.
-fn parse_lsn(s: &str) -> Option<u64> {
-    let (hi, lo) = s.trim().split_once('/')?;
-    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-}
 
 fn fmt_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)

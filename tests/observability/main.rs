@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use support::*;
 use testkit::proxy::Proxy;
-use testkit::unique_name;
+use testkit::{free_addr, unique_name};
 
 mod credentials;
 mod metrics;
@@ -19,12 +19,6 @@ const WAIT: Duration = Duration::from_secs(60);
 
 // ---------------------------------------------------------------------------------
 // helpers
-
-/// A port on 127.0.0.1 free right now (the relay binds it moments later).
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
 
 /// The value of a sample `name` (exact name, `labels` e.g. `side="rabbitmq"` or
 /// "") in Prometheus text. Histogram bodies with chunked encoding are never split
