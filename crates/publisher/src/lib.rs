@@ -73,6 +73,7 @@ mod report;
 mod run;
 #[cfg(test)]
 mod sim;
+mod target;
 mod tls;
 
 use outbox_event::{Lsn, WalBatch};
@@ -85,6 +86,7 @@ pub use config::{
 pub use error::{redact_url, PublishError};
 pub use report::PublisherReport;
 pub use status::{PoisonMessage, PublisherStatus};
+pub use target::{Target, TargetConfig};
 pub use tls::ClientAuth;
 
 /// A connected publisher; see the crate docs.

@@ -28,9 +28,8 @@ mod from_table;
 mod progress;
 
 use publisher::stream::StreamConfig;
-use publisher::{PublisherConfig, PublisherReport};
+use publisher::{PublisherConfig, PublisherReport, Target, TargetConfig};
 
-use crate::pipeline::sink::{Sink, SinkConfig};
 use tokio_postgres::Client;
 use tracing::{info, warn};
 use wal_reader::admin;
@@ -193,15 +192,15 @@ fn replay_stream_config(cfg: &Config, plan: &Plan) -> StreamConfig {
 
 /// The replay's publisher: to a stream (the plan's, or the configured one), else to
 /// the exchange.
-pub(super) async fn connect_publisher(cfg: &Config, plan: &Plan) -> Result<Sink, CliError> {
+pub(super) async fn connect_publisher(cfg: &Config, plan: &Plan) -> Result<Target, CliError> {
     let sink = match plan.target_stream(cfg) {
-        Some(_) => SinkConfig::Stream {
+        Some(_) => TargetConfig::Stream {
             config: replay_stream_config(cfg, plan),
             producer_name: None,
         },
-        None => SinkConfig::Exchange(replay_publisher_config(cfg, plan)),
+        None => TargetConfig::Exchange(replay_publisher_config(cfg, plan)),
     };
-    Sink::connect(&sink, None).await.map_err(CliError::from)
+    Target::connect(&sink, None).await.map_err(CliError::from)
 }
 
 /// Checks what the publisher reports at the end.
