@@ -3,7 +3,7 @@
 //! Every test uses its own exchange and queue names and deletes them at the end.
 //! All RabbitMQ tests live in this one binary because one of them
 //! (`blocked_broker_freezes_the_watermark`) raises a broker-wide memory alarm: it
-//! takes `support::BROKER` for writing while every other test holds it for reading,
+//! takes `testkit::BROKER` for writing while every other test holds it for reading,
 //! so within this crate it never overlaps another test. Its blocked window is a few
 //! seconds, and the alarm is lifted by a guard even if the test panics.
 #![allow(clippy::unwrap_used)]
@@ -19,6 +19,8 @@ use lapin::ExchangeKind;
 use outbox_event::{Lsn, WalBatch, WalItem};
 use publisher::{Publisher, PublisherConfig};
 use support::*;
+// The broker lock: this binary holds every RabbitMQ test, so it covers them all.
+use testkit::BROKER;
 
 mod connect;
 mod failures;
