@@ -291,3 +291,48 @@ async fn require_slot_of_another_database() {
         "{msg}"
     );
 }
+
+/// The narrow slot queries (`slot_query.rs`) read what `slot_state` reads, over a
+/// connection opened by `admin::connect`; a copy starts at its original's position.
+#[tokio::test]
+async fn narrow_slot_queries_agree_with_the_slot_state() {
+    let db = outbox_db("admin_slot_query");
+    let opts = wal_reader::PgConnectOptions::parse(&testkit::pg_conninfo(&db.name)).unwrap();
+    let c = admin::connect(&opts).await.unwrap();
+    let slot = unique_name("slot");
+    create_slot(&c, &slot, false, false).await.unwrap();
+    let state = slot_state(&c, &slot).await.unwrap().expect("slot exists");
+
+    assert_eq!(
+        admin::slot_confirmed_flush(&c, &slot).await.unwrap(),
+        state.confirmed_flush_lsn
+    );
+    assert_eq!(
+        admin::slot_confirmed_flush(&c, "no_such_slot")
+            .await
+            .unwrap(),
+        None
+    );
+    let retained = admin::slot_retained_wal(&c, &slot).await.unwrap();
+    assert!(retained.is_some_and(|b| b >= 0.0), "{retained:?}");
+
+    let copy = format!("{slot}_copy");
+    admin::copy_slot(&c, &slot, &copy).await.unwrap();
+    let copied = slot_state(&c, &copy)
+        .await
+        .unwrap()
+        .expect("the copy exists");
+    assert_eq!(copied.confirmed_flush_lsn, state.confirmed_flush_lsn);
+    let mut found = admin::slots_with_prefix(&c, &slot).await.unwrap();
+    found.sort();
+    assert_eq!(found, [(slot.clone(), false), (copy.clone(), false)]);
+    assert!(admin::slots_with_prefix(&c, "no_such_prefix_")
+        .await
+        .unwrap()
+        .is_empty());
+    let e = admin::copy_slot(&c, &slot, &copy)
+        .await
+        .expect_err("exists");
+    assert!(matches!(e, AdminError::Sql(_)), "{e}");
+    drop_slot(&c, &copy, false, false).await.unwrap();
+}
