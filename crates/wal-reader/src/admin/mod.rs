@@ -5,7 +5,7 @@
 //! the caller opens with [`connect`] (bounded by the connection string's
 //! `connect_timeout`, [`crate::DEFAULT_CONNECT_TIMEOUT`] without one); the
 //! replication connection is not involved. Every query on `pg_replication_slots`
-//! of the workspace is here. Each unmet
+//! of the program (the relay and its commands) is here. Each unmet
 //! precondition is an [`AdminError`] variant whose message is one sentence naming the
 //! fix, and [`AdminError::is_precondition`] separates those (exit code 2) from runtime
 //! failures (exit code 1).
