@@ -70,7 +70,7 @@ pub struct PublisherConfig {
     pub headers: message::HeaderProfile,
     /// The `connection_name` client property (shown by `rabbitmqctl list_connections`).
     pub connection_name: String,
-    /// How long [`Publisher::run`] waits for outstanding confirms after its input
+    /// How long [`crate::Publisher::run`] waits for outstanding confirms after its input
     /// closed before it returns with what is acked.
     pub shutdown_timeout: Duration,
 }
