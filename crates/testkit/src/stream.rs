@@ -262,21 +262,27 @@ pub async fn read(stream: &str, offset: u64) -> Vec<StreamMessage> {
         }
     };
     client.set_handler(forward).await;
-    let response = client
-        .subscribe(
-            1,
-            stream,
-            OffsetSpecification::Offset(offset),
-            16,
-            HashMap::new(),
-        )
-        .await
-        .expect("subscribe");
-    assert!(
-        response.is_ok(),
-        "subscribe to {stream}: {:?}",
-        response.code()
-    );
+    // Under load a subscribe can time out or find the stream's replica not yet
+    // available: try a few times before calling it a failure.
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let response = client
+            .subscribe(
+                1,
+                stream,
+                OffsetSpecification::Offset(offset),
+                16,
+                HashMap::new(),
+            )
+            .await;
+        match response {
+            Ok(r) if r.is_ok() => break,
+            Ok(r) if attempt >= 5 => panic!("subscribe to {stream}: {:?}", r.code()),
+            Err(e) if attempt >= 5 => panic!("subscribe to {stream}: {e}"),
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
     let mut out = Vec::new();
     // The first chunk of a stream holding tens of megabytes can take seconds to
     // come on a loaded machine (a 1-s wait once returned an empty stream); later
