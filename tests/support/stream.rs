@@ -69,8 +69,8 @@ fn text_of(v: &Value) -> String {
     }
 }
 
-async fn read_once(stream: &str) -> Vec<StreamMsg> {
-    testkit::stream::read(stream, 0)
+async fn read_once(url: &str, stream: &str) -> Vec<StreamMsg> {
+    testkit::stream::read_at(url, stream, 0)
         .await
         .into_iter()
         .map(|m| StreamMsg {
@@ -97,16 +97,28 @@ pub async fn read_stream(
     quiet: Duration,
     timeout: Duration,
 ) -> Vec<StreamMsg> {
+    read_stream_at(&stream_url(), stream, at_least, quiet, timeout).await
+}
+
+/// [`read_stream`] through the node of the plain stream URL `url` (a node of the test
+/// cluster).
+pub async fn read_stream_at(
+    url: &str,
+    stream: &str,
+    at_least: usize,
+    quiet: Duration,
+    timeout: Duration,
+) -> Vec<StreamMsg> {
     let deadline = Instant::now() + timeout;
     loop {
-        let got = read_once(stream).await;
+        let got = read_once(url, stream).await;
         if got.len() >= at_least || Instant::now() >= deadline {
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     tokio::time::sleep(quiet).await;
-    read_once(stream).await
+    read_once(url, stream).await
 }
 
 /// Whether the stream exists (its metadata names a leader).
