@@ -67,7 +67,7 @@ impl StreamMessage {
 
 /// The client options of a plain `rabbitmq-stream://user:password@host:port/vhost` URL.
 fn options_at(url: &str) -> ClientOptions {
-    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let (userinfo, rest) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
     let (user, password) = userinfo.split_once(':').unwrap_or(("guest", "guest"));
     let hostport = rest.split('/').next().unwrap_or("127.0.0.1:5552");
