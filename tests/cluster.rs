@@ -153,7 +153,10 @@ fn restore() {
     }
     let _ = run(&["heal"]);
     let ok = run(&["start"]).is_ok_and(|s| s.success());
-    assert!(ok, "the test cluster does not start: see `scripts/rabbitmq-cluster.sh start`");
+    assert!(
+        ok,
+        "the test cluster does not start: see `scripts/rabbitmq-cluster.sh start`"
+    );
 }
 
 impl Drop for Restore {
@@ -163,9 +166,13 @@ impl Drop for Restore {
     }
 }
 
-/// The node (1–3) that holds the relay's established connection to `port`.
+/// The node (1–3) that holds the relay's established connection to `port`. Only
+/// established ones: a connection to a node that died can linger in CLOSE-WAIT.
 fn connected_node(pid: u32, port: u16) -> Option<u8> {
-    let out = Command::new("ss").args(["-tnpH"]).output().ok()?;
+    let out = Command::new("ss")
+        .args(["-tnpH", "state", "established"])
+        .output()
+        .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let pid = format!("pid={pid},");
     for line in text.lines().filter(|l| l.contains(&pid)) {
@@ -456,7 +463,10 @@ impl World {
                 )
                 .await
                 .unwrap();
-                args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+                args.insert(
+                    "x-queue-type".into(),
+                    AMQPValue::LongString("quorum".into()),
+                );
                 args.insert("x-quorum-initial-group-size".into(), AMQPValue::LongInt(3));
                 ch.queue_declare(queue.as_str().into(), durable, args)
                     .await
@@ -472,7 +482,10 @@ impl World {
                 .unwrap();
             }
             Target::Stream => {
-                args.insert("x-queue-type".into(), AMQPValue::LongString("stream".into()));
+                args.insert(
+                    "x-queue-type".into(),
+                    AMQPValue::LongString("stream".into()),
+                );
                 args.insert("x-initial-cluster-size".into(), AMQPValue::LongInt(3));
                 ch.queue_declare(queue.as_str().into(), durable, args)
                     .await
@@ -517,7 +530,8 @@ impl World {
                 ));
             }
             Target::Stream => {
-                let system_id = w.db.psql("SELECT system_identifier FROM pg_control_system()");
+                let system_id =
+                    w.db.psql("SELECT system_identifier FROM pg_control_system()");
                 let producer = format!(
                     "outbox-relay/{}/{}/{}/tl1",
                     system_id.trim(),
@@ -725,6 +739,10 @@ async fn inject(w: &World, relay: &Relay, loader: &Loader, fault: Fault) -> (u8,
     loader.wait_more(500).await;
     w.wait_caught_up(relay).await;
     let pause = w.watch.as_ref().unwrap().longest_stall(from);
+    eprintln!(
+        "{fault:?}: the relay was connected to node {connected}, now to node {}",
+        wait_connected(relay, port).await
+    );
     // Back to three healthy nodes before the next fault.
     tokio::task::spawn_blocking(restore).await.unwrap();
     (node, pause)
@@ -826,14 +844,8 @@ async fn stream_through(faults: &[Fault]) {
         );
     }
     let url = stream_urls()[0].clone();
-    let msgs: Vec<StreamMsg> = read_stream_at(
-        &url,
-        &w.queue,
-        last as usize,
-        Duration::from_secs(3),
-        WAIT,
-    )
-    .await;
+    let msgs: Vec<StreamMsg> =
+        read_stream_at(&url, &w.queue, last as usize, Duration::from_secs(3), WAIT).await;
     assert_exactly_once(&msgs, last);
     eprintln!(
         "stream {}: {} messages for {last} rows, 0 duplicates",

@@ -552,7 +552,10 @@ async fn consume_once(
     .map_err(|_| {
         lapin::Error::from(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
-            format!("timed out connecting to {}", url.rsplit('@').next().unwrap_or("")),
+            format!(
+                "timed out connecting to {}",
+                url.rsplit('@').next().unwrap_or("")
+            ),
         ))
     })??;
     let ch = conn.create_channel().await?;
