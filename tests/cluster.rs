@@ -204,7 +204,13 @@ async fn wait_connected(relay: &Relay, port: u16) -> u8 {
 
 /// An AMQP connection to the first node that answers.
 async fn amqp_any() -> Connection {
-    for url in amqp_urls() {
+    amqp_at(&[0, 1, 2]).await
+}
+
+/// An AMQP connection to the first node of `order` (indexes into the URLs) that answers.
+async fn amqp_at(order: &[usize]) -> Connection {
+    let urls = amqp_urls();
+    for url in order.iter().map(|&i| &urls[i]) {
         if let Ok(Ok(c)) = tokio::time::timeout(
             Duration::from_secs(5),
             Connection::connect(&url, ConnectionProperties::default()),
@@ -438,7 +444,12 @@ impl World {
         bin();
         let db = TestDb::new("cluster");
         db.psql(OUTBOX_DDL);
-        let conn = amqp_any().await;
+        // Declared through node 3, the queue's or stream's leader starts there (the
+        // default leader locator is the declaring client's node), while the relay
+        // connects to node 1 first (URLs in order): the first faults then hit a node
+        // that is connected but not the leader, and a leader the relay is not
+        // connected to.
+        let conn = amqp_at(&[2, 0, 1]).await;
         let ch = conn.create_channel().await.unwrap();
         let exchange = unique_name("cex");
         let queue = unique_name(match target {
@@ -611,7 +622,8 @@ impl World {
     /// Waits until the slot confirmed everything committed before this call.
     async fn wait_caught_up(&self, relay: &Relay) {
         let target = parse_lsn(&self.sql("SELECT pg_current_wal_lsn()").await).unwrap();
-        let deadline = Instant::now() + WAIT;
+        // The longest fault (a 20 s partition) costs well under this.
+        let deadline = Instant::now() + Duration::from_secs(120);
         while self.watch.as_ref().unwrap().now() < target {
             assert!(
                 Instant::now() < deadline,
@@ -698,20 +710,23 @@ struct Cost {
 }
 
 /// Injects `fault` under load and waits until the relay confirmed everything
-/// committed up to a few seconds after it; restores the cluster afterwards.
-async fn inject(w: &World, relay: &Relay, loader: &Loader, fault: Fault) -> (u8, Duration) {
+/// committed up to a few seconds after it; restores the cluster afterwards. Returns
+/// the node the fault hit (0: all), the publishing pause, and the nodes the relay was
+/// connected to before and after.
+async fn inject(w: &World, relay: &Relay, loader: &Loader, fault: Fault) -> (u8, Duration, u8, u8) {
     let port = w.port();
     let connected = wait_connected(relay, port).await;
     // Rows being committed and published while the fault strikes.
     loader.wait_more(300).await;
     let from = Instant::now() - Duration::from_millis(500);
+    let leader = w.leader().await;
+    eprintln!("{fault:?}: the relay is connected to node {connected}, node {leader} leads");
     let node = match fault {
         Fault::KillConnected => {
             cluster(&["kill", &connected.to_string()]).await;
             connected
         }
         Fault::KillLeader => {
-            let leader = w.leader().await;
             cluster(&["kill", &leader.to_string()]).await;
             leader
         }
@@ -739,13 +754,17 @@ async fn inject(w: &World, relay: &Relay, loader: &Loader, fault: Fault) -> (u8,
     loader.wait_more(500).await;
     w.wait_caught_up(relay).await;
     let pause = w.watch.as_ref().unwrap().longest_stall(from);
+    let after = wait_connected(relay, port).await;
     eprintln!(
-        "{fault:?}: the relay was connected to node {connected}, now to node {}",
-        wait_connected(relay, port).await
+        "{fault:?}: the relay is now connected to node {after}, node {} leads",
+        w.leader().await
     );
     // Back to three healthy nodes before the next fault.
     tokio::task::spawn_blocking(restore).await.unwrap();
-    (node, pause)
+    if fault == Fault::KillConnected {
+        assert_ne!(after, connected, "the relay is connected to a dead node?");
+    }
+    (node, pause, connected, after)
 }
 
 /// The queue test: all of `faults` in turn under one load; then every check.
@@ -760,7 +779,17 @@ async fn quorum_queue_through(faults: &[Fault]) {
     let mut costs = Vec::new();
     let mut dups_before = w.queue_duplicates().await;
     for &fault in faults {
-        let (node, pause) = inject(&w, &relay, &loader, fault).await;
+        let (node, pause, before, after) = inject(&w, &relay, &loader, fault).await;
+        // AMQP heartbeats (HEARTBEAT_SECS) notice a paused node well within PAUSE: the
+        // relay must have moved on to another node rather than wait for it.
+        if fault == Fault::PauseConnected {
+            assert_ne!(
+                after,
+                before,
+                "the relay waited for the paused node {before} instead of reconnecting: {}",
+                relay.log_text()
+            );
+        }
         let dups = w.queue_duplicates().await;
         costs.push(Cost {
             fault,
@@ -825,7 +854,7 @@ async fn stream_through(faults: &[Fault]) {
     w.wait_caught_up(&relay).await;
     let mut costs = Vec::new();
     for &fault in faults {
-        let (node, pause) = inject(&w, &relay, &loader, fault).await;
+        let (node, pause, _, _) = inject(&w, &relay, &loader, fault).await;
         costs.push(Cost {
             fault,
             node,
