@@ -222,7 +222,7 @@ async fn amqp_at(order: &[usize]) -> Connection {
     for url in order.iter().map(|&i| &urls[i]) {
         if let Ok(Ok(c)) = tokio::time::timeout(
             Duration::from_secs(5),
-            Connection::connect(&url, ConnectionProperties::default()),
+            Connection::connect(url, ConnectionProperties::default()),
         )
         .await
         {
@@ -700,8 +700,12 @@ impl World {
     }
 
     async fn cleanup(mut self) {
-        self.consumer.take().map(|c| c.stop());
-        self.sampler.take().map(|s| s.stop());
+        if let Some(c) = self.consumer.take() {
+            c.stop();
+        }
+        if let Some(s) = self.sampler.take() {
+            s.stop();
+        }
         self.stream_sampler.take();
         self.watch.take();
         let conn = amqp_any().await;
