@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use support::bin;
 use testkit::hostile::base64;
-use testkit::unique_name;
+use testkit::{free_port, unique_name};
 
 struct Relay {
     child: Child,
@@ -32,14 +32,6 @@ impl Drop for Relay {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `run` with the metrics endpoint on a free port and `extra` lines in

@@ -22,6 +22,7 @@ use std::time::Duration;
 
 use support::stream::{assert_tag_exactly_once, delete_stream, read_stream, stream_url};
 use support::*;
+use testkit::free_port;
 use testkit::stream_proxy::{AfterRefusal, StreamProxy};
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -49,14 +50,6 @@ fn proxied(proxy: &StreamProxy) -> String {
         "rabbitmq-stream://guest:guest@127.0.0.1:{}/%2f",
         proxy.port()
     )
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

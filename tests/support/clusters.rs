@@ -74,13 +74,7 @@ pub fn ok(out: Output, what: &str) -> Output {
     out
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use testkit::free_port;
 
 /// One cluster of the pair.
 pub struct Cluster {

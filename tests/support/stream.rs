@@ -110,15 +110,26 @@ pub async fn read_stream_at(
     timeout: Duration,
 ) -> Vec<StreamMsg> {
     let deadline = Instant::now() + timeout;
-    loop {
+    let seen = loop {
         let got = read_once(url, stream).await;
         if got.len() >= at_least || Instant::now() >= deadline {
-            break;
+            break got.len();
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    };
     tokio::time::sleep(quiet).await;
-    read_once(url, stream).await
+    // A read that ends early (the broker slow to deliver a chunk) returns less than
+    // the stream holds: read again rather than report rows missing. Only retention
+    // makes a stream shorter, and then the third read is the answer.
+    let mut last = read_once(url, stream).await;
+    for _ in 0..2 {
+        if last.len() >= seen {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        last = read_once(url, stream).await;
+    }
+    last
 }
 
 /// Whether the stream exists (its metadata names a leader).

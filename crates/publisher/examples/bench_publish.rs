@@ -106,7 +106,7 @@ async fn main() {
     let (tx, rx) = mpsc::channel(64);
     let (wm_tx, mut wm_rx) = watch::channel(Lsn::ZERO);
     let started = Instant::now();
-    let task = tokio::spawn(publisher.run(rx, wm_tx));
+    let task = tokio::spawn(publisher.run(rx, wm_tx, None));
     tokio::spawn(async move {
         for batch in batches {
             if tx.send(batch).await.is_err() {

@@ -17,7 +17,7 @@ use crate::error::{redact_url, scrub, PublishError};
 
 /// Bound on one connection attempt (TCP, TLS, AMQP handshake, channel setup).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
-use crate::PublisherConfig;
+use crate::config::PublisherConfig;
 
 /// How AMQPS connections set up TLS.
 #[derive(Clone, Debug)]

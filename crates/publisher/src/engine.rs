@@ -186,7 +186,7 @@ pub(crate) struct Poison {
 
 /// The next publish the shell must make, in this order.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Send {
+pub(crate) enum Outgoing {
     /// The window entry `seq` to the configured exchange.
     Main { tag: Tag, seq: Seq },
     /// A copy (or, for a refused message, a notice) of `seq` to the dead-letter
@@ -253,6 +253,21 @@ pub(crate) struct Engine<M> {
     poison: Option<Poison>,
     /// Settled publishes not yet taken by the shell (for counters).
     settled: Vec<Settled<M>>,
+}
+
+impl<M: Keyed + Clone> crate::progress::Progress<M> for Engine<M> {
+    fn push_message(&mut self, message: M) {
+        Engine::push_message(self, message)
+    }
+    fn push_mark(&mut self, lsn: Lsn) {
+        Engine::push_mark(self, lsn)
+    }
+    fn flushed(&mut self, lsn: Lsn) {
+        Engine::flushed(self, lsn)
+    }
+    fn watermark(&self) -> Lsn {
+        Engine::watermark(self)
+    }
 }
 
 impl<M: Keyed + Clone> Engine<M> {
@@ -362,13 +377,13 @@ impl<M: Keyed + Clone> Engine<M> {
     }
 
     /// The next publish to make, if the window and the channel allow one.
-    pub fn next_send(&mut self) -> Option<Send> {
+    pub fn next_send(&mut self) -> Option<Outgoing> {
         if self.failure.is_some() || (self.solo && !self.publishes.is_empty()) {
             return None;
         }
         if let Some((seq, reason)) = self.dead_letters.pop_front() {
             let tag = self.record(seq, Target::DeadLetter);
-            return Some(Send::DeadLetter { tag, seq, reason });
+            return Some(Outgoing::DeadLetter { tag, seq, reason });
         }
         let (seq, _) = self.window.next_to_publish()?;
         if let Some(reason) = self.diverted.get(&seq) {
@@ -376,10 +391,10 @@ impl<M: Keyed + Clone> Engine<M> {
                 reason: reason.clone(),
             };
             let tag = self.record(seq, Target::DeadLetter);
-            return Some(Send::DeadLetter { tag, seq, reason });
+            return Some(Outgoing::DeadLetter { tag, seq, reason });
         }
         let tag = self.record(seq, Target::Exchange);
-        Some(Send::Main { tag, seq })
+        Some(Outgoing::Main { tag, seq })
     }
 
     fn record(&mut self, seq: Seq, target: Target) -> Tag {

@@ -7,10 +7,10 @@ use lapin::options::ExchangeDeclareOptions;
 use lapin::types::FieldTable;
 use lapin::{Connection, ErrorKind};
 
+use crate::config::PublisherConfig;
 use crate::connection::{connect_any, exchange_kind};
 use crate::error::{redact_url, PublishError};
 use crate::stream::StreamConfig;
-use crate::PublisherConfig;
 
 /// Whether a broker object exists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

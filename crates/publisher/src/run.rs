@@ -6,6 +6,7 @@
 //! `run/recover.rs`.
 
 use std::collections::VecDeque;
+use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -18,17 +19,20 @@ use lapin::message::BasicReturnMessage;
 use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
 use lapin::{BasicProperties, Channel, Confirmation, Event, PublisherConfirm};
-use outbox_event::{Lsn, WalBatch, WalItem};
+use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::config::PublisherConfig;
 use crate::confirms::ConfirmSet;
 use crate::connection::Session;
-use crate::engine::{Engine, Failure, Returned, Send, Settled, Tag, Target};
+use crate::engine::{Engine, Failure, Outgoing, Returned, Settled, Tag, Target};
 use crate::error::PublishError;
 use crate::message::{returned_key, MessageBuilder, OutboundMessage};
+use crate::progress::{self, changed_lsn, sleep_until_opt};
+use crate::report::PublisherReport;
 use crate::status::{self, PublisherStatus};
-use crate::{Publisher, PublisherConfig, PublisherReport};
+use crate::Publisher;
 use recover::{failure_of, Episode, Recovered};
 
 mod recover;
@@ -188,15 +192,8 @@ impl Runner {
             match step {
                 Step::Event(event) => self.on_event(event),
                 Step::Round(round) => self.on_round(round),
-                Step::Flushed(Some(lsn)) => self.engine.flushed(lsn),
-                // The reader is gone: the watermark is what counts from now on —
-                // including what it already passed, or a window full of acked but
-                // unflushed messages would never publish again (and never take the
-                // input that would tell it to finish).
-                Step::Flushed(None) => {
-                    self.flushed = None;
-                    let lsn = self.engine.watermark();
-                    self.engine.flushed(lsn);
+                Step::Flushed(changed) => {
+                    progress::on_flushed(&mut self.engine, &mut self.flushed, changed)
                 }
                 Step::Input(Some(batch)) => self.on_input(batch),
                 Step::Input(None) => {
@@ -227,7 +224,7 @@ impl Runner {
                 break;
             };
             let (tag, exchange, message) = match send {
-                Send::Main { tag, seq } => {
+                Outgoing::Main { tag, seq } => {
                     let Some(message) = self.engine.message(seq).cloned() else {
                         continue;
                     };
@@ -235,7 +232,7 @@ impl Runner {
                     metrics::counter!(status::EVENTS_PUBLISHED).increment(1);
                     (tag, self.exchange.clone(), message)
                 }
-                Send::DeadLetter { tag, seq, reason } => {
+                Outgoing::DeadLetter { tag, seq, reason } => {
                     let Some(original) = self.engine.message(seq) else {
                         continue;
                     };
@@ -257,16 +254,11 @@ impl Runner {
     }
 
     fn on_input(&mut self, batch: WalBatch) {
-        for item in batch {
-            match item {
-                WalItem::Event(event) => {
-                    let message = self.builder.build(&event);
-                    self.engine.push_message(Arc::new(message));
-                }
-                WalItem::Commit(commit) => self.engine.push_mark(commit.end_lsn),
-                WalItem::Keepalive(lsn) => self.engine.push_mark(lsn),
-            }
-        }
+        let builder = &mut self.builder;
+        let built: Result<(), Infallible> = progress::feed(&mut self.engine, batch, |event| {
+            Ok(Arc::new(builder.build(event)))
+        });
+        let Ok(()) = built;
     }
 
     fn on_event(&mut self, event: Option<Event>) {
@@ -389,13 +381,10 @@ impl Runner {
     /// Publishes the watermark if it moved and refreshes the status.
     fn after_progress(&mut self) {
         let lsn = self.engine.watermark();
-        if lsn > self.report.watermark {
-            self.report.watermark = lsn;
-            self.watermark.send_replace(lsn);
-            self.status.set_acked_lsn(lsn);
-            if self.flushed.is_none() {
-                self.engine.flushed(lsn);
-            }
+        let moved =
+            progress::publish_watermark(lsn, &mut self.report, &self.watermark, &self.status);
+        if moved && self.flushed.is_none() {
+            self.engine.flushed(lsn);
         }
         if self.engine.poison().is_none() && self.poison_logged.take().is_some() {
             tracing::info!("the refused message went through; resuming");
@@ -502,19 +491,6 @@ fn poll_round(
         Poll::Ready(round)
     } else {
         Poll::Pending
-    }
-}
-
-async fn changed_lsn(rx: Option<&mut watch::Receiver<Lsn>>) -> Option<Lsn> {
-    let rx = rx?;
-    rx.changed().await.ok()?;
-    Some(*rx.borrow_and_update())
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
     }
 }
 

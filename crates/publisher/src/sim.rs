@@ -12,6 +12,11 @@
 //! the one ordering guarantee the shell provides: a round sees every completion that
 //! happened before anything the previous round saw.
 //!
+//! Why one file over 600 lines: the broker model, the schedule that drives it and
+//! the invariants checked after every step are one argument, read top to bottom;
+//! split, each part would need the others' private state to be read at all. It is
+//! test code only (`#[cfg(test)]`).
+//!
 //! Run longer with `OUTBOX_SIM_SCHEDULES=100000 cargo test -p publisher --release sim`;
 //! replay one schedule with `OUTBOX_SIM_SEED=<seed>`.
 
@@ -22,7 +27,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::engine::{
-    DeadLetterReason, Engine, EventKey, Failure, Keyed, Returned, Send, Tag, Target,
+    DeadLetterReason, Engine, EventKey, Failure, Keyed, Outgoing, Returned, Tag, Target,
 };
 
 #[derive(Debug, Clone)]
@@ -231,8 +236,8 @@ impl World {
                 );
             }
             let (tag, seq, target) = match send {
-                Send::Main { tag, seq } => (tag, seq, Target::Exchange),
-                Send::DeadLetter { tag, seq, reason } => {
+                Outgoing::Main { tag, seq } => (tag, seq, Target::Exchange),
+                Outgoing::DeadLetter { tag, seq, reason } => {
                     if let DeadLetterReason::Refused { .. } = reason {
                         let e = self.engine.message(seq).map(|m| m.event);
                         assert!(

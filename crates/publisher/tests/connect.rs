@@ -13,6 +13,7 @@ use std::process::Command;
 
 use publisher::{PublishError, Publisher};
 use support::*;
+use testkit::BROKER;
 
 fn rabbitmqctl(args: &[&str]) {
     let out = Command::new("rabbitmqctl").args(args).output().unwrap();

@@ -74,11 +74,7 @@ pub async fn create(c: &Client, slot: &str) -> Result<Option<Lsn>, admin::AdminE
     if admin::slot_state(c, &anchor).await?.is_some() {
         return Ok(None);
     }
-    c.execute(
-        "SELECT pg_copy_logical_replication_slot($1, $2)",
-        &[&slot, &anchor],
-    )
-    .await?;
+    admin::copy_slot(c, slot, &anchor).await?;
     let state = admin::require_slot(c, &anchor).await?;
     Ok(Some(state.confirmed_flush_lsn.unwrap_or(Lsn::ZERO)))
 }
@@ -190,17 +186,10 @@ impl Anchor {
                 .map_err(|e| e.to_string())?;
             debug!(anchor = %self.anchor, to = %t, "replay window start advanced");
         }
-        let restart: Option<String> = c
-            .query_one(
-                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8::text \
-                   FROM pg_replication_slots WHERE slot_name = $1",
-                &[&self.anchor],
-            )
+        let retained = admin::slot_retained_wal(c, &self.anchor)
             .await
-            .map_err(|e| e.to_string())?
-            .try_get(0)
             .map_err(|e| e.to_string())?;
-        if let Some(bytes) = restart.and_then(|b| b.parse::<f64>().ok()) {
+        if let Some(bytes) = retained {
             metrics::gauge!(REPLAY_WINDOW_RETAINED_WAL).set(bytes);
         }
         self.warned = false;

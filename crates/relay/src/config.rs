@@ -79,8 +79,12 @@ pub const DEFAULT_TABLES: &[&str] = &["public.outbox"];
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 /// Default `rabbitmq.exchange`.
 pub const DEFAULT_EXCHANGE: &str = "outbox";
-/// Default `rabbitmq.exchange_type`.
-pub const DEFAULT_EXCHANGE_TYPE: ExchangeType = ExchangeType::Topic;
+/// Default `rabbitmq.exchange_type`: the publisher's.
+pub const DEFAULT_EXCHANGE_TYPE: ExchangeType =
+    match ExchangeType::from_name(publisher::DEFAULT_EXCHANGE_TYPE) {
+        Some(t) => t,
+        None => panic!("publisher::DEFAULT_EXCHANGE_TYPE is not an exchange type"),
+    };
 /// Default `rabbitmq.declare_exchange`.
 pub const DEFAULT_DECLARE_EXCHANGE: bool = true;
 /// Default `rabbitmq.dead_letter_exchange` (none).
@@ -100,8 +104,8 @@ pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
 pub const MIN_STATUS_INTERVAL_MS: u64 = 100;
 /// Default `relay.metrics_listen`.
 pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
-/// Default `relay.shutdown_timeout_ms`.
-pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = 30_000;
+/// Default `relay.shutdown_timeout_ms`: the publishers'.
+pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = publisher::DEFAULT_SHUTDOWN_TIMEOUT.as_millis() as u64;
 /// Default `relay.metrics_read_timeout_ms`.
 pub const DEFAULT_METRICS_READ_TIMEOUT_MS: u64 = 10_000;
 /// Default `relay.metrics_max_connections`.
@@ -238,6 +242,17 @@ pub enum ExchangeType {
 }
 
 impl ExchangeType {
+    /// The type of an AMQP name (`"topic"`, ...).
+    pub const fn from_name(name: &str) -> Option<ExchangeType> {
+        match name.as_bytes() {
+            b"direct" => Some(ExchangeType::Direct),
+            b"fanout" => Some(ExchangeType::Fanout),
+            b"topic" => Some(ExchangeType::Topic),
+            b"headers" => Some(ExchangeType::Headers),
+            _ => None,
+        }
+    }
+
     /// The AMQP name (`"topic"`, ...).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -26,17 +26,9 @@ impl ConnectError {
     }
 }
 
-/// Opens a connection and spawns the task that drives it.
+/// Opens a connection and spawns the task that drives it ([`wal_reader::admin::connect`]).
 pub async fn connect(opts: &PgConnectOptions) -> Result<Client, ConnectError> {
-    let (client, conn) = wal_reader::tls::connect_sql(opts)
-        .await
-        .map_err(ConnectError)?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!(error = %e, "sql connection closed");
-        }
-    });
-    Ok(client)
+    wal_reader::admin::connect(opts).await.map_err(ConnectError)
 }
 
 /// A connection for a command: a failure is a [`CliError`] that names the fix

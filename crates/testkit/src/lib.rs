@@ -77,6 +77,25 @@ pub fn write_atomic(path: &std::path::Path, contents: &str) {
     std::fs::rename(&tmp, path).expect("rename a temporary file over its target");
 }
 
+/// Tests that need a healthy broker hold this for reading; a test that changes the
+/// broker for everyone (a memory alarm, `stop_app`) holds it for writing, so it never
+/// overlaps them. The lock is per process: it covers the tests of one test binary.
+pub static BROKER: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// A port on 127.0.0.1 free right now (the relay binds it moments later).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("the bound address")
+        .port()
+}
+
+/// [`free_port`] as `127.0.0.1:PORT`.
+pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
 /// A name no other test uses: `prefix_` followed by 12 hex digits. Valid as a Postgres
 /// identifier (slot, publication, database, role) and as an AMQP name.
 pub fn unique_name(prefix: &str) -> String {

@@ -260,7 +260,8 @@ pub async fn delete(name: &str) {
     let _ = client.close().await;
 }
 
-/// Reads `stream` from `offset` until nothing more arrives for a second.
+/// Reads `stream` from `offset` until nothing more arrives for two seconds (five
+/// for the first chunk).
 pub async fn read(stream: &str, offset: u64) -> Vec<StreamMessage> {
     read_at(&stream_url(), stream, offset).await
 }
@@ -297,9 +298,12 @@ pub async fn read_at(url: &str, stream: &str, offset: u64) -> Vec<StreamMessage>
         response.code()
     );
     let mut out = Vec::new();
-    while let Ok(Some((first, messages))) =
-        tokio::time::timeout(Duration::from_secs(1), rx.recv()).await
-    {
+    // The first chunk of a stream holding tens of megabytes can take seconds to
+    // come on a loaded machine (a 1-s wait once returned an empty stream); later
+    // chunks follow each other closely.
+    let mut wait = Duration::from_secs(5);
+    while let Ok(Some((first, messages))) = tokio::time::timeout(wait, rx.recv()).await {
+        wait = Duration::from_secs(2);
         for (k, message) in messages.iter().enumerate() {
             let at = first + k as u64;
             if at >= offset {

@@ -67,7 +67,7 @@ pub mod tls;
 /// crate shares).
 pub use outbox_event::redact;
 
-pub use conninfo::{PgConnectOptions, SslMode};
+pub use conninfo::{PgConnectOptions, SslMode, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{ReaderError, ServerError};
 pub use mapping::{ColumnMapping, TableName};
 pub use stream::{

@@ -174,6 +174,21 @@ pub(crate) struct Engine<M> {
     resent: u64,
 }
 
+impl<M: StreamMsg> crate::progress::Progress<M> for Engine<M> {
+    fn push_message(&mut self, message: M) {
+        Engine::push_message(self, message)
+    }
+    fn push_mark(&mut self, lsn: Lsn) {
+        Engine::push_mark(self, lsn)
+    }
+    fn flushed(&mut self, lsn: Lsn) {
+        Engine::flushed(self, lsn)
+    }
+    fn watermark(&self) -> Lsn {
+        Engine::watermark(self)
+    }
+}
+
 impl<M: StreamMsg> Engine<M> {
     pub(crate) fn new(
         max_in_flight: usize,

@@ -1,7 +1,7 @@
 //! The second publishing target: a RabbitMQ *stream* over the stream protocol
 //! (`rabbitmq-stream://`, port 5552), exactly once thanks to the broker's publisher
 //! deduplication. [`StreamPublisher`] has the shape of [`crate::Publisher`]
-//! (`connect`, `status`, `run`, `run_with_flushed`) so the relay can drive either.
+//! (`connect`, `status`, `run`) so the relay can drive either.
 //!
 //! # What is shared with the AMQP publisher
 //!
@@ -84,6 +84,7 @@
 //! may carry at most [`identity::MAX_EVENTS_PER_TRANSACTION`] events.
 
 mod connection;
+mod endpoint;
 mod engine;
 pub mod identity;
 mod message;
@@ -99,8 +100,8 @@ use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 
 use crate::error::{redact_url, PublishError};
+use crate::report::PublisherReport;
 use crate::status::PublisherStatus;
-use crate::PublisherReport;
 
 pub use identity::StreamSource;
 pub use message::{PRODUCER_PROPERTY, PUBLISHING_ID_PROPERTY, SOURCE_PROPERTY, TIMELINE_PROPERTY};
@@ -171,7 +172,7 @@ impl StreamConfig {
             });
         }
         for url in &self.urls {
-            connection::Endpoint::parse(url)?;
+            endpoint::Endpoint::parse(url)?;
         }
         if self.stream.is_empty() {
             return Err(PublishError::InvalidConfig {
@@ -179,12 +180,7 @@ impl StreamConfig {
                 reason: "empty stream name".into(),
             });
         }
-        if self.max_in_flight == 0 {
-            return Err(PublishError::InvalidConfig {
-                key: "max_in_flight",
-                reason: "0 would never publish; set a positive number such as 10000".into(),
-            });
-        }
+        crate::config::validate_max_in_flight(self.max_in_flight)?;
         if self.source.as_ref().is_some_and(|s| s.reference.is_empty()) {
             return Err(PublishError::InvalidConfig {
                 key: "producer_name",
@@ -313,24 +309,14 @@ impl StreamPublisher {
     /// `input` closes, publishing every event in order and advancing `watermark` as
     /// confirms arrive; reconnects by itself; returns once the input is closed and
     /// everything is confirmed, or when `shutdown_timeout` has passed since it closed.
+    /// `flushed`: the positions sent to Postgres as flushed, as for
+    /// [`crate::Publisher::run`].
     pub async fn run(
         self,
         input: mpsc::Receiver<WalBatch>,
         watermark: watch::Sender<Lsn>,
+        flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, None).run(input).await
-    }
-
-    /// [`StreamPublisher::run`] with the positions sent to Postgres as flushed, as
-    /// [`crate::Publisher::run_with_flushed`].
-    pub async fn run_with_flushed(
-        self,
-        input: mpsc::Receiver<WalBatch>,
-        watermark: watch::Sender<Lsn>,
-        flushed: watch::Receiver<Lsn>,
-    ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, Some(flushed))
-            .run(input)
-            .await
+        run::Runner::new(self, watermark, flushed).run(input).await
     }
 }

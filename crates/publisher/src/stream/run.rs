@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox_event::{Lsn, WalBatch, WalItem};
+use outbox_event::{Lsn, WalBatch};
 use rabbitmq_stream_client::types::{Message, ResponseCode};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -15,8 +15,9 @@ use super::engine::{Engine, Next};
 use super::message::{Pending, StreamMessageBuilder};
 use super::{StreamConfig, StreamPublisher};
 use crate::error::{redact_url, PublishError};
+use crate::progress::{self, changed_lsn, sleep_until_opt};
+use crate::report::PublisherReport;
 use crate::status::{self, PoisonMessage, PublisherStatus};
-use crate::PublisherReport;
 
 /// How often a poison message is logged again while it holds the publisher.
 const POISON_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -156,11 +157,8 @@ impl Runner {
                         failure = Some(Failure::Retry(reason));
                     }
                     Step::Broker(None) => failure = Some(Failure::Retry("connection lost".into())),
-                    Step::Flushed(Some(lsn)) => self.engine.flushed(lsn),
-                    Step::Flushed(None) => {
-                        self.flushed = None;
-                        let lsn = self.engine.watermark();
-                        self.engine.flushed(lsn);
+                    Step::Flushed(changed) => {
+                        progress::on_flushed(&mut self.engine, &mut self.flushed, changed)
                     }
                     Step::Input(Some(batch)) => self.on_input(batch),
                     Step::Input(None) => {
@@ -199,18 +197,10 @@ impl Runner {
     }
 
     fn on_input(&mut self, batch: WalBatch) {
-        for item in batch {
-            match item {
-                WalItem::Event(event) => match self.builder.build(&event) {
-                    Ok(pending) => self.engine.push_message(pending),
-                    Err(too_many) => {
-                        self.halt = Some(self.halted(too_many.to_string()));
-                        return;
-                    }
-                },
-                WalItem::Commit(commit) => self.engine.push_mark(commit.end_lsn),
-                WalItem::Keepalive(lsn) => self.engine.push_mark(lsn),
-            }
+        let builder = &mut self.builder;
+        if let Err(too_many) = progress::feed(&mut self.engine, batch, |event| builder.build(event))
+        {
+            self.halt = Some(self.halted(too_many.to_string()));
         }
     }
 
@@ -372,11 +362,7 @@ impl Runner {
             self.engine.flushed(watermark);
         }
         let watermark = self.engine.watermark();
-        if watermark > self.report.watermark {
-            self.report.watermark = watermark;
-            self.status.set_acked_lsn(watermark);
-            self.watermark.send_replace(watermark);
-        }
+        progress::publish_watermark(watermark, &mut self.report, &self.watermark, &self.status);
         if self.engine.poison().is_none() && self.poison_logged.is_some() {
             self.poison_logged = None;
             self.poison_retry = None;
@@ -466,20 +452,6 @@ async fn recv_opt(
 ) -> Option<BrokerEvent> {
     match events {
         Some(events) => events.recv().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn changed_lsn(flushed: Option<&mut watch::Receiver<Lsn>>) -> Option<Lsn> {
-    let flushed = flushed?;
-    flushed.changed().await.ok()?;
-    let lsn = *flushed.borrow_and_update();
-    Some(lsn)
-}
-
-async fn sleep_until_opt(deadline: Option<Instant>) {
-    match deadline {
-        Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
 }

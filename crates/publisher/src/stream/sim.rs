@@ -40,6 +40,11 @@
 //! deliver recovering refusals before a connection ends and do not kill the relay
 //! while one is unanswered.
 //!
+//! Why one file over 600 lines: the broker model, the schedule that drives it and
+//! the invariants checked after every step are one argument, read top to bottom;
+//! split, each part would need the others' private state to be read at all. It is
+//! test code only (`#[cfg(test)]`).
+//!
 //! Run longer with `OUTBOX_SIM_SCHEDULES=100000 cargo test -p publisher --release stream::sim`;
 //! replay one schedule with `OUTBOX_STREAM_SIM_SEED=<seed>`.
 

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::connection::Endpoint;
+use super::endpoint::Endpoint;
 
 /// The frame maximum the publisher's client asks for (the library's default).
 pub(crate) const CLIENT_FRAME_MAX: u32 = 1 << 20;

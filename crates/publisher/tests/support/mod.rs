@@ -16,13 +16,8 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
 use outbox_event::{CommitMarker, Lsn, OutboxEvent, OutboxTable, WalBatch, WalItem};
 use publisher::{Publisher, PublisherConfig, PublisherReport};
-use tokio::sync::{mpsc, watch, RwLock};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
-
-/// Tests that need a healthy broker hold this for reading; the one test that blocks
-/// the whole broker (memory alarm) holds it for writing, so it never overlaps them.
-/// All RabbitMQ tests live in this one test binary so the lock covers them all.
-pub static BROKER: RwLock<()> = RwLock::const_new(());
 
 /// Generous bound for anything that waits on the broker (not a timing assertion:
 /// it only turns a hang into a failure).
@@ -374,7 +369,7 @@ pub async fn start(config: PublisherConfig) -> Running {
             seen2.lock().unwrap().push(lsn);
         }
     });
-    let task = tokio::spawn(publisher.run(rx, wm_tx));
+    let task = tokio::spawn(publisher.run(rx, wm_tx, None));
     Running {
         input: Some(tx),
         watermark: wm_rx,

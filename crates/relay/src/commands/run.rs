@@ -10,6 +10,7 @@ use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::error::CliError;
 use crate::health::Health;
+use crate::pipeline::sink::target_config;
 use crate::pipeline::{self, PipelineConfig};
 use crate::shutdown::Shutdown;
 
@@ -50,7 +51,7 @@ pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
     }
     let pcfg = PipelineConfig {
         reader: cfg.reader_config(args.start_lsn)?,
-        publisher: cfg.sink_config(),
+        publisher: target_config(cfg),
         shutdown_timeout: cfg.shutdown_timeout(),
     };
     let background = crate::background::spawn(cfg, &shutdown);

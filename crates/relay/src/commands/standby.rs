@@ -5,7 +5,7 @@
 
 use outbox_event::Lsn;
 use serde_json::json;
-use wal_reader::admin::SlotState;
+use wal_reader::admin::{AdminError, SlotState, SyncedSlot};
 use wal_reader::PgConnectOptions;
 
 /// What one standby holds of the slot.
@@ -67,20 +67,20 @@ async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<SlotCop
     if version < 170000 {
         return Ok(SlotCopy::Unsupported { version });
     }
-    let row = client
-        .query_opt(
-            "SELECT synced, temporary, confirmed_flush_lsn::text \
-               FROM pg_replication_slots WHERE slot_name = $1",
-            &[&s.slot_name],
-        )
+    let copy = wal_reader::admin::synced_slot(client, &s.slot_name)
         .await
-        .map_err(|e| crate::sql::describe_pg_error(&e))?;
-    let Some(row) = row else {
+        .map_err(|e| match e {
+            AdminError::Sql(e) => crate::sql::describe_pg_error(&e),
+            e => e.to_string(),
+        })?;
+    let Some(SyncedSlot {
+        synced,
+        temporary,
+        confirmed_flush_lsn: confirmed,
+    }) = copy
+    else {
         return Ok(SlotCopy::Missing);
     };
-    let synced: bool = row.get(0);
-    let temporary: bool = row.get(1);
-    let confirmed: Option<Lsn> = row.get::<_, Option<String>>(2).and_then(|l| l.parse().ok());
     let behind_bytes = match (s.confirmed_flush_lsn, confirmed) {
         (Some(primary), Some(copy)) => Some(primary.0.saturating_sub(copy.0)),
         _ => None,

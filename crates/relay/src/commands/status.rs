@@ -1,5 +1,8 @@
 //! `status [--json]`: the slot's state and what it costs the server.
 
+use std::time::Duration;
+
+use outbox_event::history::History;
 use outbox_event::Lsn;
 use serde_json::json;
 use wal_reader::admin::{self, SlotState};
@@ -7,6 +10,8 @@ use wal_reader::admin::{self, SlotState};
 use crate::cli::StatusArgs;
 use crate::config::Config;
 use crate::error::CliError;
+use crate::pipeline::start::{self, Source, StartPlan};
+use crate::state::Stored;
 
 /// Below this much `safe_wal_size`, `status` warns that the slot nears invalidation.
 pub const LOW_SAFE_WAL_BYTES: i64 = 1 << 30;
@@ -62,8 +67,44 @@ fn human_bytes(b: i64) -> String {
     }
 }
 
+/// What `status` found, gathered before it prints.
+struct Report {
+    slot: SlotState,
+    /// WAL not yet confirmed: the server's position minus the slot's.
+    pending: Option<i64>,
+    anchor: Option<SlotState>,
+    window: Option<Duration>,
+    /// The state table's row, or why it cannot be read.
+    stored: Result<Option<Stored>, String>,
+    history: Option<History>,
+    /// The next session starts from the stored position.
+    used: bool,
+    /// A stored position is ignored (a warning says why).
+    ignored: bool,
+    resumes_at: Option<Lsn>,
+    producer: Option<String>,
+    poison: Option<serde_json::Value>,
+    standbys: Vec<super::standby::Standby>,
+    warnings: Vec<String>,
+}
+
 /// Prints the slot's state.
 pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
+    let report = gather(cfg, args).await?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report.to_json()).unwrap_or_default()
+        );
+    } else {
+        report.print();
+    }
+    Ok(())
+}
+
+/// Reads the slot, its anchor, the stored position, the server's history, the
+/// running relay's stuck message and the standbys, and collects the warnings.
+async fn gather(cfg: &Config, args: &StatusArgs) -> Result<Report, CliError> {
     let client = crate::sql::connect_for_command(cfg).await?;
     let s = admin::require_slot(&client, &cfg.postgres.slot).await?;
     let pending = s
@@ -73,18 +114,7 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
     let anchor_name = crate::anchor::anchor_slot_name(&cfg.postgres.slot);
     let anchor = admin::slot_state(&client, &anchor_name).await?;
     let window = cfg.replay_window();
-    match (&anchor, window) {
-        (None, Some(_)) => warns.push(format!(
-            "[relay] replay_window is set but the anchor slot {anchor_name} does not exist: run `outbox-relay slot create --if-not-exists` (or start the relay, which creates it)"
-        )),
-        (Some(a), _) if a.wal_status.as_deref() == Some("lost") => warns.push(format!(
-            "the anchor slot {anchor_name} was invalidated: the replay window is gone; drop it (`SELECT pg_drop_replication_slot('{anchor_name}')`) so the relay recreates it, and raise max_slot_wal_keep_size"
-        )),
-        (Some(_), None) => warns.push(format!(
-            "the anchor slot {anchor_name} exists but [relay] replay_window is not set: nothing advances it and it retains WAL; set the window or drop the slot"
-        )),
-        _ => {}
-    }
+    warns.extend(anchor_warning(&anchor_name, anchor.as_ref(), window));
     // The stored acked position beside the slot's (docs/design.md §3).
     let stored = match crate::state::read(&client, &cfg.postgres.slot).await {
         Ok(row) => Ok(row),
@@ -108,25 +138,9 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             None
         }
     };
-    let plan = match &stored {
-        Ok(row) => Some(crate::pipeline::start::plan(
-            &crate::pipeline::start::Found {
-                explicit: None,
-                slot_confirmed: s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
-                slot_restart: s.restart_lsn,
-                server_wal: s.current_wal_lsn,
-                history: history.as_ref(),
-                carried: None,
-                stored: row.as_ref(),
-                table: true,
-            },
-        )),
-        Err(_) => None,
-    };
+    let plan = next_start(&s, &stored, history.as_ref());
     let ignored = plan.as_ref().is_some_and(|p| !p.fallbacks.is_empty());
-    let used = plan
-        .as_ref()
-        .is_some_and(|p| p.source == crate::pipeline::start::Source::Stored);
+    let used = plan.as_ref().is_some_and(|p| p.source == Source::Stored);
     for fallback in plan.iter().flat_map(|p| &p.fallbacks) {
         warns.push(format!(
             "{fallback}: the next session resumes from the slot's position"
@@ -136,17 +150,7 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
         Some(p) => Some(p.start),
         None => s.confirmed_flush_lsn,
     };
-    let producer = cfg.stream().and(history.as_ref()).map(|h| {
-        let database = s.database.clone().unwrap_or_default();
-        let source = crate::pipeline::sink::stream_source_of(
-            cfg.producer_name(),
-            &cfg.postgres.slot,
-            &database,
-            h,
-            s.current_wal_lsn,
-        );
-        source.reference_of(source.key(s.current_wal_lsn))
-    });
+    let producer = stream_producer(cfg, &s, history.as_ref());
     let poison = match (s.active, cfg.metrics_listen()) {
         (true, Some(addr)) => fetch_poison(addr).await,
         _ => None,
@@ -159,25 +163,110 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
     }
     let standbys = super::standby::check_all(&args.standbys, &s).await;
     warns.extend(super::standby::warnings(&standbys, &s));
-    if args.json {
+    Ok(Report {
+        slot: s,
+        pending,
+        anchor,
+        window,
+        stored,
+        history,
+        used,
+        ignored,
+        resumes_at,
+        producer,
+        poison,
+        standbys,
+        warnings: warns,
+    })
+}
+
+/// The warning about the replay window's anchor slot, if its state and the
+/// configured window disagree.
+fn anchor_warning(
+    anchor_name: &str,
+    anchor: Option<&SlotState>,
+    window: Option<Duration>,
+) -> Option<String> {
+    match (anchor, window) {
+        (None, Some(_)) => Some(format!(
+            "[relay] replay_window is set but the anchor slot {anchor_name} does not exist: run `outbox-relay slot create --if-not-exists` (or start the relay, which creates it)"
+        )),
+        (Some(a), _) if a.wal_status.as_deref() == Some("lost") => Some(format!(
+            "the anchor slot {anchor_name} was invalidated: the replay window is gone; drop it (`SELECT pg_drop_replication_slot('{anchor_name}')`) so the relay recreates it, and raise max_slot_wal_keep_size"
+        )),
+        (Some(_), None) => Some(format!(
+            "the anchor slot {anchor_name} exists but [relay] replay_window is not set: nothing advances it and it retains WAL; set the window or drop the slot"
+        )),
+        _ => None,
+    }
+}
+
+/// The session's own start decision for what `status` found; `None` when the state
+/// table cannot be read.
+fn next_start(
+    s: &SlotState,
+    stored: &Result<Option<Stored>, String>,
+    history: Option<&History>,
+) -> Option<StartPlan> {
+    let row = stored.as_ref().ok()?;
+    Some(start::plan(&start::Found {
+        explicit: None,
+        slot_confirmed: s.confirmed_flush_lsn.unwrap_or(Lsn::ZERO),
+        slot_restart: s.restart_lsn,
+        server_wal: s.current_wal_lsn,
+        history,
+        carried: None,
+        stored: row.as_ref(),
+        table: true,
+    }))
+}
+
+/// The stream target's producer reference at the server's current position (with
+/// the history; `None` for the queue target).
+fn stream_producer(cfg: &Config, s: &SlotState, history: Option<&History>) -> Option<String> {
+    cfg.stream().and(history).map(|h| {
+        let database = s.database.clone().unwrap_or_default();
+        let source = crate::pipeline::sink::stream_source_of(
+            cfg.producer_name(),
+            &cfg.postgres.slot,
+            &database,
+            h,
+            s.current_wal_lsn,
+        );
+        source.reference_of(source.key(s.current_wal_lsn))
+    })
+}
+
+fn lsn_text(l: Option<Lsn>) -> Option<String> {
+    l.map(|l| l.to_string())
+}
+
+fn window_text(window: Option<Duration>) -> Option<String> {
+    window.map(|w| humantime::format_duration(w).to_string())
+}
+
+impl Report {
+    /// The `--json` form.
+    fn to_json(&self) -> serde_json::Value {
+        let (s, anchor) = (&self.slot, &self.anchor);
         let anchor_json = anchor.as_ref().map(|a| {
             json!({
                 "slot": a.slot_name,
                 "active": a.active,
                 "wal_status": a.wal_status,
-                "confirmed_flush_lsn": a.confirmed_flush_lsn.map(|l| l.to_string()),
-                "restart_lsn": a.restart_lsn.map(|l| l.to_string()),
+                "confirmed_flush_lsn": lsn_text(a.confirmed_flush_lsn),
+                "restart_lsn": lsn_text(a.restart_lsn),
                 "retained_wal_bytes": a.retained_wal_bytes,
             })
         });
         let replay_window = json!({
-            "configured": window.map(|w| humantime::format_duration(w).to_string()),
-            "start_lsn": anchor.as_ref().and_then(|a| a.confirmed_flush_lsn).map(|l| l.to_string()),
-            "end_lsn": s.confirmed_flush_lsn.map(|l| l.to_string()),
+            "configured": window_text(self.window),
+            "start_lsn": lsn_text(anchor.as_ref().and_then(|a| a.confirmed_flush_lsn)),
+            "end_lsn": lsn_text(s.confirmed_flush_lsn),
             "retained_wal_bytes": anchor.as_ref().and_then(|a| a.retained_wal_bytes),
             "anchor": anchor_json,
         });
-        let v = json!({
+        json!({
             "slot": s.slot_name,
             "plugin": s.plugin,
             "database": s.database,
@@ -185,72 +274,114 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             "active_pid": s.active_pid,
             "wal_status": s.wal_status,
             "safe_wal_size": s.safe_wal_size,
-            "confirmed_flush_lsn": s.confirmed_flush_lsn.map(|l| l.to_string()),
-            "restart_lsn": s.restart_lsn.map(|l| l.to_string()),
+            "confirmed_flush_lsn": lsn_text(s.confirmed_flush_lsn),
+            "restart_lsn": lsn_text(s.restart_lsn),
             "current_wal_lsn": s.current_wal_lsn.to_string(),
             "retained_wal_bytes": s.retained_wal_bytes,
-            "pending_wal_bytes": pending,
+            "pending_wal_bytes": self.pending,
             "two_phase": s.two_phase,
             "failover": s.failover,
-            "stored_position": match &stored {
-                Ok(Some(row)) => json!({
-                    "acked_lsn": row.acked.to_string(),
-                    "updated_at": row.updated_at,
-                    "slot_restart_lsn_at_create": row.slot_restart_lsn.map(|l| l.to_string()),
-                    "used": used,
-                    "system_identifier": row.origin.map(|o| o.system_id.to_string()),
-                    "timeline": row.origin.map(|o| o.timeline),
-                }),
-                Ok(None) => serde_json::Value::Null,
-                Err(e) => json!({ "error": e }),
-            },
-            "resumes_at_lsn": resumes_at.map(|l| l.to_string()),
-            "system_identifier": history.as_ref().map(|h| h.system_id.to_string()),
-            "timeline": history.as_ref().map(|h| h.timeline),
-            "stream_producer": producer,
+            "stored_position": self.stored_json(),
+            "resumes_at_lsn": lsn_text(self.resumes_at),
+            "system_identifier": self.history.as_ref().map(|h| h.system_id.to_string()),
+            "timeline": self.history.as_ref().map(|h| h.timeline),
+            "stream_producer": self.producer,
             "replay_window": replay_window,
-            "stuck_message": poison,
-            "standbys": standbys.iter().map(super::standby::to_json).collect::<Vec<_>>(),
-            "warnings": warns,
-        });
-        println!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-        return Ok(());
+            "stuck_message": self.poison,
+            "standbys": self.standbys.iter().map(super::standby::to_json).collect::<Vec<_>>(),
+            "warnings": self.warnings,
+        })
     }
-    let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
-    println!("slot:                {}", s.slot_name);
-    println!("database:            {}", opt(s.database.clone()));
-    println!(
-        "active:              {}",
-        match s.active_pid {
-            Some(pid) if s.active => format!("yes (pid {pid})"),
-            _ => "no".into(),
+
+    fn stored_json(&self) -> serde_json::Value {
+        match &self.stored {
+            Ok(Some(row)) => json!({
+                "acked_lsn": row.acked.to_string(),
+                "updated_at": row.updated_at,
+                "slot_restart_lsn_at_create": lsn_text(row.slot_restart_lsn),
+                "used": self.used,
+                "system_identifier": row.origin.map(|o| o.system_id.to_string()),
+                "timeline": row.origin.map(|o| o.timeline),
+            }),
+            Ok(None) => serde_json::Value::Null,
+            Err(e) => json!({ "error": e }),
         }
-    );
-    println!("wal_status:          {}", opt(s.wal_status.clone()));
-    println!(
-        "safe_wal_size:       {}",
-        s.safe_wal_size
-            .map(human_bytes)
-            .unwrap_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".into())
-    );
-    println!(
-        "confirmed_flush_lsn: {}",
-        opt(s.confirmed_flush_lsn.map(|l| l.to_string()))
-    );
-    println!(
-        "restart_lsn:         {}",
-        opt(s.restart_lsn.map(|l| l.to_string()))
-    );
-    println!(
-        "stored_acked_lsn:    {}",
-        match &stored {
+    }
+
+    /// The text form.
+    fn print(&self) {
+        let s = &self.slot;
+        println!("slot:                {}", s.slot_name);
+        println!("database:            {}", opt(s.database.clone()));
+        println!(
+            "active:              {}",
+            match s.active_pid {
+                Some(pid) if s.active => format!("yes (pid {pid})"),
+                _ => "no".into(),
+            }
+        );
+        println!("wal_status:          {}", opt(s.wal_status.clone()));
+        println!(
+            "safe_wal_size:       {}",
+            s.safe_wal_size
+                .map(human_bytes)
+                .unwrap_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".into())
+        );
+        println!(
+            "confirmed_flush_lsn: {}",
+            opt(lsn_text(s.confirmed_flush_lsn))
+        );
+        println!("restart_lsn:         {}", opt(lsn_text(s.restart_lsn)));
+        println!("stored_acked_lsn:    {}", self.stored_text());
+        println!("resumes_at:          {}", opt(lsn_text(self.resumes_at)));
+        println!("current_wal_lsn:     {}", s.current_wal_lsn);
+        if let Some(h) = &self.history {
+            println!("system / timeline:   {} / {}", h.system_id, h.timeline);
+        }
+        if let Some(p) = &self.producer {
+            println!("stream_producer:     {p}");
+        }
+        println!(
+            "retained_wal:        {}",
+            opt(s.retained_wal_bytes.map(human_bytes))
+        );
+        println!(
+            "pending_wal:         {}",
+            opt(self.pending.map(human_bytes))
+        );
+        self.print_window();
+        if let Some(p) = &self.poison {
+            let field = |k: &str| {
+                p[k].as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| p[k].to_string())
+            };
+            println!(
+                "stuck_message:       {} (commit_lsn {}, tx_index {}, routing key {}): {}",
+                field("message_id"),
+                field("commit_lsn"),
+                field("tx_index"),
+                field("routing_key"),
+                field("reason")
+            );
+        }
+        for sb in &self.standbys {
+            println!("standby:             {}", super::standby::describe(sb));
+        }
+        for w in &self.warnings {
+            println!("warning: {w}");
+        }
+    }
+
+    fn stored_text(&self) -> String {
+        match &self.stored {
             Ok(Some(row)) => format!(
                 "{} (updated {}){}",
                 row.acked,
                 row.updated_at,
-                if ignored {
+                if self.ignored {
                     ", ignored (see the warning)"
-                } else if used {
+                } else if self.used {
                     ", ahead of the slot: the next session starts there"
                 } else {
                     ""
@@ -259,75 +390,41 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
             Ok(None) => format!("- (no row in {})", crate::state::TABLE),
             Err(e) => format!("- ({e})"),
         }
-    );
-    println!(
-        "resumes_at:          {}",
-        opt(resumes_at.map(|l| l.to_string()))
-    );
-    println!("current_wal_lsn:     {}", s.current_wal_lsn);
-    if let Some(h) = &history {
-        println!("system / timeline:   {} / {}", h.system_id, h.timeline);
     }
-    if let Some(p) = &producer {
-        println!("stream_producer:     {p}");
-    }
-    println!(
-        "retained_wal:        {}",
-        opt(s.retained_wal_bytes.map(human_bytes))
-    );
-    println!("pending_wal:         {}", opt(pending.map(human_bytes)));
-    match &anchor {
-        Some(a) => {
+
+    fn print_window(&self) {
+        let Some(a) = &self.anchor else {
             println!(
-                "replay_window:       {} .. {} ({})",
-                opt(a.confirmed_flush_lsn.map(|l| l.to_string())),
-                opt(s.confirmed_flush_lsn.map(|l| l.to_string())),
-                window
-                    .map(|w| humantime::format_duration(w).to_string())
-                    .unwrap_or_else(|| "not configured".into())
+                "replay_window:       {}",
+                if self.window.is_some() {
+                    "configured, but no anchor slot yet"
+                } else {
+                    "none"
+                }
             );
-            println!(
-                "anchor_slot:         {} (wal_status {}, restart_lsn {})",
-                a.slot_name,
-                opt(a.wal_status.clone()),
-                opt(a.restart_lsn.map(|l| l.to_string()))
-            );
-            println!(
-                "anchor_retained_wal: {}",
-                opt(a.retained_wal_bytes.map(human_bytes))
-            );
-        }
-        None => println!(
-            "replay_window:       {}",
-            if window.is_some() {
-                "configured, but no anchor slot yet"
-            } else {
-                "none"
-            }
-        ),
-    }
-    if let Some(p) = &poison {
-        let field = |k: &str| {
-            p[k].as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| p[k].to_string())
+            return;
         };
         println!(
-            "stuck_message:       {} (commit_lsn {}, tx_index {}, routing key {}): {}",
-            field("message_id"),
-            field("commit_lsn"),
-            field("tx_index"),
-            field("routing_key"),
-            field("reason")
+            "replay_window:       {} .. {} ({})",
+            opt(lsn_text(a.confirmed_flush_lsn)),
+            opt(lsn_text(self.slot.confirmed_flush_lsn)),
+            window_text(self.window).unwrap_or_else(|| "not configured".into())
+        );
+        println!(
+            "anchor_slot:         {} (wal_status {}, restart_lsn {})",
+            a.slot_name,
+            opt(a.wal_status.clone()),
+            opt(lsn_text(a.restart_lsn))
+        );
+        println!(
+            "anchor_retained_wal: {}",
+            opt(a.retained_wal_bytes.map(human_bytes))
         );
     }
-    for sb in &standbys {
-        println!("standby:             {}", super::standby::describe(sb));
-    }
-    for w in warns {
-        println!("warning: {w}");
-    }
-    Ok(())
+}
+
+fn opt(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "-".into())
 }
 
 /// Asks the running relay (its `/poison` endpoint on `[relay] metrics_listen`) which

@@ -13,7 +13,6 @@ use wal_reader::conninfo::ConnInfoError;
 use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName};
 
 use super::{redact_url, Config, HeaderProfileKind, MessageFormatKind};
-use crate::pipeline::sink::SinkConfig;
 use publisher::message::cloudevents::CloudEventsFormat;
 use publisher::message::{HeaderProfile, MessageFormat};
 use publisher::stream::StreamConfig;
@@ -147,7 +146,7 @@ impl Config {
             mapping: self.mapping(),
             start_lsn,
             status_interval: self.status_interval(),
-            hold_events: self.rabbitmq.max_in_flight,
+            max_in_flight: self.rabbitmq.max_in_flight,
         })
     }
 
@@ -223,18 +222,6 @@ impl Config {
         s.format = self.message_format();
         s.headers = self.header_profile();
         s
-    }
-
-    /// The sink `run` publishes to: the stream when `rabbitmq.stream` is set, else
-    /// the exchange.
-    pub fn sink_config(&self) -> SinkConfig {
-        match self.stream() {
-            Some(_) => SinkConfig::Stream {
-                config: self.stream_config(),
-                producer_name: self.producer_name().map(str::to_string),
-            },
-            None => SinkConfig::Exchange(self.publisher_config()),
-        }
     }
 
     /// The client certificate (`rabbitmq.cert_file`, `key_file`) and `password_file`

@@ -66,12 +66,10 @@ impl Config {
             )));
         }
         check(validate_routing_key(&r.routing_key));
-        if r.max_in_flight < 1 {
-            check(Err(ConfigError::invalid(
-                "rabbitmq.max_in_flight",
-                "must be at least 1: set it to the number of unconfirmed messages to allow, e.g. 10000",
-            )));
-        }
+        check(
+            publisher::check_max_in_flight(r.max_in_flight)
+                .map_err(|reason| ConfigError::invalid("rabbitmq.max_in_flight", reason)),
+        );
         if !r.ca_file.is_empty() && !Path::new(&r.ca_file).is_file() {
             check(Err(ConfigError::invalid(
                 "rabbitmq.ca_file",

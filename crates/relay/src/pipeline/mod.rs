@@ -41,8 +41,9 @@
 //!   when the slot is released.
 //!
 //! Files: `session.rs` runs one session; `start.rs` decides where it starts;
-//! `stored.rs` reads and writes the stored position; `sink.rs` is the target
-//! published to (an exchange, or a stream exactly once).
+//! `stored.rs` reads and writes the stored position; `sink.rs` chooses the target
+//! published to ([`publisher::Target`]: an exchange, or a stream exactly once) and
+//! names the stream producers' source.
 
 mod session;
 pub mod sink;
@@ -60,7 +61,7 @@ use crate::error::CliError;
 use crate::health::Health;
 use crate::shutdown::Shutdown;
 use crate::state::StateError;
-use sink::SinkConfig;
+use publisher::TargetConfig;
 
 /// Counts positions that a session start refused (docs/design.md §3), by `position`.
 pub const POSITION_FALLBACKS: &str = "outbox_relay_position_fallbacks_total";
@@ -72,7 +73,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 #[derive(Debug, Clone)]
 pub struct PipelineConfig {
     pub reader: ReaderConfig,
-    pub publisher: SinkConfig,
+    pub publisher: TargetConfig,
     /// Bound on a clean stop: finishing the open transaction and awaiting confirms.
     pub shutdown_timeout: Duration,
 }

@@ -3,12 +3,13 @@
 use std::time::Duration;
 
 use outbox_event::Lsn;
+use publisher::{Target, TargetConfig};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{debug, error, info, warn, Instrument};
 use wal_reader::{ReaderError, ReaderExit, StartInfo, WalReader};
 
-use super::sink::{stream_source, Sink, SinkConfig};
+use super::sink::stream_source;
 use super::start::{self, Carried, Found, Source, StartPlan, Store};
 use super::stored::{read_state, warn_state, StateWriter, STATE_TIMEOUT};
 use super::{PipelineConfig, SessionError, POSITION_FALLBACKS};
@@ -261,15 +262,15 @@ impl Sessions {
                 .instrument(tracing::info_span!("reader", slot = %self.cfg.reader.slot)),
         );
         let source = match &self.cfg.publisher {
-            SinkConfig::Stream { producer_name, .. } => Some(stream_source(
+            TargetConfig::Stream { producer_name, .. } => Some(stream_source(
                 producer_name.as_deref(),
                 &self.cfg.reader.slot,
                 &info,
             )),
-            SinkConfig::Exchange(_) => None,
+            TargetConfig::Exchange(_) => None,
         };
         let connected = tokio::select! {
-            sink = Sink::connect(&self.cfg.publisher, source) => Some(sink),
+            sink = Target::connect(&self.cfg.publisher, source) => Some(sink),
             _ = self.shutdown.requested() => None,
             r = &mut reader_task => {
                 return Err(reader_ended(r));
@@ -303,7 +304,7 @@ impl Sessions {
                     acked: acked_tx.subscribe(),
                     last_event_end: last_event,
                     status: sink.status(),
-                    max_in_flight: self.cfg.reader.hold_events,
+                    max_in_flight: self.cfg.reader.max_in_flight,
                     interval: self.cfg.reader.status_interval,
                     written: initial,
                     flushed,
@@ -319,7 +320,7 @@ impl Sessions {
             None => (flushed, None),
         };
         let publisher_task =
-            tokio::spawn(sink.run_with_flushed(rx, acked_tx, bound).instrument(
+            tokio::spawn(sink.run(rx, acked_tx, Some(bound)).instrument(
                 tracing::info_span!("publisher", target = %self.cfg.publisher.target()),
             ));
         self.health.set_streaming(true);

@@ -1,36 +1,25 @@
-//! The two targets a session publishes to, behind one face: an exchange over AMQP
-//! ([`publisher::Publisher`]) or a RabbitMQ stream over the stream protocol, exactly
-//! once ([`publisher::stream::StreamPublisher`], docs/design.md §4). Both take the
-//! reader's batches and publish the acked watermark the same way, so the session
-//! loop does not know which one it drives.
+//! What the relay tells the publisher crate's one target abstraction
+//! ([`publisher::Target`]): which target the configuration names
+//! ([`target_config`]), and the stream producers' source for a session
+//! ([`stream_source`]).
 
 use outbox_event::history::History;
-use outbox_event::{Lsn, WalBatch};
-use publisher::stream::{StreamConfig, StreamPublisher, StreamSource};
-use publisher::{PublishError, Publisher, PublisherConfig, PublisherReport, PublisherStatus};
-use tokio::sync::{mpsc, watch};
+use outbox_event::Lsn;
+use publisher::stream::StreamSource;
+use publisher::TargetConfig;
 use wal_reader::StartInfo;
 
-/// Where a session publishes.
-#[derive(Debug, Clone)]
-pub enum SinkConfig {
-    /// `[rabbitmq] exchange` over AMQP with publisher confirms.
-    Exchange(PublisherConfig),
-    /// `[rabbitmq] stream` over the stream protocol.
-    Stream {
-        config: StreamConfig,
-        /// `[rabbitmq] producer_name`; `None`: derived from the source.
-        producer_name: Option<String>,
-    },
-}
+use crate::config::Config;
 
-impl SinkConfig {
-    /// `exchange X` or `stream X`, for logs.
-    pub fn target(&self) -> String {
-        match self {
-            SinkConfig::Exchange(p) => format!("exchange {}", p.exchange),
-            SinkConfig::Stream { config, .. } => format!("stream {}", config.stream),
-        }
+/// The target `run` publishes to: the stream when `rabbitmq.stream` is set, else the
+/// exchange.
+pub fn target_config(cfg: &Config) -> TargetConfig {
+    match cfg.stream() {
+        Some(_) => TargetConfig::Stream {
+            config: cfg.stream_config(),
+            producer_name: cfg.producer_name().map(str::to_string),
+        },
+        None => TargetConfig::Exchange(cfg.publisher_config()),
     }
 }
 
@@ -66,60 +55,30 @@ pub fn stream_source_of(
     }
 }
 
-/// A connected publisher of either kind.
-pub enum Sink {
-    Exchange(Publisher),
-    Stream(StreamPublisher),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Sink {
-    /// Connects (declaring the exchange or stream when configured). A stream sink
-    /// publishes as `source` (`None`: unnamed, for replay).
-    pub async fn connect(
-        cfg: &SinkConfig,
-        source: Option<StreamSource>,
-    ) -> Result<Sink, PublishError> {
-        Ok(match cfg {
-            SinkConfig::Exchange(p) => Sink::Exchange(Publisher::connect(p.clone()).await?),
-            SinkConfig::Stream { config, .. } => {
-                let mut config = config.clone();
-                config.source = source;
-                Sink::Stream(StreamPublisher::connect(config).await?)
+    #[test]
+    fn the_target_is_the_stream_when_one_is_named() {
+        let d = Config::default();
+        assert!(matches!(target_config(&d), TargetConfig::Exchange(_)));
+        let mut c = Config::default();
+        c.rabbitmq.stream = "orders".into();
+        assert!(matches!(
+            target_config(&c),
+            TargetConfig::Stream {
+                producer_name: None,
+                ..
             }
-        })
-    }
-
-    /// The live status behind `/readyz`, `status` and the metrics.
-    pub fn status(&self) -> PublisherStatus {
-        match self {
-            Sink::Exchange(p) => p.status(),
-            Sink::Stream(s) => s.status(),
-        }
-    }
-
-    /// Publishes until `input` ends, moving `watermark` only past confirmed events
-    /// (each counted in flight until `flushed` passes it).
-    pub async fn run_with_flushed(
-        self,
-        input: mpsc::Receiver<WalBatch>,
-        watermark: watch::Sender<Lsn>,
-        flushed: watch::Receiver<Lsn>,
-    ) -> Result<PublisherReport, PublishError> {
-        match self {
-            Sink::Exchange(p) => p.run_with_flushed(input, watermark, flushed).await,
-            Sink::Stream(s) => s.run_with_flushed(input, watermark, flushed).await,
-        }
-    }
-
-    /// Publishes until `input` ends (no Postgres feedback: `replay`).
-    pub async fn run(
-        self,
-        input: mpsc::Receiver<WalBatch>,
-        watermark: watch::Sender<Lsn>,
-    ) -> Result<PublisherReport, PublishError> {
-        match self {
-            Sink::Exchange(p) => p.run(input, watermark).await,
-            Sink::Stream(s) => s.run(input, watermark).await,
-        }
+        ));
+        c.rabbitmq.producer_name = "orders-db".into();
+        assert!(matches!(
+            target_config(&c),
+            TargetConfig::Stream {
+                producer_name: Some(ref n),
+                ..
+            } if n == "orders-db"
+        ));
     }
 }

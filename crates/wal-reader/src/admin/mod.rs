@@ -2,7 +2,10 @@
 //! before it streams.
 //!
 //! All functions run over an ordinary SQL connection (`tokio_postgres::Client`) that
-//! the caller opens; the replication connection is not involved. Each unmet
+//! the caller opens with [`connect`] (bounded by the connection string's
+//! `connect_timeout`, [`crate::DEFAULT_CONNECT_TIMEOUT`] without one); the
+//! replication connection is not involved. Every query on `pg_replication_slots`
+//! of the program (the relay and its commands) is here. Each unmet
 //! precondition is an [`AdminError`] variant whose message is one sentence naming the
 //! fix, and [`AdminError::is_precondition`] separates those (exit code 2) from runtime
 //! failures (exit code 1).
@@ -31,15 +34,18 @@
 //! contain connection strings: only names and the server's own error text.
 
 mod columns;
+mod connect;
 mod error;
 pub mod ident;
 mod preflight;
 mod publication;
 mod server;
 mod slot;
+mod slot_query;
 mod stream_start;
 
 pub use columns::{check_columns, check_published_columns, ColumnInfo, TableColumns};
+pub use connect::connect;
 pub use error::AdminError;
 pub use preflight::{CheckResult, CheckStatus, Preflight};
 pub use publication::{check_publication, ensure_publication};
@@ -50,5 +56,8 @@ pub use server::{
 pub use slot::{
     advance_slot, anchor_slot_name, check_slot_free, check_usable, create_slot, drop_slot,
     require_slot, slot_state, SlotCreated, SlotState, FORCE_DROP_TIMEOUT,
+};
+pub use slot_query::{
+    copy_slot, slot_confirmed_flush, slot_retained_wal, slots_with_prefix, synced_slot, SyncedSlot,
 };
 pub use stream_start::StreamStart;

@@ -27,7 +27,6 @@ pub(crate) mod policy;
 mod transport;
 
 use std::io;
-use std::time::Duration;
 
 use bytes::BytesMut;
 use futures_util::FutureExt;
@@ -91,7 +90,7 @@ pub type Row = Vec<Option<String>>;
 impl ReplicationConnection {
     /// Connects, negotiates TLS per `sslmode`, and authenticates.
     pub async fn connect(opts: &PgConnectOptions) -> Result<ReplicationConnection, ReaderError> {
-        let timeout = opts.connect_timeout.unwrap_or(Duration::from_secs(30));
+        let timeout = opts.connect_limit();
         match tokio::time::timeout(timeout, Self::connect_inner(opts)).await {
             Ok(r) => r,
             Err(_) => Err(ReaderError::Connect {

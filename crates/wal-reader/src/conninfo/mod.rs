@@ -10,6 +10,7 @@
 //! value from the string (only parameter names, and not even those once a password
 //! was seen), so a malformed URL cannot print a fragment of the password.
 
+mod modes;
 mod passfile;
 mod require_auth;
 mod syntax;
@@ -20,96 +21,10 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use modes::{ChannelBindingMode, SslMode};
 pub use require_auth::{AuthMethod, RequireAuth};
 pub use syntax::PERCENT_ENCODE_PASSWORD;
 use syntax::{parse_keyvalue, parse_url};
-
-/// libpq's `sslmode` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SslMode {
-    /// Plain TCP only.
-    Disable,
-    /// Plain TCP first; TLS when the server refuses the plain login.
-    Allow,
-    /// TLS if the server offers it, plain TCP otherwise (libpq's default). With a root
-    /// certificate the chain is verified (as libpq does).
-    #[default]
-    Prefer,
-    /// TLS required. With a root certificate (`sslrootcert`, `PGSSLROOTCERT` or
-    /// `~/.postgresql/root.crt`) the chain is verified as for `VerifyCa`; without one
-    /// the connection is encrypted but not authenticated (libpq's rule).
-    Require,
-    /// TLS required, certificate chain verified against the root certificate.
-    VerifyCa,
-    /// As `VerifyCa`, and the certificate must name the host.
-    VerifyFull,
-}
-
-impl SslMode {
-    fn parse(v: &str) -> Result<SslMode, ConnInfoError> {
-        Ok(match v {
-            "disable" => SslMode::Disable,
-            "allow" => SslMode::Allow,
-            "prefer" => SslMode::Prefer,
-            "require" => SslMode::Require,
-            "verify-ca" => SslMode::VerifyCa,
-            "verify-full" => SslMode::VerifyFull,
-            _ => return Err(ConnInfoError(
-                "sslmode must be one of disable, allow, prefer, require, verify-ca, verify-full"
-                    .into(),
-            )),
-        })
-    }
-
-    /// The libpq name of the mode.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SslMode::Disable => "disable",
-            SslMode::Allow => "allow",
-            SslMode::Prefer => "prefer",
-            SslMode::Require => "require",
-            SslMode::VerifyCa => "verify-ca",
-            SslMode::VerifyFull => "verify-full",
-        }
-    }
-
-    /// True for the modes that never fall back to a plain connection.
-    pub fn requires_tls(self) -> bool {
-        matches!(
-            self,
-            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull
-        )
-    }
-}
-
-/// libpq's `channel_binding` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum ChannelBindingMode {
-    /// Never use channel binding.
-    Disable,
-    /// Use SCRAM-SHA-256-PLUS when the connection is TLS and the server offers it.
-    #[default]
-    Prefer,
-    /// Authenticate only with SCRAM-SHA-256-PLUS (tls-server-end-point): a server
-    /// that logs us in any other way (trust, password, md5, SCRAM without binding) is
-    /// refused.
-    Require,
-}
-
-impl ChannelBindingMode {
-    fn parse(v: &str) -> Result<ChannelBindingMode, ConnInfoError> {
-        Ok(match v {
-            "disable" => ChannelBindingMode::Disable,
-            "prefer" => ChannelBindingMode::Prefer,
-            "require" => ChannelBindingMode::Require,
-            _ => {
-                return Err(ConnInfoError(
-                    "channel_binding must be one of disable, prefer, require".into(),
-                ))
-            }
-        })
-    }
-}
 
 /// The Postgres connection string could not be parsed. The message never contains
 /// the password, nor any other value of the string.
@@ -156,8 +71,14 @@ pub struct PgConnectOptions {
     /// login when no password is given ([`PgConnectOptions::login_password`]).
     pub passfile: Option<PathBuf>,
     pub application_name: String,
+    /// libpq's `connect_timeout`; `None` means [`DEFAULT_CONNECT_TIMEOUT`]
+    /// ([`PgConnectOptions::connect_limit`]).
     pub connect_timeout: Option<Duration>,
 }
+
+/// How long opening a connection (replication or SQL) may take when the connection
+/// string sets no `connect_timeout`.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl fmt::Debug for PgConnectOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -217,7 +138,50 @@ fn check_target_session_attrs(value: &str) -> Result<(), ConnInfoError> {
     )))
 }
 
+/// What the connection string gave that the environment may still supply, or that
+/// is checked after it.
+#[derive(Default)]
+struct Given {
+    port: Option<String>,
+    sslmode: Option<SslMode>,
+    channel_binding: Option<ChannelBindingMode>,
+    require_auth: Option<RequireAuth>,
+    gssencmode: Option<String>,
+}
+
+/// The error for a parameter libpq does not know. `name` never comes from inside a
+/// value (parse_keyvalue and parse_url refuse what would make it so), but a name that
+/// is not a plain identifier is not echoed anyway.
+fn unknown_parameter(name: &str) -> ConnInfoError {
+    let shown = if name.len() <= 40 && name.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+        format!(" {name:?}")
+    } else {
+        String::new()
+    };
+    ConnInfoError(format!("unknown connection parameter{shown}"))
+}
+
+/// GSSAPI encryption is not spoken: `require` is refused, `disable` and `prefer`
+/// mean plain TLS rules.
+fn check_gssencmode(mode: Option<&str>) -> Result<(), ConnInfoError> {
+    match mode {
+        None | Some("disable") | Some("prefer") => Ok(()),
+        Some("require") => Err(ConnInfoError(
+            "gssencmode=require is not supported (outbox-relay has no GSSAPI encryption): remove it and use sslmode=verify-full".into(),
+        )),
+        Some(_) => Err(ConnInfoError(
+            "gssencmode must be one of disable, prefer, require".into(),
+        )),
+    }
+}
+
 impl PgConnectOptions {
+    /// The bound on opening one connection: `connect_timeout`, or
+    /// [`DEFAULT_CONNECT_TIMEOUT`].
+    pub fn connect_limit(&self) -> Duration {
+        self.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT)
+    }
+
     /// Parses a `postgresql://` / `postgres://` URL or a key=value conninfo string.
     /// Missing values fall back to `PGHOST`, `PGHOSTADDR`, `PGPORT`, `PGUSER`,
     /// `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, `PGSSLROOTCERT`, `PGCHANNELBINDING`,
@@ -239,7 +203,28 @@ impl PgConnectOptions {
         } else {
             parse_keyvalue(s)?
         };
-        let mut o = PgConnectOptions {
+        let mut o = PgConnectOptions::unset();
+        let given = o.apply(pairs)?;
+        let env = |k: &str| env(k).filter(|v| !v.is_empty());
+        o.login_from_env(given.port, &env)?;
+        o.tls_from_env(
+            given.sslmode,
+            given.channel_binding,
+            given.require_auth,
+            &env,
+        )?;
+        check_gssencmode(given.gssencmode.or_else(|| env("PGGSSENCMODE")).as_deref())?;
+        if o.host.contains(',') {
+            return Err(ConnInfoError(
+                "several hosts are not supported: give one host (for HA, point it at a virtual IP or DNS name that follows the primary)".into(),
+            ));
+        }
+        Ok(o)
+    }
+
+    /// Options before the connection string and the environment are read.
+    fn unset() -> PgConnectOptions {
+        PgConnectOptions {
             host: String::new(),
             hostaddr: None,
             port: 0,
@@ -258,31 +243,33 @@ impl PgConnectOptions {
             passfile: None,
             application_name: "outbox-relay".into(),
             connect_timeout: None,
-        };
-        let mut require_auth = None;
-        let mut sslmode = None;
-        let mut channel_binding = None;
-        let mut gssencmode = None;
-        let mut port = None;
+        }
+    }
+
+    /// Sets what the connection string's pairs give; returns those that the
+    /// environment may still supply or that are checked later.
+    fn apply(&mut self, pairs: Vec<(String, String)>) -> Result<Given, ConnInfoError> {
+        let o = self;
+        let mut given = Given::default();
         for (k, v) in pairs {
             match k.as_str() {
                 "host" => o.host = v,
                 "hostaddr" => o.hostaddr = Some(v).filter(|v| !v.is_empty()),
-                "port" => port = Some(v),
+                "port" => given.port = Some(v),
                 "user" => o.user = v,
                 "password" => o.password = Some(v),
                 "dbname" => o.dbname = v,
-                "sslmode" => sslmode = Some(SslMode::parse(&v)?),
+                "sslmode" => given.sslmode = Some(SslMode::parse(&v)?),
                 "sslrootcert" => {
                     o.sslrootcert = Some(PathBuf::from(v)).filter(|p| !p.as_os_str().is_empty())
                 }
-                "channel_binding" => channel_binding = Some(ChannelBindingMode::parse(&v)?),
-                "require_auth" => require_auth = Some(RequireAuth::parse(&v)?),
+                "channel_binding" => given.channel_binding = Some(ChannelBindingMode::parse(&v)?),
+                "require_auth" => given.require_auth = Some(RequireAuth::parse(&v)?),
                 "sslcert" => o.sslcert = Some(PathBuf::from(v)),
                 "sslkey" => o.sslkey = Some(PathBuf::from(v)),
                 "sslpassword" => o.sslpassword = Some(v).filter(|v| !v.is_empty()),
                 "passfile" => o.passfile = Some(PathBuf::from(v)),
-                "gssencmode" => gssencmode = Some(v),
+                "gssencmode" => given.gssencmode = Some(v),
                 "application_name" => o.application_name = v,
                 "connect_timeout" => {
                     let secs: u64 = v.parse().map_err(|_| {
@@ -292,22 +279,20 @@ impl PgConnectOptions {
                 }
                 "target_session_attrs" => check_target_session_attrs(&v)?,
                 k if IGNORED.contains(&k) => {}
-                other => {
-                    // `other` never comes from inside a value (parse_keyvalue and
-                    // parse_url refuse what would make it so), but a name that is not
-                    // a plain identifier is not echoed anyway.
-                    let name = if other.len() <= 40
-                        && other.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-                    {
-                        format!(" {other:?}")
-                    } else {
-                        String::new()
-                    };
-                    return Err(ConnInfoError(format!("unknown connection parameter{name}")));
-                }
+                other => return Err(unknown_parameter(other)),
             }
         }
-        let env = |k: &str| env(k).filter(|v| !v.is_empty());
+        Ok(given)
+    }
+
+    /// Host, address, port, user, password and database: the string's, else the
+    /// environment's, else libpq's defaults.
+    fn login_from_env(
+        &mut self,
+        port: Option<String>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), ConnInfoError> {
+        let o = self;
         if o.host.is_empty() {
             o.host = env("PGHOST").unwrap_or_else(|| "localhost".into());
         }
@@ -340,6 +325,20 @@ impl PgConnectOptions {
         if o.dbname.is_empty() {
             o.dbname = env("PGDATABASE").unwrap_or_else(|| o.user.clone());
         }
+        Ok(())
+    }
+
+    /// The root certificate, `sslmode`, `channel_binding`, `require_auth` and the
+    /// client files: the string's, else the environment's, else libpq's defaults;
+    /// then the combinations libpq refuses.
+    fn tls_from_env(
+        &mut self,
+        sslmode: Option<SslMode>,
+        channel_binding: Option<ChannelBindingMode>,
+        require_auth: Option<RequireAuth>,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<(), ConnInfoError> {
+        let o = self;
         if o.sslrootcert.is_none() {
             o.sslrootcert = env("PGSSLROOTCERT").map(PathBuf::from);
         }
@@ -385,32 +384,14 @@ impl PgConnectOptions {
                 None => RequireAuth::default(),
             },
         };
-        o.client_files(&env)?;
+        o.client_files(env)?;
         if o.channel_binding == ChannelBindingMode::Require && o.sslmode == SslMode::Disable {
             return Err(ConnInfoError(
                 "channel_binding=require needs TLS, but sslmode=disable: use sslmode=verify-full"
                     .into(),
             ));
         }
-        match gssencmode.or_else(|| env("PGGSSENCMODE")).as_deref() {
-            None | Some("disable") | Some("prefer") => {}
-            Some("require") => {
-                return Err(ConnInfoError(
-                    "gssencmode=require is not supported (outbox-relay has no GSSAPI encryption): remove it and use sslmode=verify-full".into(),
-                ))
-            }
-            Some(_) => {
-                return Err(ConnInfoError(
-                    "gssencmode must be one of disable, prefer, require".into(),
-                ))
-            }
-        }
-        if o.host.contains(',') {
-            return Err(ConnInfoError(
-                "several hosts are not supported: give one host (for HA, point it at a virtual IP or DNS name that follows the primary)".into(),
-            ));
-        }
-        Ok(o)
+        Ok(())
     }
 
     /// `sslcert`, `sslkey` and `passfile` with their environment variables and

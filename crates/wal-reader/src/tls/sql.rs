@@ -6,7 +6,6 @@
 
 use std::future::Future;
 use std::io;
-use std::time::Duration;
 
 use outbox_event::redact::printable;
 
@@ -87,7 +86,7 @@ pub async fn connect_sql(
     SqlConnectError,
 > {
     let config = client_config(opts)?;
-    let timeout = opts.connect_timeout.unwrap_or(Duration::from_secs(30));
+    let timeout = opts.connect_limit();
     let connect_err = |source| SqlConnectError::Connect {
         target: opts.display_target(),
         source,

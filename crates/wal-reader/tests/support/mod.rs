@@ -58,7 +58,7 @@ impl Fixture {
             mapping: ColumnMapping::default(),
             start_lsn: None,
             status_interval: Duration::from_millis(200),
-            hold_events: 1000,
+            max_in_flight: 1000,
         }
     }
 

@@ -82,11 +82,7 @@ pub(super) async fn replay(
             "the replay slot name {tmp:?} is not valid ({e}): choose a shorter `postgres.slot`"
         ))
     })?;
-    client
-        .execute(
-            "SELECT pg_copy_logical_replication_slot($1, $2)",
-            &[&anchor_name, &tmp],
-        )
+    admin::copy_slot(&client, &anchor_name, &tmp)
         .await
         .map_err(|e| {
             CliError::Runtime(format!(
@@ -155,6 +151,50 @@ fn selected(plan: &Plan, e: &outbox_event::OutboxEvent) -> bool {
     })
 }
 
+/// The items of `batch` to publish: the selected events committed in
+/// `[from, stop)`, the commit markers and keepalives before `stop`; with the number
+/// of events among them, and whether the batch reached `stop` (the items from there
+/// on are dropped).
+fn in_range(batch: WalBatch, (from, stop): (Lsn, Lsn), plan: &Plan) -> (WalBatch, u64, bool) {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut events = 0;
+    for item in batch {
+        let keep = match &item {
+            WalItem::Event(e) => e.commit_lsn < stop && e.commit_lsn >= from && selected(plan, e),
+            WalItem::Commit(c) => c.commit_lsn < stop,
+            WalItem::Keepalive(l) => *l < stop,
+        };
+        let past = match &item {
+            WalItem::Event(e) => e.commit_lsn >= stop,
+            WalItem::Commit(c) => c.commit_lsn >= stop,
+            // Every record ending at or before `l` has been decoded.
+            WalItem::Keepalive(l) => *l >= stop,
+        };
+        if past {
+            return (out, events, true);
+        }
+        if keep {
+            if matches!(item, WalItem::Event(_)) {
+                events += 1;
+            }
+            out.push(item);
+        }
+    }
+    (out, events, false)
+}
+
+/// A dry run has no publisher: the last position it passed is its watermark.
+fn dry_run_progress(wm: &watch::Sender<Lsn>, out: &[WalItem]) {
+    let last = out.iter().rev().find_map(|i| match i {
+        WalItem::Commit(c) => Some(c.end_lsn),
+        WalItem::Keepalive(l) => Some(*l),
+        WalItem::Event(_) => None,
+    });
+    if let Some(l) = last.filter(|l| *l > *wm.borrow()) {
+        let _ = wm.send(l);
+    }
+}
+
 /// Streams the copied slot from `from` and publishes every selected event committed
 /// before `stop` (with `--dry-run`, only counts them: no report).
 async fn replay_copy(
@@ -191,7 +231,7 @@ async fn replay_copy(
     let reader_task = tokio::spawn(reader.run(wal_tx, wm_rx.clone(), stop_rx));
     // A dry run has no publisher: the positions it passes are its watermark.
     let (pub_task, dry_wm) = match publisher {
-        Some(publisher) => (Some(tokio::spawn(publisher.run(pub_rx, wm_tx))), None),
+        Some(publisher) => (Some(tokio::spawn(publisher.run(pub_rx, wm_tx, None))), None),
         None => (None, Some(wm_tx)),
     };
     let total = stop.0.saturating_sub(from.0);
@@ -211,42 +251,12 @@ async fn replay_copy(
     let mut passed = false;
     while let Some(batch) = wal_rx.recv().await {
         let Some(tx) = &pub_tx else { continue };
-        let mut out = Vec::with_capacity(batch.len());
-        for item in batch {
-            let keep = match &item {
-                WalItem::Event(e) => {
-                    e.commit_lsn < stop && e.commit_lsn >= from && selected(plan, e)
-                }
-                WalItem::Commit(c) => c.commit_lsn < stop,
-                WalItem::Keepalive(l) => *l < stop,
-            };
-            let past = match &item {
-                WalItem::Event(e) => e.commit_lsn >= stop,
-                WalItem::Commit(c) => c.commit_lsn >= stop,
-                // Every record ending at or before `l` has been decoded.
-                WalItem::Keepalive(l) => *l >= stop,
-            };
-            if past {
-                passed = true;
-                break;
-            }
-            if keep {
-                if matches!(item, WalItem::Event(_)) {
-                    events += 1;
-                }
-                out.push(item);
-            }
-        }
+        let (mut out, kept, past) = in_range(batch, (from, stop), plan);
+        events += kept;
+        passed |= past;
         sent.store(events, Ordering::Relaxed);
         if let Some(wm) = &dry_wm {
-            let last = out.iter().rev().find_map(|i| match i {
-                WalItem::Commit(c) => Some(c.end_lsn),
-                WalItem::Keepalive(l) => Some(*l),
-                WalItem::Event(_) => None,
-            });
-            if let Some(l) = last.filter(|l| *l > *wm.borrow()) {
-                let _ = wm.send(l);
-            }
+            dry_run_progress(wm, &out);
             out.clear();
         }
         if !out.is_empty() && tx.send(out).await.is_err() {

@@ -77,41 +77,13 @@ pub(super) async fn replay(
     if !plan.dry_run {
         drop_stale(&client, &cfg.postgres.slot).await?;
     }
-    let mapping = cfg.mapping();
-    let mut plans = Vec::new();
-    for table in cfg.tables() {
-        if !table_selected(&plan.selection, &table.qualified()) {
-            continue;
-        }
-        let cols = admin::check_columns(&client, &table, &mapping).await?;
-        plans.push(TablePlan::new(&client, cols).await?);
-    }
-    if plans.is_empty() {
-        let configured: Vec<String> = cfg.tables().iter().map(|t| t.qualified()).collect();
-        return Err(CliError::Usage(format!(
-            "--where table=… names none of the configured outbox tables ({}): use one of them",
-            configured.join(", ")
-        )));
-    }
-    let since = since.map(|t| humantime::format_rfc3339_micros(t).to_string());
-    let until = until.map(|t| humantime::format_rfc3339_micros(t).to_string());
-    let filters = sql_filter_values(&plan.selection);
-    let (f1, f2, f3, f4) = (&filters[0], &filters[1], &filters[2], &filters[3]);
-    let mut total = 0u64;
-    let mut skipped = Vec::new();
-    for p in &plans {
-        let n: i64 = client
-            .query_one(&p.count_sql, &[&since, &until, f1, f2, f3, f4])
-            .await?
-            .get(0);
-        total += n as u64;
-        let nulls: i64 = client.query_one(&p.null_count_sql, &[]).await?.get(0);
-        if nulls > 0 {
-            warn!(table = %p.table.qualified_name, rows = nulls,
-                "rows with NULL {CREATED_AT} cannot be ordered and are not replayed");
-            skipped.push((p.table.qualified_name.clone(), nulls as u64));
-        }
-    }
+    let plans = table_plans(cfg, &client, plan).await?;
+    let params = Params {
+        since: since.map(|t| humantime::format_rfc3339_micros(t).to_string()),
+        until: until.map(|t| humantime::format_rfc3339_micros(t).to_string()),
+        filters: sql_filter_values(&plan.selection),
+    };
+    let (total, skipped) = count_rows(&client, &plans, &params).await?;
     let tables = plans
         .iter()
         .map(|p| p.table.qualified_name.clone())
@@ -128,75 +100,9 @@ pub(super) async fn replay(
     let publisher = connect_publisher(cfg, plan).await?;
     let (pub_tx, pub_rx) = mpsc::channel::<WalBatch>(4);
     let (wm_tx, wm_rx) = watch::channel(Lsn::ZERO);
-    let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx));
+    let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx, None));
     let progress = progress::spawn(wm_rx, total, Unit::Rows, None, plan.format, |l| l.0);
-
-    // The watermark is the number of rows sent: each batch's marker carries it.
-    let mut sent = 0u64;
-    let mut failed = None;
-    'tables: for p in &plans {
-        let mut after: Option<(String, String)> = None;
-        loop {
-            let (ac, ai) = match &after {
-                Some((c, i)) => (Some(c.clone()), Some(i.clone())),
-                None => (None, None),
-            };
-            let params: [&(dyn ToSql + Sync); 9] =
-                [&since, &until, &ac, &ai, &TABLE_BATCH, f1, f2, f3, f4];
-            let rows = match client.query(&p.page_sql, &params).await {
-                Ok(r) => r,
-                Err(e) => {
-                    failed = Some(CliError::from(e));
-                    break 'tables;
-                }
-            };
-            if rows.is_empty() {
-                break;
-            }
-            let mut batch = Vec::with_capacity(rows.len() + 1);
-            let mut last_micros = 0;
-            for r in &rows {
-                let text = |i: usize| r.get::<_, Option<String>>(i).map(Bytes::from);
-                // Never NULL: the page query leaves NULL created_at out.
-                last_micros = r.get::<_, Option<i64>>(9).unwrap_or(0);
-                let payload = text(4);
-                batch.push(WalItem::Event(OutboxEvent {
-                    table: p.table.clone(),
-                    xid: 0,
-                    commit_lsn: Lsn::ZERO,
-                    commit_time_micros: last_micros,
-                    // Rows have no transaction here: a running number keeps
-                    // (commit_lsn, tx_index) unique, which returns are matched by.
-                    index: sent + batch.len() as u64,
-                    id: text(0),
-                    aggregate_type: text(1),
-                    aggregate_id: text(2),
-                    event_type: text(3),
-                    body: pgtype::body(p.table.payload_type, payload.as_ref()),
-                    payload,
-                    headers: text(5),
-                    correlation_id: text(6),
-                }));
-            }
-            let last = &rows[rows.len() - 1];
-            after = Some((last.get(7), last.get(8)));
-            sent += rows.len() as u64;
-            batch.push(WalItem::Commit(CommitMarker {
-                xid: 0,
-                commit_lsn: Lsn(sent),
-                end_lsn: Lsn(sent),
-                commit_time_micros: last_micros,
-                events: rows.len() as u64,
-            }));
-            if pub_tx.send(batch).await.is_err() {
-                break 'tables;
-            }
-            if (rows.len() as i64) < TABLE_BATCH {
-                break;
-            }
-        }
-    }
-    drop(pub_tx);
+    let (sent, failed) = send_rows(&client, &plans, &params, pub_tx).await;
     let report = check_report(pub_task.await);
     progress.finish().await;
     if let Some(e) = failed {
@@ -225,6 +131,158 @@ pub(super) async fn replay(
         plan.destination(cfg)
     );
     Ok(())
+}
+
+/// The queries' parameters: the time window (text timestamps or NULL) and the
+/// `--where` values filtered in SQL ([`SQL_FILTERS`]).
+struct Params {
+    since: Option<String>,
+    until: Option<String>,
+    filters: Vec<Option<Vec<String>>>,
+}
+
+/// One [`TablePlan`] per configured table that `--where table=…` selects, its
+/// columns checked.
+async fn table_plans(
+    cfg: &Config,
+    client: &Client,
+    plan: &Plan,
+) -> Result<Vec<TablePlan>, CliError> {
+    let mapping = cfg.mapping();
+    let mut plans = Vec::new();
+    for table in cfg.tables() {
+        if !table_selected(&plan.selection, &table.qualified()) {
+            continue;
+        }
+        let cols = admin::check_columns(client, &table, &mapping).await?;
+        plans.push(TablePlan::new(client, cols).await?);
+    }
+    if plans.is_empty() {
+        let configured: Vec<String> = cfg.tables().iter().map(|t| t.qualified()).collect();
+        return Err(CliError::Usage(format!(
+            "--where table=… names none of the configured outbox tables ({}): use one of them",
+            configured.join(", ")
+        )));
+    }
+    Ok(plans)
+}
+
+/// The rows to replay over all tables, and per table the rows skipped for a NULL
+/// `created_at` (each warned about).
+async fn count_rows(
+    client: &Client,
+    plans: &[TablePlan],
+    params: &Params,
+) -> Result<(u64, Vec<(String, u64)>), CliError> {
+    let f = &params.filters;
+    let mut total = 0u64;
+    let mut skipped = Vec::new();
+    for p in plans {
+        let n: i64 = client
+            .query_one(
+                &p.count_sql,
+                &[&params.since, &params.until, &f[0], &f[1], &f[2], &f[3]],
+            )
+            .await?
+            .get(0);
+        total += n as u64;
+        let nulls: i64 = client.query_one(&p.null_count_sql, &[]).await?.get(0);
+        if nulls > 0 {
+            warn!(table = %p.table.qualified_name, rows = nulls,
+                "rows with NULL {CREATED_AT} cannot be ordered and are not replayed");
+            skipped.push((p.table.qualified_name.clone(), nulls as u64));
+        }
+    }
+    Ok((total, skipped))
+}
+
+/// Reads every table page by page and hands each page to the publisher as one
+/// batch whose commit marker carries the rows sent so far (the watermark counts
+/// rows). Returns the rows sent and the query failure that ended it early, if any.
+async fn send_rows(
+    client: &Client,
+    plans: &[TablePlan],
+    params: &Params,
+    pub_tx: mpsc::Sender<WalBatch>,
+) -> (u64, Option<CliError>) {
+    let f = &params.filters;
+    let mut sent = 0u64;
+    for p in plans {
+        let mut after: Option<(String, String)> = None;
+        loop {
+            let (ac, ai) = match &after {
+                Some((c, i)) => (Some(c.clone()), Some(i.clone())),
+                None => (None, None),
+            };
+            let query: [&(dyn ToSql + Sync); 9] = [
+                &params.since,
+                &params.until,
+                &ac,
+                &ai,
+                &TABLE_BATCH,
+                &f[0],
+                &f[1],
+                &f[2],
+                &f[3],
+            ];
+            let rows = match client.query(&p.page_sql, &query).await {
+                Ok(r) => r,
+                Err(e) => return (sent, Some(CliError::from(e))),
+            };
+            if rows.is_empty() {
+                break;
+            }
+            let batch = page_batch(p, &rows, sent);
+            let last = &rows[rows.len() - 1];
+            after = Some((last.get(7), last.get(8)));
+            sent += rows.len() as u64;
+            if pub_tx.send(batch).await.is_err() {
+                return (sent, None);
+            }
+            if (rows.len() as i64) < TABLE_BATCH {
+                break;
+            }
+        }
+    }
+    (sent, None)
+}
+
+/// One page of rows as events, then a commit marker at `sent` plus the page's rows.
+fn page_batch(p: &TablePlan, rows: &[tokio_postgres::Row], sent: u64) -> WalBatch {
+    let mut batch = Vec::with_capacity(rows.len() + 1);
+    let mut last_micros = 0;
+    for r in rows {
+        let text = |i: usize| r.get::<_, Option<String>>(i).map(Bytes::from);
+        // Never NULL: the page query leaves NULL created_at out.
+        last_micros = r.get::<_, Option<i64>>(9).unwrap_or(0);
+        let payload = text(4);
+        batch.push(WalItem::Event(OutboxEvent {
+            table: p.table.clone(),
+            xid: 0,
+            commit_lsn: Lsn::ZERO,
+            commit_time_micros: last_micros,
+            // Rows have no transaction here: a running number keeps
+            // (commit_lsn, tx_index) unique, which returns are matched by.
+            index: sent + batch.len() as u64,
+            id: text(0),
+            aggregate_type: text(1),
+            aggregate_id: text(2),
+            event_type: text(3),
+            body: pgtype::body(p.table.payload_type, payload.as_ref()),
+            payload,
+            headers: text(5),
+            correlation_id: text(6),
+        }));
+    }
+    let end = Lsn(sent + rows.len() as u64);
+    batch.push(WalItem::Commit(CommitMarker {
+        xid: 0,
+        commit_lsn: end,
+        end_lsn: end,
+        commit_time_micros: last_micros,
+        events: rows.len() as u64,
+    }));
+    batch
 }
 
 /// The queries and event metadata for one outbox table.

@@ -28,9 +28,8 @@ mod from_table;
 mod progress;
 
 use publisher::stream::StreamConfig;
-use publisher::{PublisherConfig, PublisherReport};
+use publisher::{PublisherConfig, PublisherReport, Target, TargetConfig};
 
-use crate::pipeline::sink::{Sink, SinkConfig};
 use tokio_postgres::Client;
 use tracing::{info, warn};
 use wal_reader::admin;
@@ -132,22 +131,14 @@ pub fn replay_slot_prefix(slot: &str) -> String {
 /// Every replay slot of `slot` (`<slot>_replay_<pid>`) with whether it is active.
 pub async fn replay_slots(c: &Client, slot: &str) -> Result<Vec<(String, bool)>, CliError> {
     let prefix = replay_slot_prefix(slot);
-    let rows = c
-        .query(
-            "SELECT slot_name::text, active FROM pg_replication_slots \
-              WHERE left(slot_name::text, length($1)) = $1",
-            &[&prefix],
-        )
-        .await?;
-    let mut out = Vec::new();
-    for r in rows {
-        let name: String = r.get(0);
-        let active: bool = r.get(1);
-        if name[prefix.len()..].chars().all(|c| c.is_ascii_digit()) {
-            out.push((name, active));
-        }
-    }
-    Ok(out)
+    let mut slots = admin::slots_with_prefix(c, &prefix)
+        .await
+        .map_err(|e| match e {
+            admin::AdminError::Sql(e) => CliError::from(e),
+            e => CliError::from(e),
+        })?;
+    slots.retain(|(name, _)| name[prefix.len()..].chars().all(|c| c.is_ascii_digit()));
+    Ok(slots)
 }
 
 /// Drops the replay slots nobody streams from (left by a killed replay).
@@ -201,15 +192,15 @@ fn replay_stream_config(cfg: &Config, plan: &Plan) -> StreamConfig {
 
 /// The replay's publisher: to a stream (the plan's, or the configured one), else to
 /// the exchange.
-pub(super) async fn connect_publisher(cfg: &Config, plan: &Plan) -> Result<Sink, CliError> {
+pub(super) async fn connect_publisher(cfg: &Config, plan: &Plan) -> Result<Target, CliError> {
     let sink = match plan.target_stream(cfg) {
-        Some(_) => SinkConfig::Stream {
+        Some(_) => TargetConfig::Stream {
             config: replay_stream_config(cfg, plan),
             producer_name: None,
         },
-        None => SinkConfig::Exchange(replay_publisher_config(cfg, plan)),
+        None => TargetConfig::Exchange(replay_publisher_config(cfg, plan)),
     };
-    Sink::connect(&sink, None).await.map_err(CliError::from)
+    Target::connect(&sink, None).await.map_err(CliError::from)
 }
 
 /// Checks what the publisher reports at the end.

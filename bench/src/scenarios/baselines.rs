@@ -1,0 +1,286 @@
+//! What the broker does without the relay: lapin and stream-protocol baselines, and the share of publishing.
+
+use super::*;
+
+/// The message a raw baseline publishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Shape {
+    /// The relay's message: properties and the headers table.
+    Full,
+    /// The relay's properties and the headers of `[message] headers = "minimal"`
+    /// (event_type, commit_lsn, tx_index).
+    Minimal,
+    /// The relay's properties (message id, type, content type, timestamp, app id,
+    /// persistent), no headers.
+    NoHeaders,
+    /// The body, persistent, nothing else.
+    BodyOnly,
+}
+
+impl Shape {
+    pub(super) fn figure(self) -> &'static str {
+        match self {
+            Shape::Full => "shape: full message",
+            Shape::Minimal => "shape: minimal headers",
+            Shape::NoHeaders => "shape: no headers",
+            Shape::BodyOnly => "shape: body only",
+        }
+    }
+
+    pub(super) fn conditions(self) -> &'static str {
+        match self {
+            Shape::Full => "the relay's properties and its 7 headers",
+            Shape::Minimal => "the relay's properties and the 3 minimal headers",
+            Shape::NoHeaders => "the relay's properties, no headers",
+            Shape::BodyOnly => "body and delivery mode 2 only",
+        }
+    }
+}
+
+pub(super) async fn lapin_baseline(
+    args: &Args,
+    channels: usize,
+    shape: Shape,
+) -> anyhow::Result<f64> {
+    let (n, window) = (args.events, args.window);
+    let sink = Sink::new(false).await?;
+    let conn = Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..channels {
+        let ch = conn.create_channel().await?;
+        ch.confirm_select(ConfirmSelectOptions::default()).await?;
+        let exchange = sink.exchange.clone();
+        let share = n / channels + usize::from(c < n % channels);
+        tasks.push(tokio::spawn(publish_share(
+            ch,
+            exchange,
+            share,
+            c * n,
+            window / channels,
+            shape,
+        )));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let end = sink.wait_for(n, wait(args)).await?;
+    let rate = n as f64 / (end - start).as_secs_f64();
+    let _ = conn.close(200, "done".into()).await;
+    sink.cleanup().await;
+    Ok(rate)
+}
+
+/// The body of every baseline message: the relay's (the payload's jsonb text).
+pub(super) fn bench_body() -> String {
+    format!(
+        "{{\"n\": 1, \"pad\": \"{}\", \"customer\": \"c-1\"}}",
+        "x".repeat(240)
+    )
+}
+
+pub(super) struct StreamBaseline {
+    /// Messages/s until the consumer held all.
+    pub(super) consumed: f64,
+    /// Messages/s until the broker confirmed all.
+    pub(super) confirmed: f64,
+}
+
+/// A raw stream publisher into a fresh stream, read by a consumer from the first
+/// offset.
+pub(super) async fn stream_baseline(args: &Args) -> anyhow::Result<StreamBaseline> {
+    let n = args.events;
+    let sink = StreamSink::new().await?;
+    let result = async {
+        let (start, confirmed) = stream_publish(&sink.stream, n, args.window).await?;
+        let end = sink.wait_for(n, wait(args)).await?;
+        Ok(StreamBaseline {
+            consumed: n as f64 / (end - start).as_secs_f64(),
+            confirmed: n as f64 / (confirmed - start).as_secs_f64(),
+        })
+    }
+    .await;
+    sink.cleanup().await;
+    result
+}
+
+/// Publishes `n` relay-shaped stream messages under a named producer with explicit
+/// publishing ids 1..=n, at most `window` unconfirmed; returns when it started (after
+/// connecting) and when the last confirm arrived.
+pub(super) async fn stream_publish(
+    stream: &str,
+    n: usize,
+    window: usize,
+) -> anyhow::Result<(Instant, Instant)> {
+    const PUBLISHER: u8 = 1;
+    let window = window.max(1);
+    let client = stream_client().await?;
+    let (tx, mut confirms) = mpsc::unbounded_channel::<Result<usize, String>>();
+    let handler = move |item: MessageResult| {
+        let tx = tx.clone();
+        async move {
+            let event = match item {
+                Some(Ok(response)) => match response.kind() {
+                    ResponseKind::PublishConfirm(c) => Some(Ok(c.publishing_ids.len())),
+                    ResponseKind::PublishError(e) => Some(Err(format!(
+                        "the broker refused {} message(s): {:?}",
+                        e.publishing_errors.len(),
+                        e.publishing_errors.first().map(|p| &p.error_code)
+                    ))),
+                    _ => None,
+                },
+                Some(Err(e)) => Some(Err(e.to_string())),
+                None => Some(Err("connection closed".into())),
+            };
+            if let Some(event) = event {
+                let _ = tx.send(event);
+            }
+            Ok(())
+        }
+    };
+    client.set_handler(handler).await;
+    let producer = testkit::unique_name("bench-producer");
+    let response = client
+        .declare_publisher(PUBLISHER, Some(producer.clone()), stream)
+        .await
+        .context("declare the stream publisher")?;
+    if !response.is_ok() {
+        bail!("declaring a publisher on {stream}: {:?}", response.code());
+    }
+    let body = bench_body().into_bytes();
+    let start = Instant::now();
+    let (mut sent, mut confirmed) = (0usize, 0usize);
+    while confirmed < n {
+        if sent < n && sent - confirmed < window {
+            let room = (n - sent).min(window - (sent - confirmed));
+            let mut batch = Vec::with_capacity(room.min(STREAM_BATCH));
+            let mut bytes = 0;
+            while batch.len() < room.min(STREAM_BATCH) && bytes < STREAM_BATCH_BYTES {
+                let id = (sent + batch.len() + 1) as u64;
+                bytes += body.len() + 256;
+                batch.push(stream_message(&body, &producer, id));
+            }
+            sent += batch.len();
+            client
+                .publish(PUBLISHER, batch)
+                .await
+                .context("publish to the stream")?;
+            while let Ok(c) = confirms.try_recv() {
+                confirmed += c.map_err(anyhow::Error::msg)?;
+            }
+            continue;
+        }
+        match confirms.recv().await {
+            Some(c) => confirmed += c.map_err(anyhow::Error::msg)?,
+            None => bail!("the stream connection closed"),
+        }
+    }
+    let done = Instant::now();
+    let _ = client.close().await;
+    Ok((start, done))
+}
+
+/// One event as the relay puts it into a stream (publisher::stream::message): body,
+/// message-id, content-type, creation-time and the same application properties.
+pub(super) fn stream_message(body: &[u8], producer: &str, id: u64) -> Message {
+    let app = Message::builder()
+        .body(body.to_vec())
+        .properties()
+        .message_id(format!("00000000-0000-4000-8000-{id:012}"))
+        .content_type("application/json")
+        .creation_time(chrono::Utc::now())
+        .message_builder()
+        .application_properties()
+        .insert("aggregate_type", "bench")
+        .insert("aggregate_id", id.to_string())
+        .insert("event_type", "tick")
+        .insert("table", "public.outbox")
+        .insert("commit_lsn", "0/16B3748")
+        .insert("tx_index", SimpleValue::from(0u64))
+        .insert("xid", SimpleValue::from(id))
+        .insert(PRODUCER_PROPERTY, producer)
+        .insert(PUBLISHING_ID_PROPERTY, SimpleValue::from(id));
+    app.message_builder().publising_id(id).build()
+}
+
+/// Publishes `n` relay-shaped messages on `ch` with a pipelined confirm window.
+pub(super) async fn publish_share(
+    ch: lapin::Channel,
+    exchange: String,
+    n: usize,
+    first: usize,
+    window: usize,
+    shape: Shape,
+) -> anyhow::Result<()> {
+    let window = window.max(1);
+    let body = bench_body();
+    let mut pending = VecDeque::with_capacity(window);
+    for i in first..first + n {
+        let mut headers = FieldTable::default();
+        if shape == Shape::Full {
+            headers.insert(
+                "aggregate_type".into(),
+                AMQPValue::LongString(LongString::from("bench")),
+            );
+            headers.insert(
+                "aggregate_id".into(),
+                AMQPValue::LongString(LongString::from(i.to_string())),
+            );
+            headers.insert(
+                "outbox_table".into(),
+                AMQPValue::LongString(LongString::from("public.outbox")),
+            );
+            headers.insert("xid".into(), AMQPValue::LongLongInt(i as i64));
+        }
+        headers.insert(
+            "event_type".into(),
+            AMQPValue::LongString(LongString::from("tick")),
+        );
+        headers.insert(
+            "commit_lsn".into(),
+            AMQPValue::LongString(LongString::from("0/16B3748")),
+        );
+        headers.insert("tx_index".into(), AMQPValue::LongLongInt(i as i64));
+        let props = match shape {
+            Shape::BodyOnly => BasicProperties::default().with_delivery_mode(2),
+            Shape::Full | Shape::Minimal | Shape::NoHeaders => {
+                let props = BasicProperties::default()
+                    .with_message_id(ShortString::from(format!(
+                        "00000000-0000-4000-8000-{i:012}"
+                    )))
+                    .with_type("tick".into())
+                    .with_content_type("application/json".into())
+                    .with_delivery_mode(2)
+                    .with_timestamp(1)
+                    .with_app_id("outbox-relay".into());
+                if shape == Shape::NoHeaders {
+                    props
+                } else {
+                    props.with_headers(headers)
+                }
+            }
+        };
+        let confirm = ch
+            .basic_publish(
+                exchange.as_str().into(),
+                "bench.tick".into(),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                body.as_bytes(),
+                props,
+            )
+            .await?;
+        pending.push_back(confirm);
+        while pending.len() >= window {
+            if let Some(c) = pending.pop_front() {
+                c.await?;
+            }
+        }
+    }
+    for c in pending {
+        c.await?;
+    }
+    Ok(())
+}

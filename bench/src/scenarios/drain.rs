@@ -1,0 +1,325 @@
+//! The relay draining a backlog, steady load, and large transactions.
+
+use super::*;
+
+#[derive(Default)]
+pub(super) struct DrainRun {
+    pub(super) recvlogical: Option<f64>,
+    pub(super) reader: Option<f64>,
+    /// The relay publishing to a queue (through an exchange).
+    pub(super) relay: Option<RelayDrain>,
+    /// The same with `[message] headers = "minimal"`.
+    pub(super) minimal: Option<RelayDrain>,
+    /// The relay publishing to a stream.
+    pub(super) stream: Option<RelayDrain>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct RelayDrain {
+    pub(super) rate: f64,
+    /// Seconds from starting the relay to the first message at the consumer.
+    pub(super) first: f64,
+    pub(super) cpu_per_10k: f64,
+    pub(super) peak_rss: f64,
+}
+
+/// One database, five slots over the same WAL: pg_recvlogical, the reader, the relay
+/// to a queue (with all headers and with the minimal ones), the relay to a stream.
+pub(super) async fn drain_run(
+    args: &Args,
+    bin: &std::path::Path,
+    per_tx: usize,
+) -> anyhow::Result<DrainRun> {
+    let n = args.events;
+    let db = BenchDb::new();
+    let recv_slot = db.create_slot();
+    let reader_slot = db.create_slot();
+    let relay_slot = db.create_slot();
+    let stream_slot = db.create_slot();
+    let minimal_slot = db.create_slot();
+    db.preload(n, per_tx);
+    let end_lsn = db.current_lsn();
+    let mut out = DrainRun::default();
+
+    if wants(args, "recvlogical") {
+        let start = Instant::now();
+        let status = std::process::Command::new("pg_recvlogical")
+            .args([
+                "-d",
+                &db.db.conninfo(),
+                "--slot",
+                &recv_slot,
+                "--start",
+                "--no-loop",
+            ])
+            .args(["-E", &end_lsn, "-f", "/dev/null"])
+            .args([
+                "-o",
+                "proto_version=1",
+                "-o",
+                &format!("publication_names={}", db.publication),
+            ])
+            .status()
+            .context("run pg_recvlogical")?;
+        if !status.success() {
+            bail!("pg_recvlogical failed");
+        }
+        out.recvlogical = Some(n as f64 / start.elapsed().as_secs_f64());
+    }
+
+    if wants(args, "reader") {
+        let end: Lsn = end_lsn.parse()?;
+        let cfg = ReaderConfig {
+            conn: PgConnectOptions::parse(&db.db.conninfo())?,
+            slot: reader_slot,
+            publication: db.publication.clone(),
+            tables: vec![TableName::parse("public.outbox").context("table")?],
+            mapping: ColumnMapping::default(),
+            start_lsn: None,
+            status_interval: Duration::from_secs(1),
+            max_in_flight: 10_000,
+        };
+        let start = Instant::now();
+        let reader = WalReader::start(cfg).await?;
+        let (tx, mut rx) = mpsc::channel(64);
+        let (acked, acked_rx) = watch::channel(Lsn::ZERO);
+        let (stop, stop_rx) = watch::channel(false);
+        let task = tokio::spawn(reader.run(tx, acked_rx, stop_rx));
+        let mut events = 0usize;
+        'outer: while let Some(batch) = rx.recv().await {
+            for item in batch {
+                match item {
+                    WalItem::Event(_) => events += 1,
+                    WalItem::Commit(c) => {
+                        if c.end_lsn >= end || events >= n {
+                            let _ = acked.send(c.end_lsn);
+                            break 'outer;
+                        }
+                    }
+                    WalItem::Keepalive(_) => {}
+                }
+            }
+        }
+        let elapsed = start.elapsed();
+        let _ = stop.send(true);
+        while rx.recv().await.is_some() {}
+        drop(acked);
+        let _ = task.await;
+        if events < n {
+            bail!("reader saw {events} of {n} events");
+        }
+        out.reader = Some(n as f64 / elapsed.as_secs_f64());
+    }
+
+    if wants(args, "drain") {
+        out.relay = Some(queue_drain(args, bin, &db, &relay_slot, "").await?);
+    }
+
+    if wants(args, "drain-minimal") {
+        let extra = "[message]\nheaders = \"minimal\"";
+        out.minimal = Some(queue_drain(args, bin, &db, &minimal_slot, extra).await?);
+    }
+
+    if wants(args, "stream-drain") {
+        let sink = StreamSink::new().await?;
+        let start = Instant::now();
+        let result = async {
+            let mut relay = RelayProc::start(
+                bin,
+                &db,
+                &stream_slot,
+                Target::Stream(&sink.stream),
+                args.window,
+            )?;
+            let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
+            let first = sink.first.get().copied().unwrap_or(end);
+            let measured = relay_drain(&relay, n, start, first, end);
+            relay.stop();
+            Ok::<_, anyhow::Error>(measured)
+        }
+        .await;
+        sink.cleanup().await;
+        out.stream = Some(result?);
+    }
+    Ok(out)
+}
+
+/// The relay draining `slot` into a queue, `extra` appended to its config.
+pub(super) async fn queue_drain(
+    args: &Args,
+    bin: &std::path::Path,
+    db: &BenchDb,
+    slot: &str,
+    extra: &str,
+) -> anyhow::Result<RelayDrain> {
+    let n = args.events;
+    let sink = Sink::new(false).await?;
+    let start = Instant::now();
+    let result = async {
+        let mut relay = RelayProc::start_with(
+            bin,
+            db,
+            slot,
+            Target::Exchange(&sink.exchange),
+            args.window,
+            extra,
+        )?;
+        let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
+        let first = sink.first.get().copied().unwrap_or(end);
+        let measured = relay_drain(&relay, n, start, first, end);
+        relay.stop();
+        Ok::<_, anyhow::Error>(measured)
+    }
+    .await;
+    sink.cleanup().await;
+    result
+}
+
+/// The rate, start-up time, CPU per 10k events and peak RSS of a relay started at
+/// `start` that delivered its first event at `first` and all `n` at `end`.
+pub(super) fn relay_drain(
+    relay: &RelayProc,
+    n: usize,
+    start: Instant,
+    first: Instant,
+    end: Instant,
+) -> RelayDrain {
+    RelayDrain {
+        rate: n as f64 / (end - start).as_secs_f64(),
+        first: (first - start).as_secs_f64(),
+        cpu_per_10k: relay.cpu_seconds() / n as f64 * 10_000.0,
+        peak_rss: relay.peak_rss_mb(),
+    }
+}
+
+pub(super) async fn steady(
+    args: &Args,
+    bin: &std::path::Path,
+    report: &mut Report,
+    rate: u32,
+    clients: u32,
+    prefix: &str,
+) -> anyhow::Result<()> {
+    let db = BenchDb::new();
+    let slot = db.create_slot();
+    let sink = Sink::new(true).await?;
+    let mut relay = RelayProc::start(
+        bin,
+        &db,
+        &slot,
+        Target::Exchange(&sink.exchange),
+        args.window,
+    )?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cpu0 = relay.cpu_seconds();
+    let clients = clients.max(1);
+    let per_client = (rate / clients).max(1);
+    let total = (per_client * clients * args.seconds) as usize;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let conninfo = db.db.conninfo();
+        let seconds = args.seconds;
+        tasks.push(tokio::spawn(async move {
+            let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
+            tokio::spawn(conn);
+            let stmt = client
+                .prepare(
+                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                     VALUES ('bench', $1, 'tick', jsonb_build_object(
+                        't', extract(epoch from clock_timestamp()), 'pad', repeat('x', 240)))",
+                )
+                .await?;
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_client as f64));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            for i in 0..per_client * seconds {
+                tick.tick().await;
+                client.execute(&stmt, &[&i.to_string()]).await?;
+            }
+            Ok::<(), anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let insert_secs = started.elapsed().as_secs_f64();
+    wait_relay(&sink.count, total, wait(args), &mut relay).await?;
+    let wall = started.elapsed().as_secs_f64();
+    let cpu = relay.cpu_seconds() - cpu0;
+    let rss = relay.rss_mb();
+    let mut lat = sink.latencies.lock().map(|l| l.clone()).unwrap_or_default();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let cond = format!(
+        "{rate} events/s offered by {clients} clients for {}s (achieved {:.0}/s), single-row transactions",
+        args.seconds,
+        total as f64 / insert_secs
+    );
+    for (name, q) in [("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999)] {
+        report.add(
+            format!("{prefix} latency {name}"),
+            percentile(&lat, q) * 1000.0,
+            "ms",
+            &cond,
+        );
+    }
+    report.add(
+        format!("{prefix} relay CPU share"),
+        cpu / wall,
+        "cores",
+        &cond,
+    );
+    report.add(format!("{prefix} relay RSS"), rss, "MB", &cond);
+    relay.stop();
+    sink.cleanup().await;
+    Ok(())
+}
+
+pub(super) async fn large(
+    args: &Args,
+    bin: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let db = BenchDb::new();
+    let slot = db.create_slot();
+    let sink = Sink::new(false).await?;
+    let mut relay = RelayProc::start(
+        bin,
+        &db,
+        &slot,
+        Target::Exchange(&sink.exchange),
+        args.window,
+    )?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let n = args.large_rows;
+    let start = Instant::now();
+    let name = db.db.name.clone();
+    tokio::task::spawn_blocking(move || {
+        testkit::psql(
+            &name,
+            &format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'bench', n::text, 'tick', {PAYLOAD_SQL} FROM generate_series(1, {n}) AS s(n)"
+            ),
+        )
+    })
+    .await?;
+    let committed = Instant::now();
+    let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
+    let cond = format!("one transaction of {n} rows, window {}", args.window);
+    report.add(
+        "large tx: commit → all received",
+        (end - committed).as_secs_f64(),
+        "s",
+        &cond,
+    );
+    report.add(
+        "large tx: insert + relay total",
+        (end - start).as_secs_f64(),
+        "s",
+        &cond,
+    );
+    report.add("large tx relay peak RSS", relay.peak_rss_mb(), "MB", &cond);
+    relay.stop();
+    sink.cleanup().await;
+    Ok(())
+}

@@ -1,0 +1,307 @@
+//! The report: measured figures, and its text and JSON forms.
+
+use super::*;
+
+/// One measured figure.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    pub scenario: String,
+    pub value: f64,
+    pub unit: String,
+    pub conditions: String,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub figures: Vec<Figure>,
+    /// Scenarios that failed: (scenario, error).
+    pub failures: Vec<(String, String)>,
+    /// Figures the scenarios that ran must have produced.
+    pub expected: Vec<String>,
+    /// Whether the relay binary was a release build.
+    pub release: bool,
+}
+
+impl Report {
+    pub(super) fn add(
+        &mut self,
+        scenario: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+        conditions: impl Into<String>,
+    ) {
+        let f = Figure {
+            scenario: scenario.into(),
+            value,
+            unit: unit.to_string(),
+            conditions: conditions.into(),
+        };
+        println!(
+            "  {:<52} {:>12.2} {:<12} {}",
+            f.scenario, f.value, f.unit, f.conditions
+        );
+        self.figures.push(f);
+    }
+
+    pub(super) fn expect(&mut self, names: &[&str]) {
+        self.expected.extend(names.iter().map(|n| n.to_string()));
+    }
+
+    pub(super) fn fail(&mut self, scenario: impl Into<String>, error: &anyhow::Error) {
+        let scenario = scenario.into();
+        eprintln!("  {scenario} FAILED: {error:#}");
+        self.failures.push((scenario, format!("{error:#}")));
+    }
+
+    /// What makes the run a failure: failed scenarios, and expected figures that are
+    /// missing, not finite or not positive.
+    pub fn problems(&self) -> Vec<String> {
+        let mut p: Vec<String> = self
+            .failures
+            .iter()
+            .map(|(s, e)| format!("{s} failed: {e}"))
+            .collect();
+        for name in &self.expected {
+            match self.get(name) {
+                None => p.push(format!("{name}: no figure")),
+                Some(v) if !(v.is_finite() && v > 0.0) => {
+                    p.push(format!("{name}: implausible figure {v}"));
+                }
+                Some(_) => {}
+            }
+        }
+        p
+    }
+
+    pub fn get(&self, scenario: &str) -> Option<f64> {
+        self.figures
+            .iter()
+            .find(|f| f.scenario == scenario)
+            .map(|f| f.value)
+    }
+
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<52} {:>12} {:<12} conditions",
+            "figure", "value", "unit"
+        );
+        for f in &self.figures {
+            let _ = writeln!(
+                s,
+                "{:<52} {:>12.2} {:<12} {}",
+                f.scenario, f.value, f.unit, f.conditions
+            );
+        }
+        for line in self.targets() {
+            let _ = writeln!(s, "{line}");
+        }
+        for problem in self.problems() {
+            let _ = writeln!(s, "PROBLEM: {problem}");
+        }
+        s
+    }
+
+    pub(super) fn ratio(&self, a: &str, b: &str) -> Option<f64> {
+        Some(self.get(a)? / self.get(b)?)
+    }
+
+    pub(super) fn targets(&self) -> Vec<String> {
+        let mut t = Vec::new();
+        let fmt = |name: &str, v: Option<f64>, target: &str, ok: Option<bool>| {
+            format!(
+                "| {name} | {} | {target} | {} |",
+                v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "–".into()),
+                match ok {
+                    Some(true) => "met",
+                    Some(false) => "not met",
+                    None => "not measured",
+                }
+            )
+        };
+        let r = self.ratio("drain 100-row tx: relay", "lapin raw publisher");
+        t.push(fmt(
+            "drain (100-row tx) / raw lapin",
+            r,
+            "≥ 0.90",
+            r.map(|r| r >= 0.9),
+        ));
+        let r = self.ratio("drain 1-row tx: relay", "lapin raw publisher");
+        t.push(fmt(
+            "drain (1-row tx) / raw lapin",
+            r,
+            "≥ 0.90",
+            r.map(|r| r >= 0.9),
+        ));
+        let r = self.ratio("reader 100-row tx", "pg_recvlogical 100-row tx");
+        t.push(fmt(
+            "reader / pg_recvlogical (100-row tx)",
+            r,
+            "≥ 1.0",
+            r.map(|r| r >= 1.0),
+        ));
+        let r = self.ratio("reader 1-row tx", "pg_recvlogical 1-row tx");
+        t.push(fmt(
+            "reader / pg_recvlogical (1-row tx)",
+            r,
+            "≥ 1.0",
+            r.map(|r| r >= 1.0),
+        ));
+        for per_tx in [100usize, 1] {
+            let stream = format!("stream drain {per_tx}-row tx: relay");
+            let r = self.ratio(&stream, "stream raw publisher");
+            t.push(fmt(
+                &format!("stream drain ({per_tx}-row tx) / raw stream"),
+                r,
+                "≥ 0.80",
+                r.map(|r| r >= 0.8),
+            ));
+            let r = self.ratio(&stream, &format!("drain {per_tx}-row tx: relay"));
+            t.push(fmt(
+                &format!("stream drain / queue drain ({per_tx}-row tx)"),
+                r,
+                "≥ 3",
+                r.map(|r| r >= 3.0),
+            ));
+            let limit = match (
+                self.get("stream raw publisher"),
+                self.get(&format!("pg_recvlogical {per_tx}-row tx")),
+            ) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                _ => None,
+            };
+            let r = self.get(&stream).zip(limit).map(|(s, l)| s / l);
+            t.push(fmt(
+                &format!("stream drain / min(raw stream, pg_recvlogical) ({per_tx}-row tx)"),
+                r,
+                "≥ 0.80",
+                r.map(|r| r >= 0.8),
+            ));
+        }
+        // Issue "performance, round 2", target 4: commit → receive p99 ≤ 5 ms at the
+        // base rate (1000/s) and ≤ 30 ms at ten times it.
+        let p50 = self.get("steady latency p50");
+        t.push(fmt("steady p50 (ms)", p50, "≤ 5", p50.map(|v| v <= 5.0)));
+        let p99 = self.get("steady latency p99");
+        t.push(fmt("steady p99 (ms)", p99, "≤ 5", p99.map(|v| v <= 5.0)));
+        let p99 = self.get("steady high latency p99");
+        t.push(fmt(
+            "steady high (10× rate) p99 (ms)",
+            p99,
+            "≤ 30",
+            p99.map(|v| v <= 30.0),
+        ));
+        // Target 2: ≤ 10 µs of relay CPU per event = 0.10 core-s per 10k events.
+        let cpu = self.get("drain 100-row tx: relay CPU per 10k events");
+        t.push(fmt(
+            "relay CPU s per 10k events (100-row tx)",
+            cpu,
+            "≤ 0.10",
+            cpu.map(|v| v <= 0.10),
+        ));
+        let cpu = self.get("drain 1-row tx: relay CPU per 10k events");
+        t.push(fmt(
+            "relay CPU s per 10k events (1-row tx)",
+            cpu,
+            "≤ 0.10",
+            cpu.map(|v| v <= 0.10),
+        ));
+        let cpu = self.get("stream drain 100-row tx: relay CPU per 10k events");
+        t.push(fmt(
+            "stream relay CPU s per 10k events (100-row tx)",
+            cpu,
+            "≤ 0.10",
+            cpu.map(|v| v <= 0.10),
+        ));
+        // Target 5: the headers the relay adds cost the broker < 10% of its rate
+        // (else a lean header profile is due).
+        let r = self.ratio("shape: full message", "shape: no headers");
+        t.push(fmt(
+            "full message / no headers (broker rate)",
+            r,
+            "≥ 0.90",
+            r.map(|r| r >= 0.9),
+        ));
+        // Its remedy, `[message] headers = "minimal"`, must itself cost < 10%.
+        let r = self.ratio("shape: minimal headers", "shape: no headers");
+        t.push(fmt(
+            "minimal headers / no headers (broker rate)",
+            r,
+            "≥ 0.90",
+            r.map(|r| r >= 0.9),
+        ));
+        let rss = self.get("steady relay RSS");
+        t.push(fmt("steady RSS (MB)", rss, "≤ 50", rss.map(|v| v <= 50.0)));
+        let rss = self.get("large tx relay peak RSS");
+        t.push(fmt(
+            "1M-row tx peak RSS (MB)",
+            rss,
+            "≤ 100",
+            rss.map(|v| v <= 100.0),
+        ));
+        t
+    }
+
+    /// The report; `plot` names the SVG written beside it, linked from it.
+    pub fn markdown(&self, args: &Args, plot: Option<&str>) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, "# Benchmarks\n");
+        if args.quick || !self.release {
+            let _ = writeln!(
+                s,
+                "**A smoke run of the harness (`--quick` and/or a debug build of the relay): \
+                 these figures are not benchmarks.**\n"
+            );
+        }
+        let _ = writeln!(
+            s,
+            "Produced by `{}` (see `bench/src/main.rs`) on a 2-core machine with Postgres \
+             and RabbitMQ on loopback; persistent ~300-byte messages, publisher confirms, \
+             one connection and channel, window {}. Stream figures: the stream protocol \
+             (port 5552), a named producer with explicit publishing ids, publish frames of \
+             at most 1000 messages, the same window of unconfirmed messages; a stream rate \
+             is N divided by the time until a consumer reading the fresh stream from its \
+             first offset holds all N (as the queue figures count until the queue's \
+             consumer has all). Every figure is the median of {} run(s); these machines \
+             are noisy, so compare ratios within one run, not absolute numbers across runs.\n",
+            command_line(args),
+            args.window,
+            args.runs
+        );
+        if let Some(plot) = plot {
+            let _ = writeln!(s, "Plot of these figures: [{plot}]({plot}).\n");
+        }
+        let _ = writeln!(
+            s,
+            "| figure | value | unit | conditions |\n|---|---|---|---|"
+        );
+        for f in &self.figures {
+            let _ = writeln!(
+                s,
+                "| {} | {:.2} | {} | {} |",
+                f.scenario, f.value, f.unit, f.conditions
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n## Targets\n\n| target | measured | goal | status |\n|---|---|---|---|"
+        );
+        for line in self.targets() {
+            let _ = writeln!(s, "{line}");
+        }
+        let _ = writeln!(
+            s,
+            "\nA target not met: its measured reason and the next step are in \
+             [performance.md](performance.md) (\"Round 2: the targets not met\").\n"
+        );
+        let problems = self.problems();
+        if !problems.is_empty() {
+            let _ = writeln!(s, "\n## Problems\n");
+            for p in problems {
+                let _ = writeln!(s, "- {p}");
+            }
+        }
+        s
+    }
+}

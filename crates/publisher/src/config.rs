@@ -1,0 +1,251 @@
+//! The AMQP publisher's configuration: its defaults (docs/design.md §6), its
+//! validation, and how it verifies the broker over TLS. The flow limit's one check,
+//! [`check_max_in_flight`], is here too: the stream publisher and the relay's
+//! configuration use it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::connection;
+use crate::error::{self, redact_url, PublishError};
+use crate::message;
+use crate::tls::{self, ClientAuth};
+
+/// Default `max_in_flight` (docs/design.md §6).
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 10_000;
+/// Default first retry delay.
+pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
+/// Default retry delay cap.
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// Default bound on the wait for outstanding confirms once the input has closed
+/// (both targets; the relay's `[relay] shutdown_timeout_ms` default).
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default exchange type (the relay's `[rabbitmq] exchange_type` default).
+pub const DEFAULT_EXCHANGE_TYPE: &str = "topic";
+
+/// The one check of the flow limit `max_in_flight` (both targets, and the relay's
+/// configuration): the reason it is refused, if it is.
+pub fn check_max_in_flight(max_in_flight: usize) -> Result<(), &'static str> {
+    if max_in_flight == 0 {
+        Err("must be at least 1 (0 would never publish): set it to the number of unconfirmed messages to allow, e.g. 10000")
+    } else {
+        Ok(())
+    }
+}
+
+/// [`check_max_in_flight`] as the publishers' configuration error.
+pub(crate) fn validate_max_in_flight(max_in_flight: usize) -> Result<(), PublishError> {
+    check_max_in_flight(max_in_flight).map_err(|reason| PublishError::InvalidConfig {
+        key: "max_in_flight",
+        reason: reason.into(),
+    })
+}
+
+/// Everything the publisher needs; see docs/design.md §6 `[rabbitmq]`.
+#[derive(Clone)]
+pub struct PublisherConfig {
+    /// amqp:// or amqps:// URLs (they contain the password), tried in order.
+    pub urls: Vec<String>,
+    /// PEM CA for verifying an amqps server (the host name is verified too).
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate for amqps (EXTERNAL with `?auth_mechanism=external`) and
+    /// a password file that replaces the URLs' password, read at every connect.
+    pub auth: ClientAuth,
+    pub exchange: String,
+    pub exchange_type: String,
+    /// Declare the exchange durable when missing; otherwise only check it exists.
+    pub declare_exchange: bool,
+    /// Template over `{aggregate_type}` `{aggregate_id}` `{event_type}` `{table}`.
+    pub routing_key: String,
+    pub max_in_flight: usize,
+    /// Where unroutable messages go (must exist); `None` = retry them.
+    pub dead_letter_exchange: Option<String>,
+    pub backoff_initial: Duration,
+    pub backoff_max: Duration,
+    /// Headers added to every message, e.g. `("replay", "true")`.
+    pub extra_headers: Vec<(String, String)>,
+    /// The messages' shape (`[message] format`, docs/cloudevents.md).
+    pub format: message::MessageFormat,
+    /// Which of the relay's headers each message carries (`[message] headers`).
+    pub headers: message::HeaderProfile,
+    /// The `connection_name` client property (shown by `rabbitmqctl list_connections`).
+    pub connection_name: String,
+    /// How long [`crate::Publisher::run`] waits for outstanding confirms after its input
+    /// closed before it returns with what is acked.
+    pub shutdown_timeout: Duration,
+}
+
+impl PublisherConfig {
+    /// A configuration with docs/design.md §6's defaults for one URL and exchange.
+    pub fn new(url: impl Into<String>, exchange: impl Into<String>) -> Self {
+        Self {
+            urls: vec![url.into()],
+            ca_file: None,
+            auth: ClientAuth::default(),
+            exchange: exchange.into(),
+            exchange_type: DEFAULT_EXCHANGE_TYPE.into(),
+            declare_exchange: true,
+            routing_key: message::DEFAULT_ROUTING_KEY.into(),
+            max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            dead_letter_exchange: None,
+            backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            backoff_max: DEFAULT_BACKOFF_MAX,
+            extra_headers: Vec::new(),
+            format: message::MessageFormat::Native,
+            headers: message::HeaderProfile::Full,
+            connection_name: "outbox-relay".into(),
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), PublishError> {
+        if self.urls.is_empty() {
+            return Err(PublishError::InvalidConfig {
+                key: "url",
+                reason: "no URL given; set url to an amqp:// or amqps:// URL".into(),
+            });
+        }
+        for url in &self.urls {
+            if !(url.starts_with("amqp://") || url.starts_with("amqps://")) {
+                return Err(PublishError::InvalidConfig {
+                    key: "url",
+                    reason: format!(
+                        "{} is not an amqp:// or amqps:// URL; fix the scheme",
+                        redact_url(url)
+                    ),
+                });
+            }
+            if error::userinfo_is_ambiguous(url) {
+                return Err(PublishError::InvalidConfig {
+                    key: "url",
+                    reason: error::PERCENT_ENCODE_PASSWORD.into(),
+                });
+            }
+            if url.contains(char::is_whitespace) {
+                return Err(PublishError::InvalidConfig {
+                    key: "url",
+                    reason: "a URL holds a space: percent-encode it (%20)".into(),
+                });
+            }
+            match url.parse::<lapin::uri::AMQPUri>() {
+                Err(e) => {
+                    return Err(PublishError::InvalidConfig {
+                        key: "url",
+                        reason: format!(
+                            "{} cannot be parsed ({}); fix the URL",
+                            redact_url(url),
+                            error::scrub(&e, url)
+                        ),
+                    });
+                }
+                Ok(uri) => check_host(url, &uri)?,
+            }
+            if self.auth.password_file.is_some() {
+                tls::check_password_file_url(url, tls::Keys::Amqp)?;
+            }
+        }
+        validate_max_in_flight(self.max_in_flight)?;
+        if self.dead_letter_exchange.as_deref() == Some(self.exchange.as_str()) {
+            // A return names the exchange it came from: the two must differ for the
+            // relay to tell a returned copy from a returned original.
+            return Err(PublishError::InvalidConfig {
+                key: "dead_letter_exchange",
+                reason: format!(
+                    "{:?} is also [rabbitmq] exchange; name a different exchange for unroutable messages",
+                    self.exchange
+                ),
+            });
+        }
+        message::RoutingKeyTemplate::parse(&self.routing_key)?;
+        Ok(())
+    }
+
+    /// How AMQPS connections verify the broker: lapin's own setup (the system's
+    /// roots) when nothing is configured, else ours: with `ca_file`, the certificates
+    /// of that file *instead of* the system's roots, so that a private CA can be
+    /// enforced, and the client certificate (docs/security.md). The files are read
+    /// here, to refuse unusable ones at once, and again at every connect.
+    pub(crate) fn tls(&self) -> Result<connection::Tls, PublishError> {
+        if self.ca_file.is_none() && self.auth.cert_file.is_none() && self.auth.key_file.is_none() {
+            return Ok(connection::Tls::SystemRoots);
+        }
+        tls::amqps_config(self.ca_file.as_deref(), &self.auth)?;
+        Ok(connection::Tls::Own)
+    }
+}
+
+/// Refuses a host the AMQP client would not connect to as written: lapin's URL
+/// parser reads an IPv6 literal (`amqps://[fd00::5]/`) as no host at all and
+/// connects to `localhost` instead (docs/security.md).
+fn check_host(url: &str, uri: &lapin::uri::AMQPUri) -> Result<(), PublishError> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
+    if rest.starts_with('[') {
+        return Err(PublishError::InvalidConfig {
+            key: "url",
+            reason: format!(
+                "{} has an IPv6 address as its host, which the AMQP client cannot connect to (it would silently use localhost): use a host name that resolves to that address",
+                redact_url(url)
+            ),
+        });
+    }
+    let written = rest.split(['/', '?', ':']).next().unwrap_or_default();
+    if !written.is_empty() && uri.authority.host.is_empty() {
+        return Err(PublishError::InvalidConfig {
+            key: "url",
+            reason: format!("{} has a host the AMQP client cannot read", redact_url(url)),
+        });
+    }
+    Ok(())
+}
+
+impl std::fmt::Debug for PublisherConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let urls: Vec<String> = self.urls.iter().map(|u| redact_url(u)).collect();
+        f.debug_struct("PublisherConfig")
+            .field("urls", &urls)
+            .field("ca_file", &self.ca_file)
+            .field("auth", &self.auth)
+            .field("exchange", &self.exchange)
+            .field("exchange_type", &self.exchange_type)
+            .field("declare_exchange", &self.declare_exchange)
+            .field("routing_key", &self.routing_key)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("dead_letter_exchange", &self.dead_letter_exchange)
+            .field("backoff_initial", &self.backoff_initial)
+            .field("backoff_max", &self.backoff_max)
+            .field("extra_headers", &self.extra_headers)
+            .field("format", &self.format)
+            .field("headers", &self.headers)
+            .field("connection_name", &self.connection_name)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dead_letter_exchange_must_differ_from_the_exchange() {
+        let mut c = PublisherConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f", "outbox");
+        assert!(c.validate().is_ok());
+        c.dead_letter_exchange = Some("outbox".into());
+        let e = c.validate().expect_err("same exchange");
+        assert!(e.to_string().contains("dead_letter_exchange"), "{e}");
+        c.dead_letter_exchange = Some("unrouted".into());
+        assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn max_in_flight_is_at_least_one() {
+        assert!(check_max_in_flight(1).is_ok());
+        let reason = check_max_in_flight(0).expect_err("0");
+        assert!(reason.contains("at least 1"), "{reason}");
+        let mut c = PublisherConfig::new("amqp://guest:guest@127.0.0.1:5672/%2f", "outbox");
+        c.max_in_flight = 0;
+        let e = c.validate().expect_err("0");
+        assert!(e.to_string().contains("max_in_flight"), "{e}");
+    }
+}
