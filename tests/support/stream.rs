@@ -69,8 +69,8 @@ fn text_of(v: &Value) -> String {
     }
 }
 
-async fn read_once(stream: &str) -> Vec<StreamMsg> {
-    testkit::stream::read(stream, 0)
+async fn read_once(url: &str, stream: &str) -> Vec<StreamMsg> {
+    testkit::stream::read_at(url, stream, 0)
         .await
         .into_iter()
         .map(|m| StreamMsg {
@@ -97,9 +97,21 @@ pub async fn read_stream(
     quiet: Duration,
     timeout: Duration,
 ) -> Vec<StreamMsg> {
+    read_stream_at(&stream_url(), stream, at_least, quiet, timeout).await
+}
+
+/// [`read_stream`] through the node of the plain stream URL `url` (a node of the test
+/// cluster).
+pub async fn read_stream_at(
+    url: &str,
+    stream: &str,
+    at_least: usize,
+    quiet: Duration,
+    timeout: Duration,
+) -> Vec<StreamMsg> {
     let deadline = Instant::now() + timeout;
     let seen = loop {
-        let got = read_once(stream).await;
+        let got = read_once(url, stream).await;
         if got.len() >= at_least || Instant::now() >= deadline {
             break got.len();
         }
@@ -109,13 +121,13 @@ pub async fn read_stream(
     // A read that ends early (the broker slow to deliver a chunk) returns less than
     // the stream holds: read again rather than report rows missing. Only retention
     // makes a stream shorter, and then the third read is the answer.
-    let mut last = read_once(stream).await;
+    let mut last = read_once(url, stream).await;
     for _ in 0..2 {
         if last.len() >= seen {
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        last = read_once(stream).await;
+        last = read_once(url, stream).await;
     }
     last
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use rabbitmq_stream_client::types::{
     Message, MessageResult, OffsetSpecification, ResponseKind, SimpleValue,
 };
-use rabbitmq_stream_client::{Client, ClientOptions, TlsConfiguration};
+pub use rabbitmq_stream_client::Client;
+use rabbitmq_stream_client::{ClientOptions, TlsConfiguration};
 use tokio::sync::mpsc;
 
 /// A message to publish with [`publish_as`].
@@ -64,9 +65,9 @@ impl StreamMessage {
     }
 }
 
-fn options() -> ClientOptions {
-    let url = stream_url();
-    let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
+/// The client options of a plain `rabbitmq-stream://user:password@host:port/vhost` URL.
+fn options_at(url: &str) -> ClientOptions {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let (userinfo, rest) = rest.rsplit_once('@').unwrap_or(("guest:guest", rest));
     let (user, password) = userinfo.split_once(':').unwrap_or(("guest", "guest"));
     let hostport = rest.split('/').next().unwrap_or("127.0.0.1:5552");
@@ -85,9 +86,23 @@ fn options() -> ClientOptions {
 
 /// A raw client on the test broker.
 pub async fn client() -> Client {
-    Client::connect(options())
+    client_at(&stream_url()).await
+}
+
+/// A raw client on the broker (node) of a plain stream URL, e.g. one node of the test
+/// cluster (`OUTBOX_TEST_CLUSTER_STREAM_URLS`).
+pub async fn client_at(url: &str) -> Client {
+    Client::connect(options_at(url))
         .await
         .expect("connect to the RabbitMQ stream port (is rabbitmq_stream enabled?)")
+}
+
+/// [`client_at`], or an error after `timeout` (a paused or dead node).
+pub async fn try_client_at(url: &str, timeout: Duration) -> Option<Client> {
+    tokio::time::timeout(timeout, Client::connect(options_at(url)))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// A uniquely named stream, created empty; [`TestStream::delete`] removes it.
@@ -248,7 +263,12 @@ pub async fn delete(name: &str) {
 /// Reads `stream` from `offset` until nothing more arrives for two seconds (five
 /// for the first chunk).
 pub async fn read(stream: &str, offset: u64) -> Vec<StreamMessage> {
-    let client = client().await;
+    read_at(&stream_url(), stream, offset).await
+}
+
+/// [`read`] through the node of the plain stream URL `url`.
+pub async fn read_at(url: &str, stream: &str, offset: u64) -> Vec<StreamMessage> {
+    let client = client_at(url).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let forward = move |item: MessageResult| {
         let tx = tx.clone();
