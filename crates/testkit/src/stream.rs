@@ -283,7 +283,8 @@ pub async fn read_at(url: &str, stream: &str, offset: u64) -> Vec<StreamMessage>
     };
     client.set_handler(forward).await;
     // Under load a subscribe can time out or find the stream's replica not yet
-    // available: try a few times before calling it a failure.
+    // available: try a few times before calling it a failure. A stream that does
+    // not exist yet reads as empty.
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -298,6 +299,12 @@ pub async fn read_at(url: &str, stream: &str, offset: u64) -> Vec<StreamMessage>
             .await;
         match response {
             Ok(r) if r.is_ok() => break,
+            // Not created yet (the relay declares it when it connects): empty, and
+            // a caller waiting for messages reads again.
+            Ok(r) if format!("{:?}", r.code()) == "StreamDoesNotExist" => {
+                let _ = client.close().await;
+                return Vec::new();
+            }
             Ok(r) if attempt >= 5 => panic!("subscribe to {stream}: {:?}", r.code()),
             Err(e) if attempt >= 5 => panic!("subscribe to {stream}: {e}"),
             _ => tokio::time::sleep(Duration::from_secs(1)).await,
