@@ -67,13 +67,24 @@ GRANT SELECT ON public.outbox TO :"relay_role";
 -- The stored acked position (one row per slot; never in the publication). Created
 -- here because the role may not create tables in public; `slot create` and `run`
 -- create it themselves when they may.
+-- system_identifier and timeline say which WAL history acked_lsn belongs to (a
+-- position of another cluster or timeline is never applied); halted holds why a
+-- stream target stopped rather than lose an event (docs/design.md).
 CREATE TABLE IF NOT EXISTS public.outbox_relay_state (
-    slot_name        text        PRIMARY KEY,
-    acked_lsn        pg_lsn      NOT NULL,
-    slot_restart_lsn pg_lsn,
-    slot_created_at  timestamptz,
-    updated_at       timestamptz NOT NULL DEFAULT now()
+    slot_name         text        PRIMARY KEY,
+    acked_lsn         pg_lsn      NOT NULL,
+    slot_restart_lsn  pg_lsn,
+    slot_created_at   timestamptz,
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    system_identifier text,
+    timeline          integer,
+    halted            text
 );
+-- A table made by an earlier version of this script gets the newer columns.
+ALTER TABLE public.outbox_relay_state
+    ADD COLUMN IF NOT EXISTS system_identifier text,
+    ADD COLUMN IF NOT EXISTS timeline integer,
+    ADD COLUMN IF NOT EXISTS halted text;
 GRANT SELECT, INSERT, UPDATE ON public.outbox_relay_state TO :"relay_role";
 
 -- Only with [retention] keep = "…" (docs/retention.md): the relay deletes rows whose

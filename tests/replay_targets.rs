@@ -189,3 +189,40 @@ async fn from_lsn_filtered_into_a_stream() {
     stream.delete().await;
     env.cleanup().await;
 }
+
+/// A replay to a queue that does not exist (`--exchange "" --routing-key <queue>`,
+/// the runbook's form, with a typo): the broker returns every copy; the replay ends
+/// with a sentence that says so and names the fix, and the AMQP library's dump of
+/// each returned message (headers and payload bytes) is not in the log.
+#[tokio::test]
+async fn a_replay_to_a_missing_queue_names_the_mistake() {
+    let mut env = Env::new().await;
+    env.insert_tx(&[("order", "o-9", "created", "{}")]);
+    let missing = testkit::unique_name("no_such_queue");
+    let out = env.cli_env(
+        &[
+            "replay",
+            "--from-table",
+            "--where",
+            "aggregate_id=o-9",
+            "--exchange",
+            "",
+            "--routing-key",
+            &missing,
+        ],
+        &[("OUTBOX_RELAY_RELAY_SHUTDOWN_TIMEOUT_MS", "2000")],
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!(
+            "error: 1 replayed messages were returned unroutable by exchange \"\" with routing key {missing}: declare or bind the queue they are meant for, or correct --exchange / --routing-key, then run the same replay again"
+        )),
+        "{err}"
+    );
+    assert!(
+        !err.contains("BasicReturnMessage") && !err.contains("returned us a message"),
+        "lapin's dump of the returned message is in the log: {err}"
+    );
+    env.cleanup().await;
+}

@@ -48,12 +48,23 @@ pub fn filter(value: Option<&str>) -> Result<EnvFilter, CliError> {
 /// answers a missing one by closing the channel, which the AMQP library logs as an
 /// error of its own; the command says it in its own words, so those lines are left
 /// out (unless `RUST_LOG` names lapin).
+///
+/// Always (unless `RUST_LOG` names lapin): the AMQP library's own warning for a
+/// returned message is left out. It prints the whole message, headers and payload
+/// bytes, once per return; the relay logs each return itself, with its exchange and
+/// routing key and without the payload (docs/security.md).
 pub fn init(format: LogFormat, probing: bool) -> Result<(), CliError> {
     let value = std::env::var(LOG_FILTER_ENV).ok();
     let mut filter = filter(value.as_deref())?;
-    if probing && !value.as_deref().unwrap_or_default().contains("lapin") {
-        if let Ok(quiet) = "lapin::channel=off".parse() {
-            filter = filter.add_directive(quiet);
+    if !value.as_deref().unwrap_or_default().contains("lapin") {
+        let mut quiet = vec!["lapin::returned_messages=off"];
+        if probing {
+            quiet.push("lapin::channel=off");
+        }
+        for directive in quiet {
+            if let Ok(d) = directive.parse() {
+                filter = filter.add_directive(d);
+            }
         }
     }
     // Colours only on a terminal: log files and collectors get plain text.

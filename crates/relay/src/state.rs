@@ -321,3 +321,45 @@ pub async fn set(
     };
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The column names of a `CREATE TABLE … ( … )` text, in order.
+    fn columns(create: &str) -> Vec<String> {
+        let body = &create[create.find('(').unwrap() + 1..create.rfind(')').unwrap()];
+        body.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with("--"))
+            .map(|l| l.split_whitespace().next().unwrap().to_string())
+            .collect()
+    }
+
+    /// sql/role.sql makes the table where the relay's role may not (the
+    /// least-privileged setup): it must have every column the relay's own CREATE
+    /// has, and bring a table of an earlier version up to date, or that setup
+    /// silently runs without the history checks (docs/design.md).
+    #[test]
+    fn role_sql_makes_the_table_the_relay_makes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sql/role.sql");
+        let sql = std::fs::read_to_string(path).unwrap();
+        let start = sql
+            .find("CREATE TABLE IF NOT EXISTS public.outbox_relay_state")
+            .unwrap();
+        let end = start + sql[start..].find(");").unwrap() + 1;
+        assert_eq!(columns(&sql[start..end]), columns(CREATE));
+        let history: Vec<&str> = ADD_HISTORY
+            .split("ADD COLUMN IF NOT EXISTS ")
+            .skip(1)
+            .map(|c| c.split_whitespace().next().unwrap())
+            .collect();
+        assert_eq!(history, ["system_identifier", "timeline", "halted"]);
+        for column in history {
+            assert!(
+                sql.contains(&format!("ADD COLUMN IF NOT EXISTS {column} ")),
+                "sql/role.sql does not add {column} to an existing table"
+            );
+        }
+    }
+}

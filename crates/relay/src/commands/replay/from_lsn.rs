@@ -271,7 +271,7 @@ async fn replay_copy(
     }
     drop(pub_tx);
     let report = match pub_task {
-        Some(task) => Some(check_report(task.await)),
+        Some(task) => Some(check_report(task.await, &plan.destination(cfg))),
         None => None,
     };
     drop(dry_wm);

@@ -103,7 +103,7 @@ pub(super) async fn replay(
     let pub_task: JoinHandle<_> = tokio::spawn(publisher.run(pub_rx, wm_tx, None));
     let progress = progress::spawn(wm_rx, total, Unit::Rows, None, plan.format, |l| l.0);
     let (sent, failed) = send_rows(&client, &plans, &params, pub_tx).await;
-    let report = check_report(pub_task.await);
+    let report = check_report(pub_task.await, &plan.destination(cfg));
     progress.finish().await;
     if let Some(e) = failed {
         return Err(e);

@@ -204,12 +204,23 @@ pub(super) async fn connect_publisher(cfg: &Config, plan: &Plan) -> Result<Targe
 }
 
 /// Checks what the publisher reports at the end.
+///
+/// Copies the broker returned as unroutable are named as such, with where they
+/// went: a replay to a queue that does not exist (`--exchange "" --routing-key
+/// <queue>`) is the likely mistake, not a broker in trouble.
 pub(super) fn check_report(
     res: Result<Result<PublisherReport, publisher::PublishError>, tokio::task::JoinError>,
+    destination: &str,
 ) -> Result<PublisherReport, CliError> {
     let report = res
         .map_err(|e| CliError::Runtime(format!("the publisher task failed: {e}")))?
         .map_err(|e| CliError::Runtime(format!("{e}: fix it and run the same replay again")))?;
+    if report.abandoned > 0 && report.returned > 0 {
+        return Err(CliError::Runtime(format!(
+            "{} replayed messages were returned unroutable by {destination}: declare or bind the queue they are meant for, or correct --exchange / --routing-key, then run the same replay again",
+            report.abandoned
+        )));
+    }
     if report.abandoned > 0 {
         return Err(CliError::Runtime(format!(
             "{} replayed messages were not confirmed by the broker in time: check RabbitMQ and run the same replay again",
