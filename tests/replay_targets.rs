@@ -196,7 +196,7 @@ async fn from_lsn_filtered_into_a_stream() {
 /// each returned message (headers and payload bytes) is not in the log.
 #[tokio::test]
 async fn a_replay_to_a_missing_queue_names_the_mistake() {
-    let mut env = Env::new().await;
+    let env = Env::new().await;
     env.insert_tx(&[("order", "o-9", "created", "{}")]);
     let missing = testkit::unique_name("no_such_queue");
     let out = env.cli_env(
