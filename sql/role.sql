@@ -70,6 +70,8 @@ GRANT SELECT ON public.outbox TO :"relay_role";
 -- system_identifier and timeline say which WAL history acked_lsn belongs to (a
 -- position of another cluster or timeline is never applied); halted holds why a
 -- stream target stopped rather than lose an event (docs/design.md).
+-- Quiet: "already exists, skipping" notices are expected when the script runs again.
+SET client_min_messages = warning;
 CREATE TABLE IF NOT EXISTS public.outbox_relay_state (
     slot_name         text        PRIMARY KEY,
     acked_lsn         pg_lsn      NOT NULL,
@@ -85,6 +87,7 @@ ALTER TABLE public.outbox_relay_state
     ADD COLUMN IF NOT EXISTS system_identifier text,
     ADD COLUMN IF NOT EXISTS timeline integer,
     ADD COLUMN IF NOT EXISTS halted text;
+RESET client_min_messages;
 GRANT SELECT, INSERT, UPDATE ON public.outbox_relay_state TO :"relay_role";
 
 -- Only with [retention] keep = "…" (docs/retention.md): the relay deletes rows whose
