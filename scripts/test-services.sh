@@ -38,6 +38,8 @@ need_pkg openssl openssl
 # tests/metrics_endpoint.rs fetches the HTTPS metrics endpoint with curl.
 need_pkg curl curl
 need_pkg rabbitmqctl rabbitmq-server
+# The 3-node cluster's network namespaces and bridge (scripts/rabbitmq-cluster.sh).
+need_pkg ip iproute2
 # For the checks and tests that run Python (PyYAML, kubernetes-validate, the
 # CloudEvents SDK, installed by pip on first use) and render the diagrams.
 need_pkg python3 python3
