@@ -9,7 +9,8 @@
 //! - **a refusal** ([`StreamProxy::refuse_next_publish`]): the next `Publish` frame is
 //!   not forwarded; the client gets a `PublishError` for every id in it (code 16,
 //!   access refused), and then either later frames go on to the broker (it stores
-//!   them: "refused, but a later one stored") or the connection is cut.
+//!   them: "refused, but a later one stored"; the error is held until the next
+//!   publish frame has been forwarded, so one always is) or the connection is cut.
 //!
 //! Frames are forwarded whole, so what the proxy injects never splits one.
 
@@ -32,7 +33,8 @@ const ACCESS_REFUSED: u16 = 16;
 /// What happens after a refused publish frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AfterRefusal {
-    /// Later frames reach the broker (which stores them).
+    /// Later frames reach the broker (which stores them); the error is sent once the
+    /// next publish frame has gone to the broker (a caller must make one come).
     Pass,
     /// The connection is cut after the error is sent.
     Cut,
@@ -182,6 +184,7 @@ async fn connection(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
         })
     };
     // Client → broker: the agreed maximum enforced, refusals injected.
+    let mut held_error: Option<Vec<u8>> = None;
     while let Some(frame) = read_frame(&mut client_r).await {
         let k = key(&frame);
         // The client's answer to the broker's Tune (sent with or without the response
@@ -198,19 +201,33 @@ async fn connection(client: TcpStream, server: TcpStream, shared: Arc<Shared>) {
         }
         if k == PUBLISH {
             let mode = shared.refuse.swap(REFUSE_NONE, Ordering::SeqCst);
-            if mode != REFUSE_NONE {
+            if mode == REFUSE_CUT {
                 shared.refused_frames.fetch_add(1, Ordering::SeqCst);
                 let _ = to_client.send(publish_error(&frame));
-                if mode == REFUSE_CUT {
-                    // Let the error reach the client before the connection ends.
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                    break;
-                }
+                // Let the error reach the client before the connection ends.
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                break;
+            }
+            if mode == REFUSE_PASS {
+                shared.refused_frames.fetch_add(1, Ordering::SeqCst);
+                held_error = Some(publish_error(&frame));
                 continue;
             }
         }
         if server_w.write_all(&frame).await.is_err() {
             break;
+        }
+        if k == PUBLISH {
+            if let Some(error) = held_error.take() {
+                // The error goes out once a later frame is on its way to the broker,
+                // and late enough for the broker to have stored it: "refused, but a
+                // later one stored", whatever the client's timing.
+                let to_client = to_client.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                    let _ = to_client.send(error);
+                });
+            }
         }
     }
     down.abort();

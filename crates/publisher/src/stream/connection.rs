@@ -154,8 +154,44 @@ pub(super) async fn open(config: &StreamConfig, index: usize) -> Result<Client, 
     }
 }
 
+/// The negotiated frame maximum of a connection to `url` (docs/design.md §4, "Frames
+/// within the limit").
+async fn frame_max_of(config: &StreamConfig, url: &str) -> Result<u32, PublishError> {
+    let mut endpoint = Endpoint::parse(url)?;
+    if let Some(path) = &config.auth.password_file {
+        endpoint.password = crate::tls::read_password(path, crate::tls::Keys::Stream)?;
+    }
+    let tls = if endpoint.tls {
+        Some(probe_tls(config)?)
+    } else {
+        None
+    };
+    Ok(match tune::negotiated_frame_max(&endpoint, tls).await {
+        Ok(f) => f,
+        // A node that does not answer would not answer the client either: try the
+        // next URL now rather than after the client's own timeout too.
+        Err(tune::TuneError::Unreachable(reason)) => {
+            return Err(PublishError::Unreachable {
+                url: redact_url(url),
+                reason,
+            })
+        }
+        Err(tune::TuneError::Other(reason)) => {
+            // The client's own connection, made next with the same settings, reports
+            // what is wrong if anything is: assume the protocol's default here.
+            tracing::debug!(%reason, "could not read the stream broker's frame maximum; assuming 1 MiB");
+            tune::CLIENT_FRAME_MAX
+        }
+    })
+}
+
 async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, PublishError> {
     let url = &config.urls[index];
+    // The broker's frame maximum is read on a short connection of its own *before*
+    // the client's: a limit raised in between then makes the publisher assume the
+    // old, smaller one until its next reconnect (a needless wait), never a larger one
+    // than its connection allows (a frame the broker refuses).
+    let frame_max = frame_max_of(config, url).await?;
     let client = open(config, index).await?;
     let setup = async {
         if config.declare_stream {
@@ -196,24 +232,6 @@ async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, Pub
             }
         };
         client.set_handler(forward).await;
-        let mut endpoint = Endpoint::parse(url)?;
-        if let Some(path) = &config.auth.password_file {
-            endpoint.password = crate::tls::read_password(path, crate::tls::Keys::Stream)?;
-        }
-        let tls = if endpoint.tls {
-            Some(probe_tls(config)?)
-        } else {
-            None
-        };
-        let frame_max = match tune::negotiated_frame_max(&endpoint, tls).await {
-            Ok(f) => f,
-            Err(reason) => {
-                // The client connected with the same settings, so this is unusual:
-                // assume the protocol's default.
-                tracing::debug!(%reason, "could not read the stream broker's frame maximum; assuming 1 MiB");
-                tune::CLIENT_FRAME_MAX
-            }
-        };
         Ok::<_, PublishError>((events, frame_max as usize))
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {

@@ -33,15 +33,33 @@ const TUNE: u16 = 0x0014;
 const RESPONSE: u16 = 0x8000;
 const OK: u16 = 0x0001;
 
+/// Why the broker's proposal could not be read.
+#[derive(Debug)]
+pub(super) enum TuneError {
+    /// No answer within the time allowed: the node is paused or cut off.
+    Unreachable(String),
+    /// A refused connection, a refusal, a protocol surprise: the client's own
+    /// connection says what is wrong in its words.
+    Other(String),
+}
+
 /// The negotiated frame maximum for a connection to `endpoint`: the smaller of the
 /// broker's proposal and [`CLIENT_FRAME_MAX`] (a proposal of 0 means no limit).
 pub(super) async fn negotiated_frame_max(
     endpoint: &Endpoint,
     tls: Option<Arc<rustls::ClientConfig>>,
-) -> Result<u32, String> {
-    let proposal = tokio::time::timeout(TIMEOUT, proposal(endpoint, tls))
+) -> Result<u32, TuneError> {
+    let tcp = tokio::time::timeout(
+        TIMEOUT,
+        TcpStream::connect((endpoint.host.as_str(), endpoint.port)),
+    )
+    .await
+    .map_err(|_| TuneError::Unreachable("timed out connecting".into()))?
+    .map_err(|e| TuneError::Other(format!("cannot connect: {e}")))?;
+    let proposal = tokio::time::timeout(TIMEOUT, proposal(tcp, endpoint, tls))
         .await
-        .map_err(|_| "timed out reading the broker's tune".to_string())??;
+        .map_err(|_| TuneError::Unreachable("timed out reading the broker's tune".into()))?
+        .map_err(TuneError::Other)?;
     Ok(match proposal {
         0 => CLIENT_FRAME_MAX,
         p => p.min(CLIENT_FRAME_MAX),
@@ -49,12 +67,10 @@ pub(super) async fn negotiated_frame_max(
 }
 
 async fn proposal(
+    tcp: TcpStream,
     endpoint: &Endpoint,
     tls: Option<Arc<rustls::ClientConfig>>,
 ) -> Result<u32, String> {
-    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
-        .await
-        .map_err(|e| format!("cannot connect: {e}"))?;
     let _ = tcp.set_nodelay(true);
     match tls {
         None => handshake(tcp, endpoint).await,

@@ -157,9 +157,13 @@ async fn a_refusal_below_a_stored_id_halts() {
     )];
     cfg.max_in_flight = 400;
     let mut run = start(cfg).await;
-    let feeder = feed(run.input.clone(), input.batches.clone());
+    feed(run.input.clone(), input.batches[..4].to_vec())
+        .await
+        .unwrap();
     wait_watermark(&mut run.watermark, input.ends[3]).await;
+    // Armed before the rest comes, so that a frame is refused and later ones follow.
     proxy.refuse_next_publish(AfterRefusal::Pass);
+    let feeder = feed(run.input.clone(), input.batches[4..].to_vec());
     let result = tokio::time::timeout(PATIENCE, run.task)
         .await
         .expect("publisher stopped in time")
