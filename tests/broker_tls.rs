@@ -69,6 +69,83 @@ async fn amqps_with_the_brokers_ca() {
     assert!(!log.contains("guest:guest@"), "{log}");
     env.cleanup().await;
 }
+/// A TLS server on a local port whose certificate (self-signed, for `localhost`) no
+/// configured CA trusts: what a man in the middle on the broker's link presents. It
+/// completes no handshake the relay would accept and holds nothing.
+async fn impostor() -> std::net::SocketAddr {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+        )
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let _ = acceptor.accept(tcp).await;
+            });
+        }
+    });
+    addr
+}
+
+/// The broker's certificate is refused *after* the relay has been publishing (its
+/// address now answered by a server no configured CA trusts, as a man in the middle
+/// appearing later would be): `run` stops with exit code 2 and names `ca_file`,
+/// instead of retrying as it does for a broker that restarts (docs/security.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_refused_after_the_first_connection_stops_the_relay() {
+    let mut env = Env::new().await;
+    let url = service_var("OUTBOX_TEST_AMQPS");
+    let ca = service_var("OUTBOX_TEST_RABBITMQ_CA");
+    env.create_slot();
+    let port: u16 = url
+        .split('@')
+        .nth(1)
+        .and_then(|r| r.split('/').next())
+        .and_then(|hp| hp.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(5671);
+    let proxy = testkit::proxy::Proxy::start(([127, 0, 0, 1], port).into()).await;
+    let vars = vec![
+        (
+            "OUTBOX_RELAY_RABBITMQ_URL",
+            url.replace(
+                &format!("localhost:{port}"),
+                &format!("localhost:{}", proxy.port()),
+            ),
+        ),
+        ("OUTBOX_RELAY_RABBITMQ_CA_FILE", ca),
+    ];
+    let got = env.consumer().await;
+    let mut relay = env.start_env(&[], &as_refs(&vars));
+    env.insert_seq(1, 50, 10);
+    got.wait_for(50, WAIT).await;
+    proxy.redirect(impostor().await);
+    proxy.cut();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxy.restore();
+    let code = relay.wait(WAIT);
+    let log = relay.log_text();
+    assert_eq!(code, Some(2), "the relay must stop, not retry: {log}");
+    assert!(log.contains("ca_file"), "{log}");
+    assert!(!log.contains("guest:guest@"), "{log}");
+    env.cleanup().await;
+}
+
 /// `rabbitmq-stream+tls://` with `ca_file`: the relay verifies the broker's
 /// certificate against the test CA and publishes every row over TLS exactly once;
 /// without the CA (system roots) `check` fails and says how to fix it, and the

@@ -208,6 +208,10 @@ impl Runner {
                 match self.recover(failure).await {
                     Recovered::Yes => {}
                     Recovered::DeadlinePassed => break,
+                    Recovered::Refused(e) => {
+                        self.status.set_connected(false);
+                        return Err(e);
+                    }
                 }
             }
         }

@@ -20,6 +20,8 @@ const STALLED: u8 = 2;
 /// A running proxy to `target`; stops when dropped.
 pub struct Proxy {
     addr: SocketAddr,
+    /// Where new connections go ([`Proxy::redirect`]).
+    target: Arc<std::sync::Mutex<SocketAddr>>,
     state: Arc<AtomicU8>,
     changes: watch::Sender<u8>,
     task: tokio::task::JoinHandle<()>,
@@ -44,10 +46,12 @@ impl Proxy {
             forwarded: AtomicU64::new(0),
             cut_at: AtomicU64::new(u64::MAX),
         });
+        let target = Arc::new(std::sync::Mutex::new(target));
         let task = {
             let state = state.clone();
             let changes = changes.clone();
             let down = down.clone();
+            let target = target.clone();
             tokio::spawn(async move {
                 loop {
                     let Ok((client, _)) = listener.accept().await else {
@@ -64,8 +68,9 @@ impl Proxy {
                         changes: changes.clone(),
                         down: down.clone(),
                     };
+                    let to = *target.lock().expect("proxy target");
                     tokio::spawn(async move {
-                        if let Ok(server) = TcpStream::connect(target).await {
+                        if let Ok(server) = TcpStream::connect(to).await {
                             pipe(client, server, link, rx).await;
                         }
                     });
@@ -74,6 +79,7 @@ impl Proxy {
         };
         Proxy {
             addr,
+            target,
             state,
             changes,
             task,
@@ -106,6 +112,13 @@ impl Proxy {
     /// The port of [`Proxy::addr`].
     pub fn port(&self) -> u16 {
         self.addr.port()
+    }
+
+    /// Sends new connections to `target` instead (open ones stay where they are:
+    /// [`Proxy::cut`] and [`Proxy::restore`] end them), as a DNS change or a man in
+    /// the middle would.
+    pub fn redirect(&self, target: SocketAddr) {
+        *self.target.lock().expect("proxy target") = target;
     }
 
     /// Closes every open connection and refuses new ones until [`Proxy::restore`].

@@ -17,6 +17,7 @@ use crate::connection::{connect_any, open_channel, Session};
 use crate::engine::Failure;
 use crate::error::redact_url;
 use crate::status::{self, PoisonMessage};
+use crate::PublishError;
 
 /// The longest a nack waits for the confirms of earlier publishes before the
 /// channel is closed ([`crate::engine::Engine::failure_ready`]).
@@ -38,6 +39,10 @@ pub(super) struct Episode {
 pub(super) enum Recovered {
     Yes,
     DeadlinePassed,
+    /// The broker's certificate (or the relay's own TLS files) refused on a
+    /// reconnect: retrying cannot fix it and may be a man in the middle
+    /// (docs/security.md); the publisher stops with it.
+    Refused(PublishError),
 }
 
 impl Runner {
@@ -198,6 +203,7 @@ impl Runner {
                     self.status.set_blocked(self.blocked);
                     return Recovered::Yes;
                 }
+                Err(e) if e.is_security_refusal() => return Recovered::Refused(e),
                 Err(e) if e.is_transient() => {
                     tracing::debug!(error = %e, "rabbitmq still unreachable");
                 }
