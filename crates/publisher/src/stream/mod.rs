@@ -30,8 +30,10 @@
 //! set on it (`Message::builder().publising_id(id)` in 0.4, used as is by
 //! `Client::publish`), and reports `PublishConfirm` (ids stored) and `PublishError`
 //! (ids refused, with a code) frames to our handler, which forwards them to the run
-//! loop. It connects exactly to the URL given (no advertised-host lookup), so a
-//! proxy in front of the broker works.
+//! loop. It connects exactly to the URL given; the publisher then moves to the stream's
+//! leader only when the broker advertises it as another configured URL
+//! (`leader.rs`), so a proxy in front of the broker works. The client never gives up
+//! on a silent broker; `liveness.rs` does (docs/design.md §4, *A silent broker*).
 //!
 //! # Producers, publishing ids, and why it is exactly once
 //!
