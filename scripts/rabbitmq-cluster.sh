@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A 3-node RabbitMQ cluster for tests/cluster.rs (docs/operations.md, "Running against a
+# A 3-node RabbitMQ cluster for tests/cluster/ (docs/operations.md, "Running against a
 # cluster"), beside the machine's default broker on 127.0.0.1:5672, which it never touches.
 #
 # Each node is the Debian rabbitmq-server (3.10.8) in its own Linux network namespace

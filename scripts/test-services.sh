@@ -6,7 +6,7 @@
 #     lines for SCRAM/md5/password test roles; started if stopped;
 #   * the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest); started if stopped;
 #   * a 3-node RabbitMQ cluster in network namespaces (scripts/rabbitmq-cluster.sh,
-#     OUTBOX_TEST_CLUSTER_*), for tests/cluster.rs;
+#     OUTBOX_TEST_CLUSTER_*), for tests/cluster/;
 #   * the build tools and the checks' tools (installed from Debian when missing).
 # Prints the environment the tests read (OUTBOX_TEST_PG_*), and writes it to
 # target/test-services.env as well.
@@ -291,7 +291,7 @@ OUTBOX_TEST_RABBITMQ_CLIENT_CERT=$RMQ_CERTS/client-external.crt
 OUTBOX_TEST_RABBITMQ_CLIENT_KEY=$RMQ_CERTS/client-external.key
 OUTBOX_TEST_PG_CLIENT_CERTS=/etc/postgresql/$VERSION/$NAME/certs
 ENVEOF
-# The 3-node RabbitMQ cluster of tests/cluster.rs, beside the broker above (which it does
+# The 3-node RabbitMQ cluster of tests/cluster/, beside the broker above (which it does
 # not touch): started (joined the first time), and its URLs added to the environment.
 bash "$ROOT/scripts/rabbitmq-cluster.sh" start
 bash "$ROOT/scripts/rabbitmq-cluster.sh" env >> "$ROOT/target/test-services.env"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The heavy cluster tests kept out of `cargo test`'s default run (tests/cluster.rs):
+# The heavy cluster tests kept out of `cargo test`'s default run (tests/cluster/):
 # a rolling restart of all three nodes and a 20 s partition of the relay's node, with a
 # quorum queue and with a 3-replica stream. Prints what each fault cost (pause,
 # duplicates) and the cluster's memory.

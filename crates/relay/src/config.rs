@@ -289,7 +289,8 @@ pub struct RabbitMqConfig {
     pub ca_file: String,
     /// AMQP heartbeat in seconds, added to every URL as `?heartbeat=N` (lapin honours
     /// that query parameter). 0 = keep the URL's own `heartbeat` or the broker's
-    /// proposal (RabbitMQ: 60 s).
+    /// proposal (RabbitMQ: 60 s). Also the stream target's heartbeat and liveness
+    /// interval (docs/design.md §4, *A silent broker*; 0 = 60 s).
     pub heartbeat_secs: u64,
     /// A RabbitMQ stream to publish every event to over the stream protocol, exactly
     /// once (docs/design.md §1 item 6), instead of to `exchange`; `""` = the exchange.

@@ -30,12 +30,16 @@ pub(super) enum BrokerEvent {
     Refused(u8, Vec<(u64, ResponseCode)>),
     /// The connection is gone or the stream changed (deleted, leader moved).
     Closed(String),
+    /// The broker answered a liveness probe (`liveness.rs`).
+    Alive,
 }
 
 /// One connection, the stream declared (when asked), the broker's events forwarded.
 pub(super) struct Session {
     pub client: Client,
     pub events: mpsc::UnboundedReceiver<BrokerEvent>,
+    /// Where a liveness probe's answer goes (the same queue as the broker's events).
+    probes: mpsc::UnboundedSender<BrokerEvent>,
     pub url_index: usize,
     /// The negotiated frame maximum (`tune.rs`).
     pub frame_max: usize,
@@ -45,6 +49,19 @@ impl Session {
     /// Closes the connection, bounded.
     pub async fn close(self) {
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.client.close()).await;
+    }
+
+    /// Asks the broker for the stream's metadata without waiting for the answer; an
+    /// answer within `within` arrives as [`BrokerEvent::Alive`] (`liveness.rs`).
+    pub fn probe(&self, stream: &str, within: Duration) {
+        let client = self.client.clone();
+        let probes = self.probes.clone();
+        let stream = stream.to_string();
+        tokio::spawn(async move {
+            if let Ok(Ok(_)) = tokio::time::timeout(within, client.metadata(vec![stream])).await {
+                let _ = probes.send(BrokerEvent::Alive);
+            }
+        });
     }
 
     /// Declares publisher `publisher_id` (named `reference`, or unnamed) and returns
@@ -185,7 +202,10 @@ async fn frame_max_of(config: &StreamConfig, url: &str) -> Result<u32, PublishEr
     })
 }
 
-async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, PublishError> {
+pub(super) async fn connect_one(
+    config: &StreamConfig,
+    index: usize,
+) -> Result<Session, PublishError> {
     let url = &config.urls[index];
     // The broker's frame maximum is read on a short connection of its own *before*
     // the client's: a limit raised in between then makes the publisher assume the
@@ -198,6 +218,7 @@ async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, Pub
             declare_stream(&client, config).await?;
         }
         let (tx, events) = mpsc::unbounded_channel();
+        let probes = tx.clone();
         let forward = move |item: rabbitmq_stream_client::types::MessageResult| {
             let tx = tx.clone();
             async move {
@@ -232,12 +253,13 @@ async fn connect_one(config: &StreamConfig, index: usize) -> Result<Session, Pub
             }
         };
         client.set_handler(forward).await;
-        Ok::<_, PublishError>((events, frame_max as usize))
+        Ok::<_, PublishError>((events, probes, frame_max as usize))
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {
-        Ok(Ok((events, frame_max))) => Ok(Session {
+        Ok(Ok((events, probes, frame_max))) => Ok(Session {
             client,
             events,
+            probes,
             url_index: index,
             frame_max,
         }),

@@ -133,6 +133,14 @@ impl Endpoint {
             .user(&self.user)
             .password(&self.password)
             .v_host(&self.vhost)
+            // The heartbeat the client proposes (the broker takes the lower of its own
+            // and this), and the interval of the publisher's liveness check
+            // (`liveness.rs`).
+            .heartbeat(
+                u32::try_from(config.heartbeat.as_secs())
+                    .unwrap_or(u32::MAX)
+                    .max(1),
+            )
             .tls(tls)
             .build())
     }

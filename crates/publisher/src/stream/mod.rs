@@ -30,8 +30,10 @@
 //! set on it (`Message::builder().publising_id(id)` in 0.4, used as is by
 //! `Client::publish`), and reports `PublishConfirm` (ids stored) and `PublishError`
 //! (ids refused, with a code) frames to our handler, which forwards them to the run
-//! loop. It connects exactly to the URL given (no advertised-host lookup), so a
-//! proxy in front of the broker works.
+//! loop. It connects exactly to the URL given; the publisher then moves to the stream's
+//! leader only when the broker advertises it as another configured URL
+//! (`leader.rs`), so a proxy in front of the broker works. The client never gives up
+//! on a silent broker; `liveness.rs` does (docs/design.md §4, *A silent broker*).
 //!
 //! # Producers, publishing ids, and why it is exactly once
 //!
@@ -87,6 +89,8 @@ mod connection;
 mod endpoint;
 mod engine;
 pub mod identity;
+mod leader;
+mod liveness;
 mod message;
 mod run;
 #[cfg(test)]
@@ -108,6 +112,9 @@ pub use message::{PRODUCER_PROPERTY, PUBLISHING_ID_PROPERTY, SOURCE_PROPERTY, TI
 
 /// Default stream-protocol URL.
 pub const DEFAULT_STREAM_URL: &str = "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f";
+
+/// The stream heartbeat when none is configured: the client's and RabbitMQ's default.
+pub const DEFAULT_HEARTBEAT: Duration = Duration::from_secs(60);
 
 /// Everything the stream publisher needs.
 #[derive(Clone)]
@@ -139,6 +146,10 @@ pub struct StreamConfig {
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub shutdown_timeout: Duration,
+    /// The heartbeat the client proposes, and the interval of the liveness check: a
+    /// connection silent for two of them while confirms are outstanding is given up
+    /// (`liveness.rs`). The relay sets it from `[rabbitmq] heartbeat_secs`.
+    pub heartbeat: Duration,
 }
 
 impl StreamConfig {
@@ -161,6 +172,7 @@ impl StreamConfig {
             backoff_initial: crate::DEFAULT_BACKOFF_INITIAL,
             backoff_max: crate::DEFAULT_BACKOFF_MAX,
             shutdown_timeout: crate::DEFAULT_SHUTDOWN_TIMEOUT,
+            heartbeat: DEFAULT_HEARTBEAT,
         }
     }
 
@@ -210,6 +222,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("backoff_initial", &self.backoff_initial)
             .field("backoff_max", &self.backoff_max)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("heartbeat", &self.heartbeat)
             .finish()
     }
 }
@@ -259,7 +272,7 @@ impl StreamPublisher {
     /// Other producers are declared as their events come.
     pub async fn connect(config: StreamConfig) -> Result<StreamPublisher, PublishError> {
         config.validate()?;
-        let session = connection::connect_any(&config, 0).await?;
+        let session = leader::connect_to_leader(&config, 0, None).await?;
         let (key, reference) = match &config.source {
             Some(source) => {
                 let key = source.key(source.server_wal);

@@ -10,8 +10,10 @@ use rabbitmq_stream_client::types::{Message, ResponseCode};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::connection::{self, BrokerEvent, Session};
+use super::connection::{BrokerEvent, Session};
 use super::engine::{Engine, Next};
+use super::leader;
+use super::liveness::{Due, Liveness};
 use super::message::{Pending, StreamMessageBuilder};
 use super::{StreamConfig, StreamPublisher};
 use crate::error::{redact_url, PublishError};
@@ -28,6 +30,8 @@ enum Step {
     Flushed(Option<Lsn>),
     Deadline,
     PoisonRetry,
+    /// The liveness check has something due (`liveness.rs`).
+    Liveness,
 }
 
 /// Why a connection ended.
@@ -58,6 +62,10 @@ pub(super) struct Runner {
     halt: Option<PublishError>,
     /// Events sent again although the broker reported them stored, as last logged.
     resends_logged: u64,
+    /// Whether the connection is silent for too long (`liveness.rs`).
+    liveness: Liveness,
+    /// The URL whose connection was given up for silence, until the next connect.
+    silent: Option<usize>,
 }
 
 impl Runner {
@@ -110,6 +118,8 @@ impl Runner {
             poison_logged: None,
             halt,
             resends_logged: 0,
+            liveness: Liveness::new(config.heartbeat),
+            silent: None,
             config,
         }
     }
@@ -131,7 +141,10 @@ impl Runner {
             if failure.is_none() {
                 let want_input =
                     input_open && (!self.engine.window().has_unpublished() || input.is_closed());
+                let unacked = self.engine.window().unacked() > 0;
+                self.liveness.waiting(unacked, Instant::now());
                 let step = {
+                    let liveness = self.liveness.wake();
                     let events = self.session.as_mut().map(|s| &mut s.events);
                     let flushed = self.flushed.as_mut();
                     let has_flushed = flushed.is_some();
@@ -144,15 +157,19 @@ impl Runner {
                         batch = input.recv(), if want_input => Step::Input(batch),
                         () = sleep_until_opt(deadline), if deadline.is_some() => Step::Deadline,
                         () = sleep_until_opt(poison_retry), if poison_retry.is_some() => Step::PoisonRetry,
+                        () = sleep_until_opt(liveness), if liveness.is_some() => Step::Liveness,
                     }
                 };
                 match step {
                     Step::Broker(Some(BrokerEvent::Confirmed(publisher_id, ids))) => {
+                        self.liveness.heard(Instant::now());
                         self.on_confirmed(publisher_id, &ids)
                     }
                     Step::Broker(Some(BrokerEvent::Refused(publisher_id, refused))) => {
                         failure = Some(self.on_refused(publisher_id, &refused));
                     }
+                    Step::Broker(Some(BrokerEvent::Alive)) => self.liveness.heard(Instant::now()),
+                    Step::Liveness => failure = self.on_liveness(),
                     Step::Broker(Some(BrokerEvent::Closed(reason))) => {
                         failure = Some(Failure::Retry(reason));
                     }
@@ -254,8 +271,22 @@ impl Runner {
                     let n = messages.len() as u64;
                     self.report.published += n;
                     metrics::counter!(status::EVENTS_PUBLISHED).increment(n);
-                    if let Err(e) = session.client.publish(publisher_id, messages).await {
-                        return Err(Failure::Retry(format!("publish failed: {e}")));
+                    // A broker that takes no data (paused, its socket full) is as dead
+                    // as a silent one (`liveness.rs`).
+                    let limit = self.liveness.limit();
+                    let sent =
+                        tokio::time::timeout(limit, session.client.publish(publisher_id, messages))
+                            .await;
+                    match sent {
+                        Ok(Ok(_)) => {}
+                        Ok(Err(e)) => return Err(Failure::Retry(format!("publish failed: {e}"))),
+                        Err(_) => {
+                            self.silent = Some(self.url_index);
+                            return Err(Failure::Retry(format!(
+                                "the broker took no publish frame for {:.1} s",
+                                limit.as_secs_f64()
+                            )));
+                        }
                     }
                 }
                 Next::Poison {
@@ -324,6 +355,27 @@ impl Runner {
                 self.failures,
             );
             self.poison_retry = Some(Instant::now() + delay);
+        }
+    }
+
+    /// Probes a silent connection, or gives it up (`liveness.rs`).
+    fn on_liveness(&mut self) -> Option<Failure> {
+        match self.liveness.due(Instant::now())? {
+            Due::Probe => {
+                if let Some(session) = &self.session {
+                    session.probe(&self.config.stream, self.liveness.limit());
+                }
+                None
+            }
+            Due::Dead(silent) => {
+                self.silent = Some(self.url_index);
+                Some(Failure::Retry(format!(
+                    "nothing from the broker for {:.1} s with {} message(s) unconfirmed (two heartbeat intervals of {} s)",
+                    silent.as_secs_f64(),
+                    self.engine.window().unacked(),
+                    self.config.heartbeat.as_secs()
+                )))
+            }
         }
     }
 
@@ -408,7 +460,10 @@ impl Runner {
                 }
                 tokio::time::sleep_until(wake).await;
             }
-            let session = match connection::connect_any(&self.config, self.url_index).await {
+            // The next node first, as the AMQP publisher does; then its stream's leader.
+            let next = (self.url_index + 1) % self.config.urls.len();
+            let connected = leader::connect_to_leader(&self.config, next, self.silent).await;
+            let session = match connected {
                 Ok(session) => session,
                 Err(e) if e.is_transient() => {
                     tracing::debug!(error = %e, "stream reconnect failed");
@@ -422,6 +477,8 @@ impl Runner {
                 "reconnected to the rabbitmq stream"
             );
             self.url_index = session.url_index;
+            self.silent = None;
+            self.liveness.reset();
             self.engine.connected(session.frame_max);
             self.session = Some(session);
             self.report.reconnects += 1;

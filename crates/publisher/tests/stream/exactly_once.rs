@@ -204,3 +204,52 @@ async fn without_a_producer_reference_a_republish_adds_copies() {
     ));
     stream.delete().await;
 }
+
+/// A broker that goes silent without closing the connection (a paused node: the
+/// proxy stops forwarding) is given up after two heartbeat intervals with confirms
+/// outstanding, and the publisher goes on through the next URL, exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_broker_is_given_up_after_two_heartbeats() {
+    init_logs();
+    let stream = TestStream::create("s_silent").await;
+    let target: std::net::SocketAddr = "127.0.0.1:5552".parse().unwrap();
+    let (first, second) = (
+        testkit::proxy::Proxy::start(target).await,
+        testkit::proxy::Proxy::start(target).await,
+    );
+    let url = |p: &testkit::proxy::Proxy| {
+        format!("rabbitmq-stream://guest:guest@127.0.0.1:{}/%2f", p.port())
+    };
+    let input = input("orders", 3000);
+    let mut cfg = config(&stream.name, Some("relay-silent"));
+    cfg.urls = vec![url(&first), url(&second)];
+    cfg.max_in_flight = 500;
+    cfg.heartbeat = Duration::from_secs(1);
+    let run = start(cfg).await;
+    // Silent from the first event on: nothing is confirmed on this connection.
+    first.stall();
+    let stalled = std::time::Instant::now();
+    let feeder = feed(run.input.clone(), input.batches.clone());
+    drop(run.input);
+    let report = tokio::time::timeout(Duration::from_secs(20), run.task)
+        .await
+        .expect("the publisher gave up the silent connection and finished")
+        .unwrap()
+        .unwrap();
+    let took = stalled.elapsed();
+    feeder.await.unwrap();
+    eprintln!(
+        "finished {:.1} s after the stall: {report:?}",
+        took.as_secs_f64()
+    );
+    assert!(report.reconnects >= 1, "{report:?}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "gave up before two heartbeats: {took:?}"
+    );
+    assert_eq!(report.watermark, *input.ends.last().unwrap());
+    let messages = stream.read_all().await;
+    assert_eq!(ids(&messages, None), expected_ids(&input.events));
+    first.restore();
+    stream.delete().await;
+}

@@ -221,6 +221,11 @@ impl Config {
         s.shutdown_timeout = self.shutdown_timeout();
         s.format = self.message_format();
         s.headers = self.header_profile();
+        // One heartbeat setting for both protocols; 0 keeps the stream client's and
+        // RabbitMQ's default (docs/operations.md, "Running against a cluster").
+        if self.rabbitmq.heartbeat_secs > 0 {
+            s.heartbeat = Duration::from_secs(self.rabbitmq.heartbeat_secs);
+        }
         s
     }
 
