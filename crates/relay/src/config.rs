@@ -45,7 +45,6 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
-use wal_reader::ColumnMapping;
 
 mod access;
 mod de;
@@ -56,6 +55,8 @@ mod validate;
 
 pub use error::ConfigError;
 pub use wal_reader::redact::redact_url;
+/// `[mapping]` is the reader's own section: its keys, defaults and checks.
+pub use wal_reader::{ColumnMapping, MappingConfig};
 
 pub use load::Given;
 
@@ -136,7 +137,7 @@ impl fmt::Display for ConfigSource {
 pub struct Config {
     /// `[postgres]`: the database, slot, publication and outbox tables.
     pub postgres: PostgresConfig,
-    /// `[mapping]`: outbox column names.
+    /// `[mapping]`: outbox column names (the reader's [`MappingConfig`]).
     pub mapping: MappingConfig,
     /// `[rabbitmq]`: the broker and how messages are routed.
     pub rabbitmq: RabbitMqConfig,
@@ -191,43 +192,6 @@ impl fmt::Debug for PostgresConfig {
             .field("publication", &self.publication)
             .field("tables", &self.tables)
             .finish()
-    }
-}
-
-/// `[mapping]`: column names of the outbox table.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MappingConfig {
-    /// Column holding the message id (`message_id` property).
-    pub id: String,
-    /// Column holding the aggregate type.
-    pub aggregate_type: String,
-    /// Column holding the aggregate id.
-    pub aggregate_id: String,
-    /// Column holding the event type (`type` property).
-    pub event_type: String,
-    /// Column holding the body.
-    pub payload: String,
-    /// Optional JSON column of extra headers; `""` means the table has none.
-    pub headers: String,
-    /// Optional column for the `correlation_id` property; `""` means none.
-    pub correlation_id: String,
-}
-
-impl Default for MappingConfig {
-    /// The reader's default mapping ([`ColumnMapping::default`]), a missing optional
-    /// column written as `""`.
-    fn default() -> MappingConfig {
-        let m = ColumnMapping::default();
-        MappingConfig {
-            id: m.id,
-            aggregate_type: m.aggregate_type,
-            aggregate_id: m.aggregate_id,
-            event_type: m.event_type,
-            payload: m.payload,
-            headers: m.headers.unwrap_or_default(),
-            correlation_id: m.correlation_id.unwrap_or_default(),
-        }
     }
 }
 

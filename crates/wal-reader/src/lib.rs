@@ -69,7 +69,7 @@ pub use outbox_event::redact;
 
 pub use conninfo::{PgConnectOptions, SslMode, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{ReaderError, ServerError};
-pub use mapping::{ColumnMapping, TableName};
+pub use mapping::{ColumnMapping, MappingConfig, TableName};
 pub use stream::{
     identify, identify_server, LastEventCommit, OldestUnacked, Prepared, ReaderConfig, ReaderExit,
     StartInfo, WalReader,

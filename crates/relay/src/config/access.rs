@@ -53,19 +53,9 @@ impl Config {
     }
 
     /// The column mapping for the reader: `headers = ""` and `correlation_id = ""`
-    /// mean no such column.
+    /// mean no such column ([`wal_reader::MappingConfig::columns`]).
     pub fn mapping(&self) -> ColumnMapping {
-        let m = &self.mapping;
-        let optional = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
-        ColumnMapping {
-            id: m.id.clone(),
-            aggregate_type: m.aggregate_type.clone(),
-            aggregate_id: m.aggregate_id.clone(),
-            event_type: m.event_type.clone(),
-            payload: m.payload.clone(),
-            headers: optional(&m.headers),
-            correlation_id: optional(&m.correlation_id),
-        }
+        self.mapping.columns()
     }
 
     /// The outbox tables (validated at load).

@@ -33,20 +33,8 @@ impl Config {
         ));
         check(validate_tables(&pg.tables));
 
-        let m = &self.mapping;
-        for (key, column) in [
-            ("mapping.id", &m.id),
-            ("mapping.aggregate_type", &m.aggregate_type),
-            ("mapping.aggregate_id", &m.aggregate_id),
-            ("mapping.event_type", &m.event_type),
-            ("mapping.payload", &m.payload),
-        ] {
-            if column.trim().is_empty() {
-                check(Err(ConfigError::invalid(
-                    key,
-                    "the column name is empty: name the outbox column that holds this field",
-                )));
-            }
+        for (key, reason) in self.mapping.validate() {
+            check(Err(ConfigError::invalid(&format!("mapping.{key}"), reason)));
         }
 
         let r = &self.rabbitmq;
