@@ -20,8 +20,8 @@ pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Default bound on the wait for outstanding confirms once the input has closed
 /// (both targets; the relay's `[relay] shutdown_timeout_ms` default).
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default exchange type (the relay's `[rabbitmq] exchange_type` default).
-pub const DEFAULT_EXCHANGE_TYPE: &str = "topic";
+/// Default exchange type (`[rabbitmq] exchange_type`, [`crate::settings`]).
+pub const DEFAULT_EXCHANGE_TYPE: &str = crate::settings::DEFAULT_EXCHANGE_TYPE.as_str();
 
 /// The one check of the flow limit `max_in_flight` (both targets, and the relay's
 /// configuration): the reason it is refused, if it is.
