@@ -4,8 +4,8 @@
 //! # How a configuration is assembled
 //!
 //! ```text
-//!   serde defaults (DEFAULT_* constants; the mapping, routing key and
-//!                   max_in_flight are the reader's and the publisher's own)
+//!   serde defaults (DEFAULT_* constants; [mapping] and [rabbitmq] are the
+//!                   reader's and the publisher's own sections, with their defaults)
 //!        ▲ overridden by
 //!   TOML file: --config FILE, else ./outbox-relay.toml if present
 //!        ▲ overridden by
@@ -32,11 +32,13 @@
 //! that return typed values ([`Config::tables`], [`Config::replay_window`], ...) cannot
 //! fail afterwards.
 //!
-//! Files: this one holds the keys and their defaults; `load.rs` loads them (every
-//! error at once) and refuses built-in server addresses; `env.rs` the environment
-//! overrides, `de.rs` the value deserializers, `validate.rs` the checks, `access.rs`
-//! the typed accessors and each component's configuration, `error.rs`
-//! [`ConfigError`].
+//! Files: this one holds the relay's own sections and their defaults (`[mapping]`
+//! is wal-reader's [`MappingConfig`], `[rabbitmq]` the publisher's
+//! [`RabbitMqConfig`]); `load.rs` loads them (every error at once) and refuses
+//! built-in server addresses; `env.rs` the environment overrides, `de.rs` the value
+//! deserializers, `validate.rs` the checks (those of `[mapping]` and `[rabbitmq]` are
+//! their owners'), `access.rs` the typed accessors and what each component takes
+//! from other sections, `error.rs` [`ConfigError`].
 
 use std::fmt;
 use std::net::SocketAddr;

@@ -1,6 +1,7 @@
 //! Typed access to the configuration: the accessors (values checked at load, so
-//! they cannot fail), and what each component needs (the Postgres connection
-//! options, the reader's and the publisher's configurations).
+//! they cannot fail), and what each component needs from more than its own section
+//! (the Postgres connection options and the reader's configuration; the publishers'
+//! configurations are built by their `[rabbitmq]` settings, given [`Shared`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
