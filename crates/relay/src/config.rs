@@ -24,7 +24,7 @@
 //! never split on commas, since a password may contain one.
 //!
 //! Secrets: the Postgres URL and the AMQP URLs carry passwords. They are held as
-//! [`SecretString`], `Debug` shows them through [`redact_url`], and error messages never
+//! [`SecretString`](secrecy::SecretString), `Debug` shows them through [`redact_url`], and error messages never
 //! quote their values. Code that needs the real value calls a method whose name says so
 //! ([`Config::postgres_url_exposed`], [`Config::expose_amqp_urls`]).
 //!
@@ -45,7 +45,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 mod access;
@@ -59,29 +58,23 @@ pub use error::ConfigError;
 /// `[rabbitmq]` is the publisher's own section: its keys, defaults and checks.
 pub use publisher::settings::RabbitMqConfig;
 pub use wal_reader::redact::redact_url;
-/// `[mapping]` is the reader's own section: its keys, defaults and checks.
-pub use wal_reader::{ColumnMapping, MappingConfig};
+/// `[postgres]` and `[mapping]` are the reader's own sections: their keys, defaults
+/// and checks.
+pub use wal_reader::{ColumnMapping, MappingConfig, PostgresConfig};
 // Names of the two sections the relay's own code no longer spells (its tests do).
 #[cfg_attr(not(test), allow(unused_imports))]
 pub use publisher::settings::{ExchangeType, DEFAULT_AMQP_URL};
+#[cfg_attr(not(test), allow(unused_imports))]
+pub use wal_reader::settings::DEFAULT_POSTGRES_URL;
 
 pub use load::Given;
 
-use de::{de_duration, de_secret, de_socket_addr, de_string_list};
+use de::{de_duration, de_socket_addr};
 
 /// The file read when `--config` is not given, if it exists in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "outbox-relay.toml";
 /// Prefix of the environment variables that override configuration keys.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
-
-/// Default `postgres.url`.
-pub const DEFAULT_POSTGRES_URL: &str = "postgresql://postgres@127.0.0.1:5432/app";
-/// Default `postgres.slot`.
-pub const DEFAULT_SLOT: &str = "outbox_relay";
-/// Default `postgres.publication`.
-pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
-/// Default `postgres.tables`.
-pub const DEFAULT_TABLES: &[&str] = &["public.outbox"];
 
 /// Default `relay.status_interval_ms`.
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
@@ -119,7 +112,8 @@ impl fmt::Display for ConfigSource {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// `[postgres]`: the database, slot, publication and outbox tables.
+    /// `[postgres]`: the database, slot, publication and outbox tables (the reader's
+    /// [`PostgresConfig`]).
     pub postgres: PostgresConfig,
     /// `[mapping]`: outbox column names (the reader's [`MappingConfig`]).
     pub mapping: MappingConfig,
@@ -138,46 +132,6 @@ pub struct Config {
     /// Which connection settings were given rather than defaulted (not a key).
     #[serde(skip)]
     pub given: Given,
-}
-
-/// `[postgres]`.
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PostgresConfig {
-    /// libpq-style URL (`postgresql://user:pw@host:port/db?sslmode=...`) or key=value
-    /// conninfo (`host=... user=... password=...`). Holds a password: secret.
-    #[serde(deserialize_with = "de_secret")]
-    pub url: SecretString,
-    /// Name of the pgoutput logical replication slot.
-    pub slot: String,
-    /// Name of the publication the slot streams.
-    pub publication: String,
-    /// Outbox tables, `schema.table` or `table` (schema `public`): a list, or one
-    /// string of comma-separated names (as the environment variable). Checked at load.
-    #[serde(deserialize_with = "de_string_list")]
-    pub tables: Vec<String>,
-}
-
-impl Default for PostgresConfig {
-    fn default() -> PostgresConfig {
-        PostgresConfig {
-            url: SecretString::from(DEFAULT_POSTGRES_URL),
-            slot: DEFAULT_SLOT.to_string(),
-            publication: DEFAULT_PUBLICATION.to_string(),
-            tables: DEFAULT_TABLES.iter().map(|t| t.to_string()).collect(),
-        }
-    }
-}
-
-impl fmt::Debug for PostgresConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresConfig")
-            .field("url", &redact_url(self.url.expose_secret()))
-            .field("slot", &self.slot)
-            .field("publication", &self.publication)
-            .field("tables", &self.tables)
-            .finish()
-    }
 }
 
 /// `message.format` values.

@@ -2,6 +2,7 @@
 //! [`MappingConfig`], the `[mapping]` section as written (deserialized straight into,
 //! its defaults and checks beside it), and [`ColumnMapping`], what the reader uses.
 
+use outbox_event::setting::SettingError;
 use serde::Deserialize;
 
 /// Default `mapping.id`.
@@ -55,20 +56,20 @@ impl Default for MappingConfig {
 }
 
 impl MappingConfig {
-    /// Every required column left empty, as (key in the section, reason).
-    pub fn validate(&self) -> Vec<(&'static str, &'static str)> {
+    /// Every required column left empty (docs/design.md §6 `[mapping]`).
+    pub fn validate(&self) -> Vec<SettingError> {
         let required = [
-            ("id", &self.id),
-            ("aggregate_type", &self.aggregate_type),
-            ("aggregate_id", &self.aggregate_id),
-            ("event_type", &self.event_type),
-            ("payload", &self.payload),
+            ("mapping.id", &self.id),
+            ("mapping.aggregate_type", &self.aggregate_type),
+            ("mapping.aggregate_id", &self.aggregate_id),
+            ("mapping.event_type", &self.event_type),
+            ("mapping.payload", &self.payload),
         ];
         required
             .into_iter()
             .filter(|(_, column)| column.trim().is_empty())
             .map(|(key, _)| {
-                (
+                SettingError::new(
                     key,
                     "the column name is empty: name the outbox column that holds this field",
                 )

@@ -6,28 +6,13 @@
 use std::path::Path;
 
 use outbox_event::redact::quoted_scheme;
+pub use outbox_event::setting::SettingError;
 use outbox_event::suggest::closest;
 use secrecy::ExposeSecret;
 
 use super::RabbitMqConfig;
 use crate::config::check_max_in_flight;
 use crate::message::{RoutingKeyError, RoutingKeyTemplate, PLACEHOLDERS};
-
-/// A refused `[rabbitmq]` value: its key (`rabbitmq.url`) and what to do about it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SettingError {
-    pub key: &'static str,
-    pub reason: String,
-}
-
-impl SettingError {
-    fn new(key: &'static str, reason: impl Into<String>) -> SettingError {
-        SettingError {
-            key,
-            reason: reason.into(),
-        }
-    }
-}
 
 impl RabbitMqConfig {
     /// Checks the values serde cannot: names, the routing key template, the flow

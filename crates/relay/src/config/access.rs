@@ -50,11 +50,7 @@ impl Config {
 
     /// The outbox tables (validated at load).
     pub fn tables(&self) -> Vec<TableName> {
-        self.postgres
-            .tables
-            .iter()
-            .filter_map(|t| TableName::parse(t))
-            .collect()
+        self.postgres.tables()
     }
 
     /// `rabbitmq.dead_letter_exchange`, `None` when `""`.
@@ -119,16 +115,12 @@ impl Config {
 
     /// What the reader needs; `start_lsn` is `run --start-lsn`.
     pub fn reader_config(&self, start_lsn: Option<Lsn>) -> Result<ReaderConfig, ConnInfoError> {
-        Ok(ReaderConfig {
-            conn: self.pg_options()?,
-            slot: self.postgres.slot.clone(),
-            publication: self.postgres.publication.clone(),
-            tables: self.tables(),
-            mapping: self.mapping(),
+        self.postgres.reader_config(
+            &self.mapping,
             start_lsn,
-            status_interval: self.status_interval(),
-            max_in_flight: self.rabbitmq.max_in_flight,
-        })
+            self.status_interval(),
+            self.rabbitmq.max_in_flight,
+        )
     }
 
     /// The messages' shape for both publishers (`[message]`, docs/cloudevents.md):

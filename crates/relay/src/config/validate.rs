@@ -1,12 +1,9 @@
 //! Checks of the values that serde cannot express: [`Config::validate`] and the
-//! checks of single values (names, the Postgres URL) it uses; `[mapping]` and
-//! `[rabbitmq]` are checked by their owners ([`wal_reader::MappingConfig::validate`],
+//! checks of the relay's own sections it uses; `[postgres]`, `[mapping]` and
+//! `[rabbitmq]` are checked by their owners ([`wal_reader::PostgresConfig::validate`],
+//! [`wal_reader::MappingConfig::validate`],
 //! [`publisher::settings::RabbitMqConfig::validate`]). Each error names its key and
 //! never quotes a URL.
-
-use outbox_event::redact::quoted_scheme;
-use secrecy::ExposeSecret;
-use wal_reader::{PgConnectOptions, TableName};
 
 use publisher::message::cloudevents::validate_source;
 
@@ -22,21 +19,11 @@ impl Config {
                 errors.push(e);
             }
         };
-        let pg = &self.postgres;
-        check(validate_pg_url(pg.url.expose_secret()));
-        check(validate_identifier("postgres.slot", &pg.slot, true));
-        check(validate_identifier(
-            "postgres.publication",
-            &pg.publication,
-            false,
-        ));
-        check(validate_tables(&pg.tables));
-
-        for (key, reason) in self.mapping.validate() {
-            check(Err(ConfigError::invalid(&format!("mapping.{key}"), reason)));
-        }
-
-        for e in self.rabbitmq.validate() {
+        // The components' own sections, in the order of the file.
+        let owned = (self.postgres.validate().into_iter())
+            .chain(self.mapping.validate())
+            .chain(self.rabbitmq.validate());
+        for e in owned {
             check(Err(ConfigError::invalid(e.key, e.reason)));
         }
         if let Err(e) = validate_source(&self.message.cloudevents_source) {
@@ -75,25 +62,6 @@ impl Config {
     }
 }
 
-/// `postgres.tables`: at least one, each a table name.
-fn validate_tables(tables: &[String]) -> Result<(), ConfigError> {
-    if tables.is_empty() {
-        return Err(ConfigError::invalid(
-            "postgres.tables",
-            "the list is empty: name at least one outbox table, e.g. [\"public.outbox\"]",
-        ));
-    }
-    for t in tables {
-        if TableName::parse(t).is_none() {
-            return Err(ConfigError::invalid(
-                "postgres.tables",
-                format!("{t:?} is not a table name: use \"schema.table\" or \"table\""),
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// The metrics endpoint's limits and credentials (`relay.metrics_*`).
 fn validate_metrics_endpoint(r: &super::RelayConfig) -> Result<(), ConfigError> {
     if r.metrics_read_timeout_ms < 100 {
@@ -130,63 +98,6 @@ fn validate_metrics_endpoint(r: &super::RelayConfig) -> Result<(), ConfigError> 
                 format!("{set} is set but {missing} is not: set both, or neither"),
             ));
         }
-    }
-    Ok(())
-}
-
-pub(super) fn validate_pg_url(url: &str) -> Result<(), ConfigError> {
-    const KEY: &str = "postgres.url";
-    if url.trim().is_empty() {
-        return Err(ConfigError::invalid(
-            KEY,
-            "it is empty: set a URL like postgresql://user@host:5432/db or a conninfo like \"host=... dbname=...\"",
-        ));
-    }
-    if let Some((scheme, _)) = url.split_once("://") {
-        if scheme != "postgresql" && scheme != "postgres" {
-            return Err(ConfigError::invalid(
-                KEY,
-                format!(
-                    "the URL scheme {}is not postgresql:// or postgres://: fix the URL",
-                    quoted_scheme(scheme)
-                ),
-            ));
-        }
-    } else if !url.contains('=') {
-        return Err(ConfigError::invalid(
-            KEY,
-            "it is neither a postgresql:// URL nor key=value conninfo: fix it",
-        ));
-    }
-    // Every parameter is read now, as at connect (the message names parameters,
-    // never values).
-    PgConnectOptions::parse(url)
-        .map(|_| ())
-        .map_err(|e| ConfigError::invalid(KEY, e.0))
-}
-
-/// Slot names: lower-case letters, digits, underscores, at most 63 bytes. Publications:
-/// any non-empty name of at most 63 bytes (it is quoted when used).
-pub(super) fn validate_identifier(
-    key: &str,
-    value: &str,
-    slot_rules: bool,
-) -> Result<(), ConfigError> {
-    if value.is_empty() || value.len() > 63 {
-        return Err(ConfigError::invalid(
-            key,
-            format!("{value:?} must be 1 to 63 bytes long: choose another name"),
-        ));
-    }
-    if slot_rules
-        && !value
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-    {
-        return Err(ConfigError::invalid(
-            key,
-            format!("{value:?} is not a valid slot name: use only lower-case letters, digits and underscores"),
-        ));
     }
     Ok(())
 }
