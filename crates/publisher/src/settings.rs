@@ -291,3 +291,48 @@ impl RabbitMqConfig {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            format: MessageFormat::Native,
+            headers: HeaderProfile::Full,
+            shutdown_timeout: crate::DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+
+    /// The section's defaults are valid and build the targets' own defaults.
+    #[test]
+    fn defaults_are_valid_and_build_the_targets_defaults() {
+        let r = RabbitMqConfig::default();
+        assert_eq!(r.validate(), []);
+        let p = r.publisher_config(shared(), "outbox-relay".into());
+        let d = PublisherConfig::new(DEFAULT_AMQP_URL, DEFAULT_EXCHANGE);
+        assert_eq!(p.urls, d.urls);
+        assert_eq!(p.exchange_type, d.exchange_type);
+        assert_eq!(p.routing_key, d.routing_key);
+        assert_eq!(p.max_in_flight, d.max_in_flight);
+        assert_eq!(p.dead_letter_exchange, None);
+        let s = r.stream_config(shared());
+        assert_eq!(s.max_in_flight, DEFAULT_MAX_IN_FLIGHT);
+        assert_eq!((s.max_length_bytes, s.max_age), (None, None));
+    }
+
+    /// One flow limit: both targets take `max_in_flight` from the section, and 0 is
+    /// refused under its key.
+    #[test]
+    fn max_in_flight_reaches_both_targets_and_zero_is_refused() {
+        let mut r = RabbitMqConfig {
+            max_in_flight: 7,
+            ..RabbitMqConfig::default()
+        };
+        assert_eq!(r.publisher_config(shared(), String::new()).max_in_flight, 7);
+        assert_eq!(r.stream_config(shared()).max_in_flight, 7);
+        r.max_in_flight = 0;
+        let keys: Vec<&str> = r.validate().iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["rabbitmq.max_in_flight"]);
+    }
+}

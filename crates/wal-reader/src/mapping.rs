@@ -162,3 +162,25 @@ impl std::fmt::Display for TableName {
         write!(f, "{}.{}", self.schema, self.name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_optional_column_is_none_and_an_empty_required_one_is_refused() {
+        assert_eq!(MappingConfig::default().columns(), ColumnMapping::default());
+        assert!(MappingConfig::default().validate().is_empty());
+        let m = MappingConfig {
+            headers: String::new(),
+            correlation_id: "trace".into(),
+            payload: " ".into(),
+            ..MappingConfig::default()
+        };
+        let columns = m.columns();
+        assert_eq!(columns.headers, None);
+        assert_eq!(columns.correlation_id.as_deref(), Some("trace"));
+        let keys: Vec<&str> = m.validate().iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["mapping.payload"]);
+    }
+}
