@@ -5,8 +5,9 @@
 //! never past a message the broker had not acked (see `harness::Sampler`).
 //!
 //! Tests that change the broker for everyone (stop_app, memory alarm) hold
-//! `harness::BROKER` for writing; all others hold it for reading. Tests that restart or
-//! crash Postgres use the fault cluster (55433) and hold `harness::FAULT_PG`.
+//! `testkit::BROKER` (re-exported as `harness::BROKER`) for writing; all others hold
+//! it for reading. Tests that restart or crash Postgres use the fault cluster (55433)
+//! and hold `harness::FAULT_PG`.
 //! docs/reliability.md maps each guarantee to the test that proves it.
 #![allow(clippy::unwrap_used)]
 

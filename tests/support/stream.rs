@@ -52,11 +52,8 @@ impl StreamMsg {
     }
 }
 
-/// `X/Y` → u64.
-pub fn parse_lsn(s: &str) -> Option<u64> {
-    let (hi, lo) = s.trim().split_once('/')?;
-    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
-}
+/// `X/Y` → u64 (testkit's).
+pub use testkit::parse_lsn;
 
 fn text_of(v: &Value) -> String {
     match v {

@@ -12,12 +12,15 @@
 //! needs no Postgres knowledge. [`Lsn`] is pgoutput's, re-exported here so that the
 //! workspace has one `Lsn`, imported as `outbox_event::Lsn`. [`redact`] is the
 //! program's one password redaction, shared by the reader, the publisher and the
-//! relay. [`history`] says which WAL history a position belongs to (a server's
+//! relay; [`suggest`] its one typo suggestion; [`setting`] the refusal every
+//! component's settings report. [`history`] says which WAL history a position belongs to (a server's
 //! system identifier and timeline history), for the positions carried between
 //! sessions.
 
 pub mod history;
 pub mod redact;
+pub mod setting;
+pub mod suggest;
 
 use std::fmt;
 use std::sync::Arc;

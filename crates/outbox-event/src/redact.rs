@@ -130,6 +130,22 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `` `scheme` `` followed by a space when it looks like a URL scheme (letters, digits,
+/// `+.-`, at most 16), else nothing: what precedes `://` in a malformed value may be
+/// a password.
+pub fn quoted_scheme(scheme: &str) -> String {
+    let plain = !scheme.is_empty()
+        && scheme.len() <= 16
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+.-".contains(c));
+    if plain {
+        format!("`{scheme}` ")
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

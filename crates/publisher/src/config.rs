@@ -1,7 +1,7 @@
 //! The AMQP publisher's configuration: its defaults (docs/design.md §6), its
 //! validation, and how it verifies the broker over TLS. The flow limit's one check,
-//! [`check_max_in_flight`], is here too: the stream publisher and the relay's
-//! configuration use it.
+//! [`check_max_in_flight`], is here too: the stream publisher and the `[rabbitmq]`
+//! settings ([`crate::settings`]) use it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -20,11 +20,11 @@ pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Default bound on the wait for outstanding confirms once the input has closed
 /// (both targets; the relay's `[relay] shutdown_timeout_ms` default).
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
-/// Default exchange type (the relay's `[rabbitmq] exchange_type` default).
-pub const DEFAULT_EXCHANGE_TYPE: &str = "topic";
+/// Default exchange type (`[rabbitmq] exchange_type`, [`crate::settings`]).
+pub const DEFAULT_EXCHANGE_TYPE: &str = crate::settings::DEFAULT_EXCHANGE_TYPE.as_str();
 
-/// The one check of the flow limit `max_in_flight` (both targets, and the relay's
-/// configuration): the reason it is refused, if it is.
+/// The one check of the flow limit `max_in_flight` (both targets, and the
+/// `[rabbitmq]` settings at load): the reason it is refused, if it is.
 pub fn check_max_in_flight(max_in_flight: usize) -> Result<(), &'static str> {
     if max_in_flight == 0 {
         Err("must be at least 1 (0 would never publish): set it to the number of unconfirmed messages to allow, e.g. 10000")

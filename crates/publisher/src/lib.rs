@@ -71,6 +71,7 @@ pub mod probe;
 mod progress;
 mod report;
 mod run;
+pub mod settings;
 #[cfg(test)]
 mod sim;
 mod target;

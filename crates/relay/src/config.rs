@@ -4,8 +4,8 @@
 //! # How a configuration is assembled
 //!
 //! ```text
-//!   serde defaults (DEFAULT_* constants; the mapping, routing key and
-//!                   max_in_flight are the reader's and the publisher's own)
+//!   serde defaults (DEFAULT_* constants; [mapping] and [rabbitmq] are the
+//!                   reader's and the publisher's own sections, with their defaults)
 //!        ▲ overridden by
 //!   TOML file: --config FILE, else ./outbox-relay.toml if present
 //!        ▲ overridden by
@@ -24,7 +24,7 @@
 //! never split on commas, since a password may contain one.
 //!
 //! Secrets: the Postgres URL and the AMQP URLs carry passwords. They are held as
-//! [`SecretString`], `Debug` shows them through [`redact_url`], and error messages never
+//! [`SecretString`](secrecy::SecretString), `Debug` shows them through [`redact_url`], and error messages never
 //! quote their values. Code that needs the real value calls a method whose name says so
 //! ([`Config::postgres_url_exposed`], [`Config::expose_amqp_urls`]).
 //!
@@ -32,20 +32,20 @@
 //! that return typed values ([`Config::tables`], [`Config::replay_window`], ...) cannot
 //! fail afterwards.
 //!
-//! Files: this one holds the keys and their defaults; `load.rs` loads them (every
-//! error at once) and refuses built-in server addresses; `env.rs` the environment
-//! overrides, `de.rs` the value deserializers, `validate.rs` the checks, `access.rs`
-//! the typed accessors and each component's configuration, `error.rs`
-//! [`ConfigError`].
+//! Files: this one holds the relay's own sections and their defaults (`[mapping]`
+//! is wal-reader's [`MappingConfig`], `[rabbitmq]` the publisher's
+//! [`RabbitMqConfig`]); `load.rs` loads them (every error at once) and refuses
+//! built-in server addresses; `env.rs` the environment overrides, `de.rs` the value
+//! deserializers, `validate.rs` the checks (those of `[mapping]` and `[rabbitmq]` are
+//! their owners'), `access.rs` the typed accessors and what each component takes
+//! from other sections, `error.rs` [`ConfigError`].
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
-use wal_reader::ColumnMapping;
 
 mod access;
 mod de;
@@ -55,48 +55,26 @@ mod load;
 mod validate;
 
 pub use error::ConfigError;
+/// `[rabbitmq]` is the publisher's own section: its keys, defaults and checks.
+pub use publisher::settings::RabbitMqConfig;
 pub use wal_reader::redact::redact_url;
+/// `[postgres]` and `[mapping]` are the reader's own sections: their keys, defaults
+/// and checks.
+pub use wal_reader::{ColumnMapping, MappingConfig, PostgresConfig};
+// Names of the two sections the relay's own code no longer spells (its tests do).
+#[cfg_attr(not(test), allow(unused_imports))]
+pub use publisher::settings::{ExchangeType, DEFAULT_AMQP_URL};
+#[cfg_attr(not(test), allow(unused_imports))]
+pub use wal_reader::settings::DEFAULT_POSTGRES_URL;
 
 pub use load::Given;
 
-use de::{de_duration, de_secret, de_secret_list, de_socket_addr, de_string_list};
+use de::{de_duration, de_socket_addr};
 
 /// The file read when `--config` is not given, if it exists in the working directory.
 pub const DEFAULT_CONFIG_FILE: &str = "outbox-relay.toml";
 /// Prefix of the environment variables that override configuration keys.
 pub const ENV_PREFIX: &str = "OUTBOX_RELAY_";
-
-/// Default `postgres.url`.
-pub const DEFAULT_POSTGRES_URL: &str = "postgresql://postgres@127.0.0.1:5432/app";
-/// Default `postgres.slot`.
-pub const DEFAULT_SLOT: &str = "outbox_relay";
-/// Default `postgres.publication`.
-pub const DEFAULT_PUBLICATION: &str = "outbox_relay";
-/// Default `postgres.tables`.
-pub const DEFAULT_TABLES: &[&str] = &["public.outbox"];
-
-/// Default `rabbitmq.url`.
-pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-/// Default `rabbitmq.exchange`.
-pub const DEFAULT_EXCHANGE: &str = "outbox";
-/// Default `rabbitmq.exchange_type`: the publisher's.
-pub const DEFAULT_EXCHANGE_TYPE: ExchangeType =
-    match ExchangeType::from_name(publisher::DEFAULT_EXCHANGE_TYPE) {
-        Some(t) => t,
-        None => panic!("publisher::DEFAULT_EXCHANGE_TYPE is not an exchange type"),
-    };
-/// Default `rabbitmq.declare_exchange`.
-pub const DEFAULT_DECLARE_EXCHANGE: bool = true;
-/// Default `rabbitmq.dead_letter_exchange` (none).
-pub const DEFAULT_DEAD_LETTER_EXCHANGE: &str = "";
-/// Default `rabbitmq.ca_file` (system roots).
-pub const DEFAULT_CA_FILE: &str = "";
-/// Default `rabbitmq.heartbeat_secs` (0: the URL's `heartbeat` or the broker's proposal).
-pub const DEFAULT_HEARTBEAT_SECS: u64 = 0;
-/// Default `rabbitmq.stream` (none: publish to the exchange).
-pub const DEFAULT_STREAM: &str = "";
-/// Default `rabbitmq.declare_stream`.
-pub const DEFAULT_DECLARE_STREAM: bool = true;
 
 /// Default `relay.status_interval_ms`.
 pub const DEFAULT_STATUS_INTERVAL_MS: u64 = 1_000;
@@ -134,11 +112,13 @@ impl fmt::Display for ConfigSource {
 #[derive(Debug, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Config {
-    /// `[postgres]`: the database, slot, publication and outbox tables.
+    /// `[postgres]`: the database, slot, publication and outbox tables (the reader's
+    /// [`PostgresConfig`]).
     pub postgres: PostgresConfig,
-    /// `[mapping]`: outbox column names.
+    /// `[mapping]`: outbox column names (the reader's [`MappingConfig`]).
     pub mapping: MappingConfig,
-    /// `[rabbitmq]`: the broker and how messages are routed.
+    /// `[rabbitmq]`: the broker and how messages are routed (the publisher's
+    /// [`RabbitMqConfig`]).
     pub rabbitmq: RabbitMqConfig,
     /// `[message]`: the messages' shape (docs/cloudevents.md).
     pub message: MessageConfig,
@@ -152,240 +132,6 @@ pub struct Config {
     /// Which connection settings were given rather than defaulted (not a key).
     #[serde(skip)]
     pub given: Given,
-}
-
-/// `[postgres]`.
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PostgresConfig {
-    /// libpq-style URL (`postgresql://user:pw@host:port/db?sslmode=...`) or key=value
-    /// conninfo (`host=... user=... password=...`). Holds a password: secret.
-    #[serde(deserialize_with = "de_secret")]
-    pub url: SecretString,
-    /// Name of the pgoutput logical replication slot.
-    pub slot: String,
-    /// Name of the publication the slot streams.
-    pub publication: String,
-    /// Outbox tables, `schema.table` or `table` (schema `public`): a list, or one
-    /// string of comma-separated names (as the environment variable). Checked at load.
-    #[serde(deserialize_with = "de_string_list")]
-    pub tables: Vec<String>,
-}
-
-impl Default for PostgresConfig {
-    fn default() -> PostgresConfig {
-        PostgresConfig {
-            url: SecretString::from(DEFAULT_POSTGRES_URL),
-            slot: DEFAULT_SLOT.to_string(),
-            publication: DEFAULT_PUBLICATION.to_string(),
-            tables: DEFAULT_TABLES.iter().map(|t| t.to_string()).collect(),
-        }
-    }
-}
-
-impl fmt::Debug for PostgresConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresConfig")
-            .field("url", &redact_url(self.url.expose_secret()))
-            .field("slot", &self.slot)
-            .field("publication", &self.publication)
-            .field("tables", &self.tables)
-            .finish()
-    }
-}
-
-/// `[mapping]`: column names of the outbox table.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MappingConfig {
-    /// Column holding the message id (`message_id` property).
-    pub id: String,
-    /// Column holding the aggregate type.
-    pub aggregate_type: String,
-    /// Column holding the aggregate id.
-    pub aggregate_id: String,
-    /// Column holding the event type (`type` property).
-    pub event_type: String,
-    /// Column holding the body.
-    pub payload: String,
-    /// Optional JSON column of extra headers; `""` means the table has none.
-    pub headers: String,
-    /// Optional column for the `correlation_id` property; `""` means none.
-    pub correlation_id: String,
-}
-
-impl Default for MappingConfig {
-    /// The reader's default mapping ([`ColumnMapping::default`]), a missing optional
-    /// column written as `""`.
-    fn default() -> MappingConfig {
-        let m = ColumnMapping::default();
-        MappingConfig {
-            id: m.id,
-            aggregate_type: m.aggregate_type,
-            aggregate_id: m.aggregate_id,
-            event_type: m.event_type,
-            payload: m.payload,
-            headers: m.headers.unwrap_or_default(),
-            correlation_id: m.correlation_id.unwrap_or_default(),
-        }
-    }
-}
-
-/// AMQP exchange types (`rabbitmq.exchange_type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ExchangeType {
-    Direct,
-    Fanout,
-    Topic,
-    Headers,
-}
-
-impl ExchangeType {
-    /// The type of an AMQP name (`"topic"`, ...).
-    pub const fn from_name(name: &str) -> Option<ExchangeType> {
-        match name.as_bytes() {
-            b"direct" => Some(ExchangeType::Direct),
-            b"fanout" => Some(ExchangeType::Fanout),
-            b"topic" => Some(ExchangeType::Topic),
-            b"headers" => Some(ExchangeType::Headers),
-            _ => None,
-        }
-    }
-
-    /// The AMQP name (`"topic"`, ...).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExchangeType::Direct => "direct",
-            ExchangeType::Fanout => "fanout",
-            ExchangeType::Topic => "topic",
-            ExchangeType::Headers => "headers",
-        }
-    }
-}
-
-/// `[rabbitmq]`.
-#[derive(Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RabbitMqConfig {
-    /// `amqp://` or `amqps://` URL, or a list of them (the nodes of a cluster, tried in
-    /// order on every (re)connect). Hold passwords: secret.
-    #[serde(deserialize_with = "de_secret_list")]
-    pub url: Vec<SecretString>,
-    /// Exchange messages are published to (`""` = the default exchange).
-    pub exchange: String,
-    /// Type of the exchange, used when declaring it.
-    pub exchange_type: ExchangeType,
-    /// Declare the exchange (durable) if it is missing.
-    pub declare_exchange: bool,
-    /// Routing key template over `{aggregate_type}`, `{aggregate_id}`, `{event_type}`,
-    /// `{table}`. Checked at load.
-    pub routing_key: String,
-    /// Messages published but not yet confirmed to Postgres (≥ 1).
-    pub max_in_flight: usize,
-    /// Exchange unroutable (returned) messages are republished to; `""` = none, retry.
-    pub dead_letter_exchange: String,
-    /// PEM file of CA certificates trusted for `amqps://`; `""` = the system roots.
-    pub ca_file: String,
-    /// AMQP heartbeat in seconds, added to every URL as `?heartbeat=N` (lapin honours
-    /// that query parameter). 0 = keep the URL's own `heartbeat` or the broker's
-    /// proposal (RabbitMQ: 60 s). Also the stream target's heartbeat and liveness
-    /// interval (docs/design.md §4, *A silent broker*; 0 = 60 s).
-    pub heartbeat_secs: u64,
-    /// A RabbitMQ stream to publish every event to over the stream protocol, exactly
-    /// once (docs/design.md §1 item 6), instead of to `exchange`; `""` = the exchange.
-    pub stream: String,
-    /// `rabbitmq-stream://` or `rabbitmq-stream+tls://` URL, or a list of them, used
-    /// when `stream` is set. Hold passwords: secret.
-    #[serde(deserialize_with = "de_secret_list")]
-    pub stream_url: Vec<SecretString>,
-    /// Create the stream if it is missing.
-    pub declare_stream: bool,
-    /// Retention of a declared stream by size in bytes (`max-length-bytes`); 0 = no
-    /// size limit.
-    pub max_length_bytes: u64,
-    /// Retention of a declared stream by age (`max-age`), e.g. `"7d"`; `""` = none.
-    #[serde(deserialize_with = "de_duration")]
-    pub max_age: Option<Duration>,
-    /// The first part of the stream producer references (docs/streams.md); `""` =
-    /// derived from the source: `outbox-relay/<system id>/<database>/<slot>`. It must
-    /// name one source: two relays on different databases must never share it.
-    pub producer_name: String,
-    // Client certificate and password files (docs/security.md).
-    /// PEM client certificate presented over `amqps://` and `rabbitmq-stream+tls://`
-    /// (with `?auth_mechanism=external` in an AMQP URL, the broker logs the relay in
-    /// as the user it names); `""` = none.
-    pub cert_file: String,
-    /// Its PEM private key (readable by its owner only); `""` = none.
-    pub key_file: String,
-    /// A file holding the password of every `url`, read at every (re)connect
-    /// (Kubernetes and Vault secret mounts); `""` = the URLs' own.
-    pub password_file: String,
-    /// The same for every `stream_url`.
-    pub stream_password_file: String,
-}
-
-impl Default for RabbitMqConfig {
-    fn default() -> RabbitMqConfig {
-        RabbitMqConfig {
-            url: vec![SecretString::from(DEFAULT_AMQP_URL)],
-            exchange: DEFAULT_EXCHANGE.to_string(),
-            exchange_type: DEFAULT_EXCHANGE_TYPE,
-            declare_exchange: DEFAULT_DECLARE_EXCHANGE,
-            // The publisher's defaults (one source for both).
-            routing_key: publisher::message::DEFAULT_ROUTING_KEY.to_string(),
-            max_in_flight: publisher::DEFAULT_MAX_IN_FLIGHT,
-            dead_letter_exchange: DEFAULT_DEAD_LETTER_EXCHANGE.to_string(),
-            ca_file: DEFAULT_CA_FILE.to_string(),
-            heartbeat_secs: DEFAULT_HEARTBEAT_SECS,
-            stream: DEFAULT_STREAM.to_string(),
-            stream_url: vec![SecretString::from(publisher::stream::DEFAULT_STREAM_URL)],
-            declare_stream: DEFAULT_DECLARE_STREAM,
-            max_length_bytes: 0,
-            max_age: None,
-            producer_name: String::new(),
-            cert_file: String::new(),
-            key_file: String::new(),
-            password_file: String::new(),
-            stream_password_file: String::new(),
-        }
-    }
-}
-
-impl fmt::Debug for RabbitMqConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let urls: Vec<String> = self
-            .url
-            .iter()
-            .map(|u| redact_url(u.expose_secret()))
-            .collect();
-        let stream_urls: Vec<String> = self
-            .stream_url
-            .iter()
-            .map(|u| redact_url(u.expose_secret()))
-            .collect();
-        f.debug_struct("RabbitMqConfig")
-            .field("url", &urls)
-            .field("exchange", &self.exchange)
-            .field("exchange_type", &self.exchange_type)
-            .field("declare_exchange", &self.declare_exchange)
-            .field("routing_key", &self.routing_key)
-            .field("max_in_flight", &self.max_in_flight)
-            .field("dead_letter_exchange", &self.dead_letter_exchange)
-            .field("ca_file", &self.ca_file)
-            .field("heartbeat_secs", &self.heartbeat_secs)
-            .field("stream", &self.stream)
-            .field("stream_url", &stream_urls)
-            .field("declare_stream", &self.declare_stream)
-            .field("max_length_bytes", &self.max_length_bytes)
-            .field("max_age", &self.max_age)
-            .field("producer_name", &self.producer_name)
-            .field("cert_file", &self.cert_file)
-            .field("key_file", &self.key_file)
-            .field("password_file", &self.password_file)
-            .field("stream_password_file", &self.stream_password_file)
-            .finish()
-    }
 }
 
 /// `message.format` values.

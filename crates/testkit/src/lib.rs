@@ -4,12 +4,14 @@
 //! exchange and queue names ([`unique_name`]), so tests run in parallel. The services
 //! are the ones `scripts/test-services.sh` prepares: a Postgres cluster of the tests'
 //! own with `wal_level=logical` (port `OUTBOX_TEST_PG_PORT`, default 55432) and the
-//! machine's RabbitMQ (`OUTBOX_TEST_AMQP`).
+//! machine's RabbitMQ (`OUTBOX_TEST_AMQP`). [`recording`] holds the recording consumer
+//! and the checker of what arrived; [`BROKER`] the one broker lock.
 #![allow(clippy::unwrap_used)]
 
 pub mod amqp;
 pub mod hostile;
 pub mod proxy;
+pub mod recording;
 pub mod stream;
 pub mod stream_proxy;
 
@@ -262,4 +264,29 @@ impl Drop for TestDb {
             ])
             .output();
     }
+}
+
+/// `X/Y` → u64.
+pub fn parse_lsn(s: &str) -> Option<u64> {
+    let (hi, lo) = s.trim().split_once('/')?;
+    Some((u64::from_str_radix(hi, 16).ok()? << 32) | u64::from_str_radix(lo, 16).ok()?)
+}
+
+/// Runs SQL with `psql` on the cluster listening on `port`: whether it succeeded
+/// (for retries through restarts; [`psql_at`] panics instead).
+pub fn try_psql(port: u16, db: &str, sql: &str) -> bool {
+    Command::new("psql")
+        .args([
+            "-XAtq",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+        ])
+        .args(["-p", &port.to_string(), "-d", db, "-c", sql])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }

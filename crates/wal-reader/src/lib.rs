@@ -60,6 +60,7 @@ pub mod conninfo;
 pub mod error;
 pub mod mapping;
 pub mod pgtype;
+pub mod settings;
 pub mod stream;
 pub mod tls;
 
@@ -69,7 +70,8 @@ pub use outbox_event::redact;
 
 pub use conninfo::{PgConnectOptions, SslMode, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{ReaderError, ServerError};
-pub use mapping::{ColumnMapping, TableName};
+pub use mapping::{ColumnMapping, MappingConfig, TableName};
+pub use settings::PostgresConfig;
 pub use stream::{
     identify, identify_server, LastEventCommit, OldestUnacked, Prepared, ReaderConfig, ReaderExit,
     StartInfo, WalReader,

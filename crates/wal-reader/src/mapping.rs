@@ -1,4 +1,96 @@
-//! Which outbox columns carry which message field (docs/design.md §6 `[mapping]`).
+//! Which outbox columns carry which message field (docs/design.md §6 `[mapping]`):
+//! [`MappingConfig`], the `[mapping]` section as written (deserialized straight into,
+//! its defaults and checks beside it), and [`ColumnMapping`], what the reader uses.
+
+use outbox_event::setting::SettingError;
+use serde::Deserialize;
+
+/// Default `mapping.id`.
+pub const DEFAULT_ID_COLUMN: &str = "id";
+/// Default `mapping.aggregate_type`.
+pub const DEFAULT_AGGREGATE_TYPE_COLUMN: &str = "aggregate_type";
+/// Default `mapping.aggregate_id`.
+pub const DEFAULT_AGGREGATE_ID_COLUMN: &str = "aggregate_id";
+/// Default `mapping.event_type`.
+pub const DEFAULT_EVENT_TYPE_COLUMN: &str = "event_type";
+/// Default `mapping.payload`.
+pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
+/// Default `mapping.headers`.
+pub const DEFAULT_HEADERS_COLUMN: &str = "headers";
+/// Default `mapping.correlation_id` (none).
+pub const DEFAULT_CORRELATION_ID_COLUMN: &str = "";
+
+/// The `[mapping]` section: column names of the outbox table, as configured. An
+/// optional column written as `""` means the table has none.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MappingConfig {
+    /// Column holding the message id (`message_id` property).
+    pub id: String,
+    /// Column holding the aggregate type.
+    pub aggregate_type: String,
+    /// Column holding the aggregate id.
+    pub aggregate_id: String,
+    /// Column holding the event type (`type` property).
+    pub event_type: String,
+    /// Column holding the body.
+    pub payload: String,
+    /// Optional JSON column of extra headers; `""` means the table has none.
+    pub headers: String,
+    /// Optional column for the `correlation_id` property; `""` means none.
+    pub correlation_id: String,
+}
+
+impl Default for MappingConfig {
+    fn default() -> MappingConfig {
+        MappingConfig {
+            id: DEFAULT_ID_COLUMN.into(),
+            aggregate_type: DEFAULT_AGGREGATE_TYPE_COLUMN.into(),
+            aggregate_id: DEFAULT_AGGREGATE_ID_COLUMN.into(),
+            event_type: DEFAULT_EVENT_TYPE_COLUMN.into(),
+            payload: DEFAULT_PAYLOAD_COLUMN.into(),
+            headers: DEFAULT_HEADERS_COLUMN.into(),
+            correlation_id: DEFAULT_CORRELATION_ID_COLUMN.into(),
+        }
+    }
+}
+
+impl MappingConfig {
+    /// Every required column left empty (docs/design.md §6 `[mapping]`).
+    pub fn validate(&self) -> Vec<SettingError> {
+        let required = [
+            ("mapping.id", &self.id),
+            ("mapping.aggregate_type", &self.aggregate_type),
+            ("mapping.aggregate_id", &self.aggregate_id),
+            ("mapping.event_type", &self.event_type),
+            ("mapping.payload", &self.payload),
+        ];
+        required
+            .into_iter()
+            .filter(|(_, column)| column.trim().is_empty())
+            .map(|(key, _)| {
+                SettingError::new(
+                    key,
+                    "the column name is empty: name the outbox column that holds this field",
+                )
+            })
+            .collect()
+    }
+
+    /// The mapping the reader uses: an optional column written as `""` is `None`.
+    pub fn columns(&self) -> ColumnMapping {
+        let optional = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
+        ColumnMapping {
+            id: self.id.clone(),
+            aggregate_type: self.aggregate_type.clone(),
+            aggregate_id: self.aggregate_id.clone(),
+            event_type: self.event_type.clone(),
+            payload: self.payload.clone(),
+            headers: optional(&self.headers),
+            correlation_id: optional(&self.correlation_id),
+        }
+    }
+}
 
 /// Column names of the outbox table. `headers` and `correlation_id` are optional:
 /// `None` means the table has no such column.
@@ -14,16 +106,9 @@ pub struct ColumnMapping {
 }
 
 impl Default for ColumnMapping {
+    /// The default `[mapping]` ([`MappingConfig::default`]).
     fn default() -> ColumnMapping {
-        ColumnMapping {
-            id: "id".into(),
-            aggregate_type: "aggregate_type".into(),
-            aggregate_id: "aggregate_id".into(),
-            event_type: "event_type".into(),
-            payload: "payload".into(),
-            headers: Some("headers".into()),
-            correlation_id: None,
-        }
+        MappingConfig::default().columns()
     }
 }
 
@@ -75,5 +160,27 @@ impl TableName {
 impl std::fmt::Display for TableName {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}.{}", self.schema, self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_optional_column_is_none_and_an_empty_required_one_is_refused() {
+        assert_eq!(MappingConfig::default().columns(), ColumnMapping::default());
+        assert!(MappingConfig::default().validate().is_empty());
+        let m = MappingConfig {
+            headers: String::new(),
+            correlation_id: "trace".into(),
+            payload: " ".into(),
+            ..MappingConfig::default()
+        };
+        let columns = m.columns();
+        assert_eq!(columns.headers, None);
+        assert_eq!(columns.correlation_id.as_deref(), Some("trace"));
+        let keys: Vec<&str> = m.validate().iter().map(|e| e.key).collect();
+        assert_eq!(keys, ["mapping.payload"]);
     }
 }

@@ -1,6 +1,7 @@
 //! Typed access to the configuration: the accessors (values checked at load, so
-//! they cannot fail), and what each component needs (the Postgres connection
-//! options, the reader's and the publisher's configurations).
+//! they cannot fail), and what each component needs from more than its own section
+//! (the Postgres connection options and the reader's configuration; the publishers'
+//! configurations are built by their `[rabbitmq]` settings, given [`Shared`]).
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,11 +11,12 @@ use outbox_event::Lsn;
 use publisher::PublisherConfig;
 use secrecy::ExposeSecret;
 use wal_reader::conninfo::ConnInfoError;
-use wal_reader::{ColumnMapping, PgConnectOptions, ReaderConfig, TableName};
+use wal_reader::{PgConnectOptions, ReaderConfig, TableName};
 
-use super::{redact_url, Config, HeaderProfileKind, MessageFormatKind};
+use super::{redact_url, ColumnMapping, Config, HeaderProfileKind, MessageFormatKind};
 use publisher::message::cloudevents::CloudEventsFormat;
 use publisher::message::{HeaderProfile, MessageFormat};
+use publisher::settings::Shared;
 use publisher::stream::StreamConfig;
 
 impl Config {
@@ -24,23 +26,11 @@ impl Config {
     }
 
     /// The AMQP URLs in order, passwords included, with `heartbeat=N` added when
-    /// `rabbitmq.heartbeat_secs` is set. Do not log them.
+    /// `rabbitmq.heartbeat_secs` is set (what the publisher connects to). Do not log
+    /// them.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn expose_amqp_urls(&self) -> Vec<String> {
-        let hb = self.rabbitmq.heartbeat_secs;
-        self.rabbitmq
-            .url
-            .iter()
-            .map(|u| {
-                let u = u.expose_secret();
-                if hb == 0 {
-                    u.to_string()
-                } else if u.contains('?') {
-                    format!("{u}&heartbeat={hb}")
-                } else {
-                    format!("{u}?heartbeat={hb}")
-                }
-            })
-            .collect()
+        self.rabbitmq.expose_urls()
     }
 
     /// The AMQP URLs with passwords replaced by `***`, for logs.
@@ -53,28 +43,14 @@ impl Config {
     }
 
     /// The column mapping for the reader: `headers = ""` and `correlation_id = ""`
-    /// mean no such column.
+    /// mean no such column ([`wal_reader::MappingConfig::columns`]).
     pub fn mapping(&self) -> ColumnMapping {
-        let m = &self.mapping;
-        let optional = |s: &str| Some(s.to_string()).filter(|s| !s.is_empty());
-        ColumnMapping {
-            id: m.id.clone(),
-            aggregate_type: m.aggregate_type.clone(),
-            aggregate_id: m.aggregate_id.clone(),
-            event_type: m.event_type.clone(),
-            payload: m.payload.clone(),
-            headers: optional(&m.headers),
-            correlation_id: optional(&m.correlation_id),
-        }
+        self.mapping.columns()
     }
 
     /// The outbox tables (validated at load).
     pub fn tables(&self) -> Vec<TableName> {
-        self.postgres
-            .tables
-            .iter()
-            .filter_map(|t| TableName::parse(t))
-            .collect()
+        self.postgres.tables()
     }
 
     /// `rabbitmq.dead_letter_exchange`, `None` when `""`.
@@ -82,7 +58,8 @@ impl Config {
         Some(self.rabbitmq.dead_letter_exchange.as_str()).filter(|s| !s.is_empty())
     }
 
-    /// `rabbitmq.ca_file`, `None` when `""` (system roots).
+    /// `rabbitmq.ca_file`, `None` when `""` (system roots; what the publisher reads).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn ca_file(&self) -> Option<&Path> {
         Some(self.rabbitmq.ca_file.as_str())
             .filter(|s| !s.is_empty())
@@ -138,16 +115,12 @@ impl Config {
 
     /// What the reader needs; `start_lsn` is `run --start-lsn`.
     pub fn reader_config(&self, start_lsn: Option<Lsn>) -> Result<ReaderConfig, ConnInfoError> {
-        Ok(ReaderConfig {
-            conn: self.pg_options()?,
-            slot: self.postgres.slot.clone(),
-            publication: self.postgres.publication.clone(),
-            tables: self.tables(),
-            mapping: self.mapping(),
+        self.postgres.reader_config(
+            &self.mapping,
             start_lsn,
-            status_interval: self.status_interval(),
-            max_in_flight: self.rabbitmq.max_in_flight,
-        })
+            self.status_interval(),
+            self.rabbitmq.max_in_flight,
+        )
     }
 
     /// The messages' shape for both publishers (`[message]`, docs/cloudevents.md):
@@ -197,68 +170,23 @@ impl Config {
             .collect()
     }
 
-    /// What the stream publisher needs (with `rabbitmq.stream` set). The producers'
-    /// source is set per session, from the server's identity and history
-    /// (docs/design.md §4).
-    pub fn stream_config(&self) -> StreamConfig {
-        let urls: Vec<String> = self
-            .rabbitmq
-            .stream_url
-            .iter()
-            .map(|u| u.expose_secret().to_string())
-            .collect();
-        let mut s = StreamConfig::new(
-            urls.first().cloned().unwrap_or_default(),
-            &self.rabbitmq.stream,
-        );
-        s.urls = urls;
-        s.declare_stream = self.rabbitmq.declare_stream;
-        s.max_length_bytes = Some(self.rabbitmq.max_length_bytes).filter(|&b| b > 0);
-        s.max_age = self.rabbitmq.max_age;
-        s.max_in_flight = self.rabbitmq.max_in_flight;
-        s.ca_file = self.ca_file().map(|p| p.to_path_buf());
-        s.auth = self.client_auth(&self.rabbitmq.stream_password_file);
-        s.shutdown_timeout = self.shutdown_timeout();
-        s.format = self.message_format();
-        s.headers = self.header_profile();
-        // One heartbeat setting for both protocols; 0 keeps the stream client's and
-        // RabbitMQ's default (docs/operations.md, "Running against a cluster").
-        if self.rabbitmq.heartbeat_secs > 0 {
-            s.heartbeat = Duration::from_secs(self.rabbitmq.heartbeat_secs);
+    /// What both targets take from outside `[rabbitmq]`.
+    fn shared(&self) -> Shared {
+        Shared {
+            format: self.message_format(),
+            headers: self.header_profile(),
+            shutdown_timeout: self.shutdown_timeout(),
         }
-        s
     }
 
-    /// The client certificate (`rabbitmq.cert_file`, `key_file`) and `password_file`
-    /// (that of `url` or of `stream_url`).
-    fn client_auth(&self, password_file: &str) -> publisher::ClientAuth {
-        let path = |s: &str| Some(std::path::PathBuf::from(s)).filter(|_| !s.is_empty());
-        publisher::ClientAuth {
-            cert_file: path(&self.rabbitmq.cert_file),
-            key_file: path(&self.rabbitmq.key_file),
-            password_file: path(password_file),
-        }
+    /// What the stream publisher needs (with `rabbitmq.stream` set).
+    pub fn stream_config(&self) -> StreamConfig {
+        self.rabbitmq.stream_config(self.shared())
     }
 
     /// What the publisher needs.
     pub fn publisher_config(&self) -> PublisherConfig {
-        let urls = self.expose_amqp_urls();
-        let mut p = PublisherConfig::new(
-            urls.first().cloned().unwrap_or_default(),
-            &self.rabbitmq.exchange,
-        );
-        p.urls = urls;
-        p.ca_file = self.ca_file().map(|p| p.to_path_buf());
-        p.auth = self.client_auth(&self.rabbitmq.password_file);
-        p.exchange_type = self.rabbitmq.exchange_type.as_str().to_string();
-        p.declare_exchange = self.rabbitmq.declare_exchange;
-        p.routing_key = self.rabbitmq.routing_key.clone();
-        p.max_in_flight = self.rabbitmq.max_in_flight;
-        p.dead_letter_exchange = self.dead_letter_exchange().map(str::to_string);
-        p.shutdown_timeout = self.shutdown_timeout();
-        p.connection_name = format!("outbox-relay {}", self.postgres.slot);
-        p.format = self.message_format();
-        p.headers = self.header_profile();
-        p
+        let name = format!("outbox-relay {}", self.postgres.slot);
+        self.rabbitmq.publisher_config(self.shared(), name)
     }
 }
