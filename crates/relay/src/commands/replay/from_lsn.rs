@@ -109,7 +109,8 @@ pub(super) async fn replay(
             report.acked
         ),
         None => println!(
-            "dry run: {events} events committed from {from} to before {stop}{} would be replayed to {}; nothing was published",
+            "dry run: {events} event{} committed from {from} to before {stop}{} would be replayed to {}; nothing was published",
+            if events == 1 { "" } else { "s" },
             plan.matching(),
             plan.destination(cfg)
         ),

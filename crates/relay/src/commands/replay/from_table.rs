@@ -91,7 +91,8 @@ pub(super) async fn replay(
         .join(", ");
     if plan.dry_run {
         println!(
-            "dry run: {total} rows from {tables}{} would be replayed to {}; nothing was published",
+            "dry run: {total} row{} from {tables}{} would be replayed to {}; nothing was published",
+            if total == 1 { "" } else { "s" },
             plan.matching(),
             plan.destination(cfg)
         );
@@ -126,7 +127,8 @@ pub(super) async fn replay(
         );
     }
     println!(
-        "replayed {sent} rows from {tables}{} to {} with header replay = true",
+        "replayed {sent} row{} from {tables}{} to {} with header replay = true",
+        if sent == 1 { "" } else { "s" },
         plan.matching(),
         plan.destination(cfg)
     );
