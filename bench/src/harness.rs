@@ -357,9 +357,10 @@ impl RelayProc {
                     testkit::stream::stream_url()
                 ),
             ),
-            Target::ClusterExchange(exchange, c) => {
-                (format!("{:?}", c.amqp), format!("exchange = {exchange:?}\n"))
-            }
+            Target::ClusterExchange(exchange, c) => (
+                format!("{:?}", c.amqp),
+                format!("exchange = {exchange:?}\n"),
+            ),
             Target::ClusterStream(stream, c) => (
                 format!("{:?}", c.amqp),
                 format!(

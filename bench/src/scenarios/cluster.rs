@@ -138,7 +138,13 @@ impl RelayNames {
 
     /// Adds the medians of `runs` (when there are any): the rate under `rate_cond`,
     /// the rest under `cond`.
-    pub(super) fn add(&self, report: &mut Report, runs: &[RelayDrain], cond: &str, rate_cond: &str) {
+    pub(super) fn add(
+        &self,
+        report: &mut Report,
+        runs: &[RelayDrain],
+        cond: &str,
+        rate_cond: &str,
+    ) {
         if runs.is_empty() {
             return;
         }
@@ -164,9 +170,11 @@ pub(super) const STREAM_COND: &str =
 /// An AMQP connection to the first of `urls` that answers.
 async fn connect_first(urls: &[String]) -> anyhow::Result<Connection> {
     for url in urls {
-        if let Ok(Ok(c)) =
-            tokio::time::timeout(CONNECT, Connection::connect(url, ConnectionProperties::default()))
-                .await
+        if let Ok(Ok(c)) = tokio::time::timeout(
+            CONNECT,
+            Connection::connect(url, ConnectionProperties::default()),
+        )
+        .await
         {
             return Ok(c);
         }
