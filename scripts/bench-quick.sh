@@ -8,10 +8,22 @@
 # Needs the services of scripts/test-services.sh and their environment, e.g.:
 #   set -a; . target/test-services.env; set +a; bash scripts/bench-quick.sh
 # Extra arguments go to the harness (e.g. --only stream-raw,stream-drain).
+#
+# The cluster drains (cluster-drain, cluster-stream-drain) run once each, on the
+# 100-row transactions, when the 3-node cluster's URLs are known: from the environment,
+# else from target/test-services.env (scripts/test-services.sh starts the cluster and
+# writes them there); without them the report says they were skipped.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+if [[ -z "${OUTBOX_TEST_CLUSTER_AMQP_URLS:-}" && -f "$root/target/test-services.env" ]]; then
+  while IFS= read -r line; do
+    case "$line" in
+      OUTBOX_TEST_CLUSTER_AMQP_URLS=* | OUTBOX_TEST_CLUSTER_STREAM_URLS=*) export "$line" ;;
+    esac
+  done < "$root/target/test-services.env"
+fi
 target="${CARGO_TARGET_DIR:-$root/target}"
 out="$target/bench-quick.md"
 started=$(date +%s)

@@ -1,7 +1,6 @@
 //! Shared plumbing: databases with an outbox, slots, the relay process, consumers,
 //! process CPU and memory readings.
 
-use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,10 +15,10 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::{Connection, ConnectionProperties, ExchangeKind};
-use rabbitmq_stream_client::types::{MessageResult, OffsetSpecification, ResponseKind};
-use rabbitmq_stream_client::Client as StreamClient;
 use testkit::{unique_name, TestDb};
-use tokio::sync::mpsc;
+
+mod stream_sink;
+pub use stream_sink::*;
 
 pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
     id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -117,6 +116,15 @@ impl Sink {
     pub async fn new(measure_latency: bool) -> anyhow::Result<Sink> {
         let conn =
             Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
+        Self::on(conn, FieldTable::default(), measure_latency).await
+    }
+
+    /// A sink on `conn`, its queue declared with `queue_args` (e.g. a quorum queue's).
+    pub async fn on(
+        conn: Connection,
+        queue_args: FieldTable,
+        measure_latency: bool,
+    ) -> anyhow::Result<Sink> {
         let ch = conn.create_channel().await?;
         let exchange = unique_name("bx");
         let queue = unique_name("bq");
@@ -136,7 +144,7 @@ impl Sink {
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            queue_args,
         )
         .await?;
         ch.queue_bind(
@@ -294,6 +302,19 @@ pub enum Target<'a> {
     Exchange(&'a str),
     /// A stream over the stream protocol (named producer, publishing ids).
     Stream(&'a str),
+    /// An exchange, the relay given every node of a cluster.
+    ClusterExchange(&'a str, &'a ClusterUrls),
+    /// A stream declared beforehand (replicated), the relay given every node of a
+    /// cluster.
+    ClusterStream(&'a str, &'a ClusterUrls),
+}
+
+/// Every node's URLs of a RabbitMQ cluster (docs/operations.md, "Running against a
+/// cluster"), in the order given to the relay.
+#[derive(Debug, Clone)]
+pub struct ClusterUrls {
+    pub amqp: Vec<String>,
+    pub stream: Vec<String>,
 }
 
 /// A running relay process.
@@ -326,22 +347,36 @@ impl RelayProc {
         let dir = std::env::temp_dir().join(unique_name("bench"));
         std::fs::create_dir_all(&dir)?;
         let config = dir.join("relay.toml");
-        let target = match target {
-            Target::Exchange(exchange) => format!("exchange = {exchange:?}\n"),
-            Target::Stream(stream) => format!(
-                "stream = {stream:?}\nstream_url = {:?}\n",
-                testkit::stream::stream_url()
+        let single = format!("{:?}", testkit::amqp_url());
+        let (url, target) = match target {
+            Target::Exchange(exchange) => (single, format!("exchange = {exchange:?}\n")),
+            Target::Stream(stream) => (
+                single,
+                format!(
+                    "stream = {stream:?}\nstream_url = {:?}\n",
+                    testkit::stream::stream_url()
+                ),
+            ),
+            Target::ClusterExchange(exchange, c) => (
+                format!("{:?}", c.amqp),
+                format!("exchange = {exchange:?}\n"),
+            ),
+            Target::ClusterStream(stream, c) => (
+                format!("{:?}", c.amqp),
+                format!(
+                    "stream = {stream:?}\nstream_url = {:?}\ndeclare_stream = false\n",
+                    c.stream
+                ),
             ),
         };
         std::fs::write(
             &config,
             format!(
                 "[postgres]\nurl = {:?}\nslot = {slot:?}\npublication = {:?}\n\n\
-                 [rabbitmq]\nurl = {:?}\n{target}max_in_flight = {window}\n\n\
+                 [rabbitmq]\nurl = {url}\n{target}max_in_flight = {window}\n\n\
                  [relay]\nmetrics_listen = \"\"\n\n{extra}\n",
                 db.db.url(),
                 db.publication,
-                testkit::amqp_url()
             ),
         )?;
         let child = Command::new(bin)
@@ -440,131 +475,6 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     let idx = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[idx.min(sorted.len() - 1)]
 }
-
-/// A client on the stream port (`OUTBOX_TEST_STREAM_URL`); an error instead of the
-/// test helper's panic when the broker is unreachable.
-pub async fn stream_client() -> anyhow::Result<StreamClient> {
-    tokio::spawn(testkit::stream::client()).await.map_err(|_| {
-        // Host and port only: the URL's user info may hold a password.
-        let url = testkit::stream::stream_url();
-        let rest = url.split_once("://").map_or(url.as_str(), |(_, r)| r);
-        let host = rest
-            .rsplit_once('@')
-            .map_or(rest, |(_, r)| r)
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_string();
-        anyhow::anyhow!(
-            "cannot connect to the RabbitMQ stream port at {host} (is rabbitmq_stream enabled? OUTBOX_TEST_STREAM_URL sets the URL)"
-        )
-    })
-}
-
-/// A fresh stream with a consumer reading it from the first offset, counting the
-/// messages it holds.
-pub struct StreamSink {
-    pub stream: String,
-    pub count: Arc<AtomicUsize>,
-    /// When the first message arrived.
-    pub first: Arc<OnceLock<Instant>>,
-    client: StreamClient,
-}
-
-impl StreamSink {
-    pub async fn new() -> anyhow::Result<StreamSink> {
-        let stream = unique_name("bstream");
-        let client = stream_client().await?;
-        let response = client
-            .create_stream(&stream, HashMap::new())
-            .await
-            .context("create stream")?;
-        if !response.is_ok() {
-            bail!("creating stream {stream}: {:?}", response.code());
-        }
-        let count = Arc::new(AtomicUsize::new(0));
-        let (credit_tx, mut credit_rx) = mpsc::unbounded_channel::<()>();
-        let first = Arc::new(OnceLock::new());
-        let (counted, first_at) = (count.clone(), first.clone());
-        // Chunks may arrive twice or out of order (client 0.4 on RabbitMQ 3.10, see
-        // testkit::stream::read): count each chunk once.
-        let seen = Arc::new(Mutex::new(HashSet::new()));
-        let handler = move |item: MessageResult| {
-            let (counted, seen, credit_tx) = (counted.clone(), seen.clone(), credit_tx.clone());
-            let first_at = first_at.clone();
-            async move {
-                if let Some(Ok(response)) = item {
-                    if let ResponseKind::Deliver(d) = response.kind() {
-                        let new = seen
-                            .lock()
-                            .map(|mut s| s.insert(d.chunk_first_offset))
-                            .unwrap_or(false);
-                        if new {
-                            let _ = first_at.set(Instant::now());
-                            counted.fetch_add(d.messages.len(), Ordering::Relaxed);
-                        }
-                        let _ = credit_tx.send(());
-                    }
-                }
-                Ok(())
-            }
-        };
-        client.set_handler(handler).await;
-        let response = client
-            .subscribe(
-                STREAM_SUBSCRIPTION,
-                &stream,
-                OffsetSpecification::First,
-                STREAM_CREDIT,
-                HashMap::new(),
-            )
-            .await
-            .context("subscribe to the stream")?;
-        if !response.is_ok() {
-            bail!("subscribing to stream {stream}: {:?}", response.code());
-        }
-        let credit_client = client.clone();
-        tokio::spawn(async move {
-            while credit_rx.recv().await.is_some() {
-                if credit_client.credit(STREAM_SUBSCRIPTION, 1).await.is_err() {
-                    break;
-                }
-            }
-        });
-        Ok(StreamSink {
-            stream,
-            count,
-            first,
-            client,
-        })
-    }
-
-    /// Waits until the stream holds `n` messages; errors after `timeout`.
-    pub async fn wait_for(&self, n: usize, timeout: Duration) -> anyhow::Result<Instant> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let have = self.count.load(Ordering::Relaxed);
-            if have >= n {
-                return Ok(Instant::now());
-            }
-            if Instant::now() > deadline {
-                bail!("timed out with {have} of {n} messages in the stream");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
-    /// Deletes the stream.
-    pub async fn cleanup(self) {
-        let _ = self.client.unsubscribe(STREAM_SUBSCRIPTION).await;
-        let _ = self.client.delete_stream(&self.stream).await;
-        let _ = self.client.close().await;
-    }
-}
-
-const STREAM_SUBSCRIPTION: u8 = 1;
-/// Chunks the consumer asks for ahead.
-const STREAM_CREDIT: u16 = 32;
 
 /// Waits until `count` reaches `n` while `relay` runs; errors when the relay exits
 /// first or after `timeout`.

@@ -19,6 +19,16 @@
 //!   binary starts; time until a consumer holds all N. Relay CPU and peak RSS.
 //! - **stream-drain**: the same WAL, the relay with `[rabbitmq] stream` set; time
 //!   until a consumer reading the fresh stream from its first offset holds all N.
+//! - **cluster-drain**: the same WAL, on the 3-node cluster of
+//!   `scripts/rabbitmq-cluster.sh`: the relay given every node's URL publishes
+//!   through an exchange to a quorum queue (3 members); time until its consumer holds
+//!   all N.
+//! - **cluster-stream-drain**: the same into a stream with 3 replicas, the relay given
+//!   every node's stream URL; time until a consumer from the first offset holds all N.
+//!   Both cluster drains are skipped (a line in the report says why) unless
+//!   `OUTBOX_TEST_CLUSTER_AMQP_URLS` (and, for the stream,
+//!   `OUTBOX_TEST_CLUSTER_STREAM_URLS`) name the nodes; `--quick` runs them on the
+//!   100-row transactions only.
 //! - **steady**: single-row transactions at a fixed rate (`--rate`, by `--clients`
 //!   producers); commit → receive latency percentiles at the consumer, relay CPU
 //!   share and RSS.
@@ -27,8 +37,9 @@
 //!
 //! Needs the services of `scripts/test-services.sh` (Postgres 55432 with
 //! wal_level=logical, RabbitMQ 5672 and its stream port 5552, or
-//! `OUTBOX_TEST_STREAM_URL`). The relay binary is `$OUTBOX_BENCH_RELAY_BIN`, or built
-//! in the harness's profile (release with `cargo run --release`).
+//! `OUTBOX_TEST_STREAM_URL`; for the cluster drains, its 3-node cluster). The relay
+//! binary is `$OUTBOX_BENCH_RELAY_BIN`, or built in the harness's profile (release
+//! with `cargo run --release`).
 //!
 //! Exits non-zero when a scenario failed or produced no figure (after writing the
 //! report, which lists the problems). `--quick` writes to `target/bench-quick.md`
@@ -71,7 +82,8 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
     /// Only these scenarios (comma-separated: lapin,shape,channels,stream-raw,
-    /// recvlogical,reader,drain,drain-minimal,stream-drain,steady,steady-high,large).
+    /// recvlogical,reader,drain,drain-minimal,stream-drain,cluster-drain,
+    /// cluster-stream-drain,steady,steady-high,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from

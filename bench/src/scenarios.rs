@@ -17,10 +17,12 @@ use crate::harness::*;
 use crate::Args;
 
 mod baselines;
+mod cluster;
 mod drain;
 mod report;
 
 use baselines::*;
+use cluster::*;
 use drain::*;
 pub use report::{Figure, Report};
 
@@ -75,6 +77,8 @@ pub const SCENARIOS: &[&str] = &[
     "drain",
     "drain-minimal",
     "stream-drain",
+    "cluster-drain",
+    "cluster-stream-drain",
     "steady",
     "steady-high",
     "large",
@@ -221,7 +225,11 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             Err(e) => report.fail("stream-raw", &e),
         }
     }
+    // The cluster drains (when the cluster is named in the environment) drain the same
+    // WAL as the single-node ones, beside them in the report.
+    let cluster = ClusterPlan::new(args, &mut report);
     for per_tx in [100usize, 1] {
+        let cluster = cluster.at(args, per_tx);
         if ![
             "drain",
             "drain-minimal",
@@ -231,8 +239,9 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         ]
         .iter()
         .any(|s| wants(args, s))
+            && !cluster.any()
         {
-            break;
+            continue;
         }
         let names = DrainNames::new(per_tx);
         if wants(args, "recvlogical") {
@@ -250,10 +259,11 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         if wants(args, "stream-drain") {
             report.expect(&[&names.stream, &names.stream_cpu, &names.stream_rss]);
         }
+        cluster.expect(&mut report, per_tx);
         let mut runs = Vec::new();
         let result: anyhow::Result<()> = async {
             for _ in 0..args.runs {
-                runs.push(drain_run(args, &bin, per_tx).await?);
+                runs.push(drain_run(args, &bin, per_tx, &cluster).await?);
             }
             Ok(())
         }
@@ -333,6 +343,23 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             let rss = pick(|r| r.stream.map(|m| m.peak_rss));
             report.add(&names.stream_rss, median(rss), "MB", &cond);
         }
+        for (scenario, e) in runs.iter().flat_map(|r| &r.cluster_failures) {
+            report.fail(format!("{scenario} {per_tx}-row tx"), e);
+        }
+        let queue: Vec<RelayDrain> = runs.iter().filter_map(|r| r.cluster).collect();
+        let c = format!("{cond}, {QUEUE_COND}");
+        let rate_cond = format!(
+            "{c}, window {}, until the queue's consumer has all",
+            args.window
+        );
+        RelayNames::queue(per_tx).add(&mut report, &queue, &c, &rate_cond);
+        let stream: Vec<RelayDrain> = runs.iter().filter_map(|r| r.cluster_stream).collect();
+        let c = format!("{cond}, {STREAM_COND}");
+        let rate_cond = format!(
+            "{c}, window {}, until a consumer from the stream's first offset has all",
+            args.window
+        );
+        RelayNames::stream(per_tx).add(&mut report, &stream, &c, &rate_cond);
     }
     // The two loads: the base rate (default 1000/s by 4 producers) and ten
     // times it by twice the producers ("steady-high").

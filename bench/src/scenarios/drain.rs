@@ -12,6 +12,13 @@ pub(super) struct DrainRun {
     pub(super) minimal: Option<RelayDrain>,
     /// The relay publishing to a stream.
     pub(super) stream: Option<RelayDrain>,
+    /// The relay publishing to a quorum queue on the cluster.
+    pub(super) cluster: Option<RelayDrain>,
+    /// The relay publishing to a 3-replica stream on the cluster.
+    pub(super) cluster_stream: Option<RelayDrain>,
+    /// The cluster drains that failed (scenario, error): reported without losing the
+    /// single-node figures of the run.
+    pub(super) cluster_failures: Vec<(&'static str, anyhow::Error)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -24,11 +31,13 @@ pub(super) struct RelayDrain {
 }
 
 /// One database, five slots over the same WAL: pg_recvlogical, the reader, the relay
-/// to a queue (with all headers and with the minimal ones), the relay to a stream.
+/// to a queue (with all headers and with the minimal ones), the relay to a stream; and
+/// one more for each drain on the cluster that `cluster` plans.
 pub(super) async fn drain_run(
     args: &Args,
     bin: &std::path::Path,
     per_tx: usize,
+    cluster: &ClusterPlan,
 ) -> anyhow::Result<DrainRun> {
     let n = args.events;
     let db = BenchDb::new();
@@ -37,6 +46,8 @@ pub(super) async fn drain_run(
     let relay_slot = db.create_slot();
     let stream_slot = db.create_slot();
     let minimal_slot = db.create_slot();
+    let cluster_slot = cluster.queue.as_ref().map(|_| db.create_slot());
+    let cluster_stream_slot = cluster.stream.as_ref().map(|_| db.create_slot());
     db.preload(n, per_tx);
     let end_lsn = db.current_lsn();
     let mut out = DrainRun::default();
@@ -140,6 +151,19 @@ pub(super) async fn drain_run(
         .await;
         sink.cleanup().await;
         out.stream = Some(result?);
+    }
+
+    if let (Some(c), Some(slot)) = (&cluster.queue, &cluster_slot) {
+        match cluster_queue_drain(args, bin, &db, slot, c).await {
+            Ok(m) => out.cluster = Some(m),
+            Err(e) => out.cluster_failures.push(("cluster-drain", e)),
+        }
+    }
+    if let (Some(c), Some(slot)) = (&cluster.stream, &cluster_stream_slot) {
+        match cluster_stream_drain(args, bin, &db, slot, c).await {
+            Ok(m) => out.cluster_stream = Some(m),
+            Err(e) => out.cluster_failures.push(("cluster-stream-drain", e)),
+        }
     }
     Ok(out)
 }

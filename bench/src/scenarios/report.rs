@@ -18,6 +18,8 @@ pub struct Report {
     pub failures: Vec<(String, String)>,
     /// Figures the scenarios that ran must have produced.
     pub expected: Vec<String>,
+    /// Scenarios not run, and why (e.g. no cluster named in the environment).
+    pub skipped: Vec<(String, String)>,
     /// Whether the relay binary was a release build.
     pub release: bool,
 }
@@ -45,6 +47,13 @@ impl Report {
 
     pub(super) fn expect(&mut self, names: &[&str]) {
         self.expected.extend(names.iter().map(|n| n.to_string()));
+    }
+
+    /// Records a scenario not run and why; not a problem.
+    pub(super) fn skip(&mut self, scenario: impl Into<String>, why: impl Into<String>) {
+        let (scenario, why) = (scenario.into(), why.into());
+        println!("  {scenario} SKIPPED: {why}");
+        self.skipped.push((scenario, why));
     }
 
     pub(super) fn fail(&mut self, scenario: impl Into<String>, error: &anyhow::Error) {
@@ -96,6 +105,9 @@ impl Report {
         }
         for line in self.targets() {
             let _ = writeln!(s, "{line}");
+        }
+        for (scenario, why) in &self.skipped {
+            let _ = writeln!(s, "SKIPPED: {scenario}: {why}");
         }
         for problem in self.problems() {
             let _ = writeln!(s, "PROBLEM: {problem}");
@@ -295,6 +307,12 @@ impl Report {
             "\nA target not met: its measured reason and the next step are in \
              [performance.md](performance.md) (\"Round 2: the targets not met\").\n"
         );
+        if !self.skipped.is_empty() {
+            let _ = writeln!(s, "\n## Skipped\n");
+            for (scenario, why) in &self.skipped {
+                let _ = writeln!(s, "- {scenario}: {why}");
+            }
+        }
         let problems = self.problems();
         if !problems.is_empty() {
             let _ = writeln!(s, "\n## Problems\n");
