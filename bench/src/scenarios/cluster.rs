@@ -243,19 +243,9 @@ pub(super) async fn cluster_queue_drain(
     slot: &str,
     c: &ClusterUrls,
 ) -> anyhow::Result<RelayDrain> {
-    let n = args.events;
     let sink = quorum_sink(c).await?;
-    let start = Instant::now();
-    let result = async {
-        let target = Target::ClusterExchange(&sink.exchange, c);
-        let mut relay = RelayProc::start(bin, db, slot, target, args.window)?;
-        let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
-        let first = sink.first.get().copied().unwrap_or(end);
-        let measured = relay_drain(&relay, n, start, first, end);
-        relay.stop();
-        Ok::<_, anyhow::Error>(measured)
-    }
-    .await;
+    let target = Target::ClusterExchange(&sink.exchange, c);
+    let result = drive(args, bin, db, slot, target, "", &sink.count, &sink.first).await;
     sink.cleanup().await;
     result
 }
@@ -268,19 +258,9 @@ pub(super) async fn cluster_stream_drain(
     slot: &str,
     c: &ClusterUrls,
 ) -> anyhow::Result<RelayDrain> {
-    let n = args.events;
     let sink = replicated_stream_sink(c).await?;
-    let start = Instant::now();
-    let result = async {
-        let target = Target::ClusterStream(&sink.stream, c);
-        let mut relay = RelayProc::start(bin, db, slot, target, args.window)?;
-        let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
-        let first = sink.first.get().copied().unwrap_or(end);
-        let measured = relay_drain(&relay, n, start, first, end);
-        relay.stop();
-        Ok::<_, anyhow::Error>(measured)
-    }
-    .await;
+    let target = Target::ClusterStream(&sink.stream, c);
+    let result = drive(args, bin, db, slot, target, "", &sink.count, &sink.first).await;
     sink.cleanup().await;
     result
 }

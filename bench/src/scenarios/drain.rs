@@ -133,21 +133,17 @@ pub(super) async fn drain_run(
 
     if wants(args, "stream-drain") {
         let sink = StreamSink::new().await?;
-        let start = Instant::now();
-        let result = async {
-            let mut relay = RelayProc::start(
-                bin,
-                &db,
-                &stream_slot,
-                Target::Stream(&sink.stream),
-                args.window,
-            )?;
-            let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
-            let first = sink.first.get().copied().unwrap_or(end);
-            let measured = relay_drain(&relay, n, start, first, end);
-            relay.stop();
-            Ok::<_, anyhow::Error>(measured)
-        }
+        let target = Target::Stream(&sink.stream);
+        let result = drive(
+            args,
+            bin,
+            &db,
+            &stream_slot,
+            target,
+            "",
+            &sink.count,
+            &sink.first,
+        )
         .await;
         sink.cleanup().await;
         out.stream = Some(result?);
@@ -176,27 +172,35 @@ pub(super) async fn queue_drain(
     slot: &str,
     extra: &str,
 ) -> anyhow::Result<RelayDrain> {
-    let n = args.events;
     let sink = Sink::new(false).await?;
-    let start = Instant::now();
-    let result = async {
-        let mut relay = RelayProc::start_with(
-            bin,
-            db,
-            slot,
-            Target::Exchange(&sink.exchange),
-            args.window,
-            extra,
-        )?;
-        let end = wait_relay(&sink.count, n, wait(args), &mut relay).await?;
-        let first = sink.first.get().copied().unwrap_or(end);
-        let measured = relay_drain(&relay, n, start, first, end);
-        relay.stop();
-        Ok::<_, anyhow::Error>(measured)
-    }
-    .await;
+    let target = Target::Exchange(&sink.exchange);
+    let result = drive(args, bin, db, slot, target, extra, &sink.count, &sink.first).await;
     sink.cleanup().await;
     result
+}
+
+/// Starts the relay on `slot` towards `target` (`extra` appended to its config), waits
+/// until the sink behind `count`/`first` holds all `args.events`, stops the relay and
+/// measures the drain. The caller cleans its sink up, whatever the result.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn drive(
+    args: &Args,
+    bin: &std::path::Path,
+    db: &BenchDb,
+    slot: &str,
+    target: Target<'_>,
+    extra: &str,
+    count: &std::sync::atomic::AtomicUsize,
+    first: &std::sync::OnceLock<Instant>,
+) -> anyhow::Result<RelayDrain> {
+    let n = args.events;
+    let start = Instant::now();
+    let mut relay = RelayProc::start_with(bin, db, slot, target, args.window, extra)?;
+    let end = wait_relay(count, n, wait(args), &mut relay).await?;
+    let first = first.get().copied().unwrap_or(end);
+    let measured = relay_drain(&relay, n, start, first, end);
+    relay.stop();
+    Ok(measured)
 }
 
 /// The rate, start-up time, CPU per 10k events and peak RSS of a relay started at
