@@ -39,9 +39,8 @@ pub(super) struct Episode {
 pub(super) enum Recovered {
     Yes,
     DeadlinePassed,
-    /// The broker's certificate (or the relay's own TLS files) refused on a
-    /// reconnect: retrying cannot fix it and may be a man in the middle
-    /// (docs/security.md); the publisher stops with it.
+    /// The broker's certificate refused on a reconnect: retrying cannot fix it and
+    /// it may be a man in the middle (docs/security.md); the publisher stops with it.
     Refused(PublishError),
 }
 
@@ -203,7 +202,10 @@ impl Runner {
                     self.status.set_blocked(self.blocked);
                     return Recovered::Yes;
                 }
-                Err(e) if e.is_security_refusal() => return Recovered::Refused(e),
+                // The broker's certificate refused: only at start a configuration error,
+                // mid-run a man in the middle or a rotation to an untrusted CA. (A local
+                // file unreadable mid-run may be a secret being rotated: retried below.)
+                Err(e @ PublishError::TlsRefused { .. }) => return Recovered::Refused(e),
                 Err(e) if e.is_transient() => {
                     tracing::debug!(error = %e, "rabbitmq still unreachable");
                 }
