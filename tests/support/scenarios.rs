@@ -1,6 +1,6 @@
 //! End-to-end scenarios parameterised by the Postgres cluster they run against (its
-//! port): `e2e.rs` and `replay.rs` run some of them on the tests' own cluster,
-//! `versions.rs` runs every one of them on each supported major
+//! port): `delivery/e2e.rs` and `cli/replay.rs` run some of them on the tests' own
+//! cluster, `compat/versions.rs` runs every one of them on each supported major
 //! (docs/compatibility.md). Each scenario has its own database, slot and exchange.
 
 use std::collections::HashSet;
@@ -14,9 +14,9 @@ use crate::*;
 pub const WAIT: Duration = Duration::from_secs(60);
 pub const WINDOW_ENV: &str = "OUTBOX_RELAY_RELAY_REPLAY_WINDOW";
 
+/// `X/Y` → u64, panicking on anything else.
 pub fn lsn(text: &str) -> u64 {
-    let (hi, lo) = text.trim().split_once('/').unwrap();
-    (u64::from_str_radix(hi, 16).unwrap() << 32) | u64::from_str_radix(lo, 16).unwrap()
+    testkit::parse_lsn(text).unwrap_or_else(|| panic!("not an LSN: {text:?}"))
 }
 
 pub fn lsn_text(v: u64) -> String {

@@ -189,6 +189,7 @@ mod tests {
             marker: None,
             redelivered: false,
             at: Instant::now(),
+            headers: Default::default(),
         }
     }
 

@@ -11,6 +11,7 @@ use super::*;
 /// more than the window; the number of first occurrences out of order is printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nack_storm_from_a_full_reject_publish_queue() {
+    let _shared = testkit::BROKER.read().await;
     const N: u64 = 1_000;
     const PER_TX: u64 = 10;
     const MAX_IN_FLIGHT: usize = 100;
@@ -28,7 +29,7 @@ async fn nack_storm_from_a_full_reject_publish_queue() {
     let addr = free_addr();
     let config = write_config(&env, MAX_IN_FLIGHT, "", &addr);
     create_slot(&env, &config);
-    let consumer = Recorder::start(&queue, 1, 100);
+    let consumer = recorder(&queue, 1, 100);
     let pg = env.db.client().await;
     let relay = env.start_with(&config, "info", &[]);
     let loader = env.db.client().await;
@@ -45,7 +46,7 @@ async fn nack_storm_from_a_full_reject_publish_queue() {
     let nacked_slow = scrape(&addr)
         .await
         .and_then(|m| metric(&m, "outbox_relay_events_nacked_total"));
-    consumer.set_delay(0);
+    consumer.set_ack_delay(0);
     let fast = Instant::now();
     let complete = wait_deliveries(
         &[&consumer],

@@ -12,6 +12,7 @@ const WAIT: Duration = Duration::from_secs(60);
 
 #[tokio::test]
 async fn publishes_committed_inserts_exactly_as_specified() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.db.psql("CREATE TABLE unrelated (id int primary key)");
     env.create_slot();
@@ -101,6 +102,7 @@ async fn publishes_committed_inserts_exactly_as_specified() {
 
 #[tokio::test]
 async fn two_outbox_tables_and_a_custom_mapping() {
+    let _shared = testkit::BROKER.read().await;
     let ddl = "CREATE SCHEMA billing;
         CREATE TABLE events (
             event_id text PRIMARY KEY, stream text NOT NULL, stream_id text NOT NULL,
@@ -147,15 +149,18 @@ async fn two_outbox_tables_and_a_custom_mapping() {
 
 #[tokio::test]
 async fn sigterm_then_restart_publishes_no_duplicates() {
+    let _shared = testkit::BROKER.read().await;
     scenarios::clean_stop(testkit::pg_port()).await;
 }
 
 #[tokio::test]
 async fn sigkill_mid_stream_loses_nothing_and_duplicates_stay_bounded() {
+    let _shared = testkit::BROKER.read().await;
     scenarios::sigkill_restart(testkit::pg_port()).await;
 }
 
 #[tokio::test]
 async fn idle_slot_follows_the_server_despite_other_traffic() {
+    let _shared = testkit::BROKER.read().await;
     scenarios::idle_wal(testkit::pg_port()).await;
 }

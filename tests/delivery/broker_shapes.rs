@@ -14,19 +14,16 @@
 //! assertions name the numbers (missing, unexpected, duplicates, reordered).
 #![allow(clippy::unwrap_used)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
-use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, QueueBindOptions};
+use lapin::options::QueueBindOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Connection, ConnectionProperties};
 use support::stream::parse_lsn;
 use support::{Env, Relay};
-use testkit::{free_addr, unique_name};
+use testkit::free_addr;
+use testkit::recording::{Consumer, Rec};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod dead_letter;
@@ -36,179 +33,23 @@ mod nack_storm;
 // ---------------------------------------------------------------------------------
 // Consumer
 
-/// One delivery as a consumer saw it.
-#[derive(Debug, Clone)]
-struct Delivery {
-    id: String,
-    /// `aggregate_type` header.
-    kind: String,
-    /// `aggregate_id` header: the row's global sequence number.
-    seq: i64,
-    /// `commit_lsn` header.
-    commit_lsn: u64,
-    headers: HashMap<String, String>,
-}
+/// One delivery as a consumer saw it: `kind` (`aggregate_type`), `seq`
+/// (`aggregate_id`, the row's global sequence number), `commit_lsn` and, with
+/// `[message] headers = "minimal"`, the kind and seq read from the routing key and
+/// the body.
+type Delivery = Rec;
 
-impl Delivery {
-    /// Commit order: commit LSN, then insert order inside the transaction.
-    fn key(&self) -> (u64, i64) {
-        (self.commit_lsn, self.seq)
-    }
-}
-
-/// A manual-ack consumer recording every delivery (broker redeliveries of a message
-/// it already recorded are the broker repeating itself, not relay duplicates, and
-/// are skipped). `delay_ms` is slept before each ack (a slow consumer) and can be
-/// changed while it runs.
-struct Recorder {
-    recs: Arc<Mutex<Vec<Delivery>>>,
-    distinct: Arc<AtomicUsize>,
-    total: Arc<AtomicUsize>,
-    delay_ms: Arc<AtomicU64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Recorder {
-    fn start(queue: &str, prefetch: u16, delay_ms: u64) -> Recorder {
-        let recs = Arc::new(Mutex::new(Vec::new()));
-        let distinct = Arc::new(AtomicUsize::new(0));
-        let total = Arc::new(AtomicUsize::new(0));
-        let delay = Arc::new(AtomicU64::new(delay_ms));
-        let (r, d, t, dl) = (recs.clone(), distinct.clone(), total.clone(), delay.clone());
-        let queue = queue.to_string();
-        let task = tokio::spawn(async move {
-            let mut seen = HashSet::new();
-            loop {
-                if let Err(e) = consume(&queue, prefetch, &r, &d, &t, &dl, &mut seen).await {
-                    eprintln!("consumer on {queue}: {e}; reconnecting");
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        });
-        Recorder {
-            recs,
-            distinct,
-            total,
-            delay_ms: delay,
-            task,
-        }
-    }
-
-    fn snapshot(&self) -> Vec<Delivery> {
-        self.recs.lock().unwrap().clone()
-    }
-
-    fn distinct(&self) -> usize {
-        self.distinct.load(Ordering::SeqCst)
-    }
-
-    fn total(&self) -> usize {
-        self.total.load(Ordering::SeqCst)
-    }
-
-    fn set_delay(&self, ms: u64) {
-        self.delay_ms.store(ms, Ordering::SeqCst);
-    }
-
-    fn stop(&self) {
-        self.task.abort();
-    }
-}
-
-fn header_text(v: &AMQPValue) -> String {
-    match v {
-        AMQPValue::LongString(s) => s.to_string(),
-        AMQPValue::ShortString(s) => s.as_str().to_string(),
-        AMQPValue::Boolean(b) => b.to_string(),
-        AMQPValue::LongLongInt(i) => i.to_string(),
-        AMQPValue::LongInt(i) => i.to_string(),
-        AMQPValue::LongUInt(i) => i.to_string(),
-        AMQPValue::ShortInt(i) => i.to_string(),
-        AMQPValue::ShortUInt(i) => i.to_string(),
-        other => format!("{other:?}"),
-    }
-}
-
-async fn consume(
-    queue: &str,
-    prefetch: u16,
-    sink: &Mutex<Vec<Delivery>>,
-    distinct: &AtomicUsize,
-    total: &AtomicUsize,
-    delay_ms: &AtomicU64,
-    seen: &mut HashSet<String>,
-) -> Result<(), lapin::Error> {
-    let conn = Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
-    let ch = conn.create_channel().await?;
-    ch.basic_qos(prefetch, BasicQosOptions::default()).await?;
-    let mut stream = ch
-        .basic_consume(
-            queue.into(),
-            unique_name("ctag").as_str().into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    while let Some(d) = stream.next().await {
-        let d = d?;
-        let p = &d.properties;
-        let id = p
-            .message_id()
-            .as_ref()
-            .map(|s| s.as_str().to_string())
-            .unwrap_or_default();
-        let headers: HashMap<String, String> = p
-            .headers()
-            .as_ref()
-            .map(|h| {
-                h.inner()
-                    .iter()
-                    .map(|(k, v)| (k.as_str().to_string(), header_text(v)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        if !(d.redelivered && seen.contains(&id)) {
-            if seen.insert(id.clone()) {
-                distinct.fetch_add(1, Ordering::SeqCst);
-            }
-            total.fetch_add(1, Ordering::SeqCst);
-            // With `[message] headers = "minimal"` there is no aggregate_type or
-            // aggregate_id header: the kind is the routing key's first word and
-            // the sequence number is in the body.
-            let kind = headers.get("aggregate_type").cloned().unwrap_or_else(|| {
-                let key = headers
-                    .get("x-original-routing-key")
-                    .map_or(d.routing_key.as_str(), String::as_str);
-                key.split('.').next().unwrap_or_default().to_string()
-            });
-            let seq = headers
-                .get("aggregate_id")
-                .and_then(|s| s.parse().ok())
-                .or_else(|| {
-                    serde_json::from_slice::<serde_json::Value>(&d.data)
-                        .ok()?
-                        .get("seq")?
-                        .as_i64()
-                })
-                .unwrap_or(-1);
-            sink.lock().unwrap().push(Delivery {
-                kind,
-                seq,
-                commit_lsn: headers
-                    .get("commit_lsn")
-                    .and_then(|s| parse_lsn(s))
-                    .unwrap_or(0),
-                headers,
-                id,
-            });
-        }
-        let delay = delay_ms.load(Ordering::SeqCst);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        d.ack(BasicAckOptions::default()).await?;
-    }
-    Ok(())
+/// A manual-ack consumer recording every delivery with its headers (testkit's: the
+/// broker's redeliveries of a message it already recorded are the broker repeating
+/// itself, not relay duplicates, and are skipped). `delay_ms` is slept before each
+/// ack (a slow consumer) and can be changed while it runs
+/// (`Consumer::set_ack_delay`).
+fn recorder(queue: &str, prefetch: u16, delay_ms: u64) -> Consumer {
+    Consumer::builder(queue.to_string())
+        .prefetch(prefetch)
+        .ack_delay_ms(delay_ms)
+        .headers()
+        .start()
 }
 
 // ---------------------------------------------------------------------------------
@@ -393,7 +234,7 @@ async fn wait_confirmed_past(
 /// Waits until `done()` holds, or nothing new arrived in any of `recorders` for
 /// `stall`, or `timeout` passed. Returns whether `done()` held.
 async fn wait_deliveries(
-    recorders: &[&Recorder],
+    recorders: &[&Consumer],
     timeout: Duration,
     stall: Duration,
     done: impl Fn() -> bool,

@@ -171,7 +171,7 @@ async fn a_replay_writing_into_the_stream_does_not_hold_a_restarting_relay() {
         replay.try_wait().unwrap().is_none(),
         "the relay stopped only after the replay ended"
     );
-    // What the replay writes is tested elsewhere (tests/stream.rs); stop it here.
+    // What the replay writes is tested elsewhere (tests/stream/stream.rs); stop it here.
     let _ = replay.kill();
     let _ = replay.wait();
     delete_stream(&stream).await;

@@ -4,6 +4,7 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_match_what_the_consumer_received() {
+    let _shared = testkit::BROKER.read().await;
     const N: usize = 500;
     let mut env = Env::new().await;
     env.create_slot();
@@ -93,6 +94,7 @@ async fn metrics_match_what_the_consumer_received() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.create_slot();
     let got = env.consumer().await;

@@ -218,6 +218,7 @@ async fn keep_running_for(relay: &mut Relay, d: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vhost_deleted_and_recreated_mid_run_is_retried() {
+    let _shared = testkit::BROKER.read().await;
     let vhost = Vhost::create();
     let env = Env::new().await;
     env.create_slot();
@@ -245,6 +246,7 @@ async fn vhost_deleted_and_recreated_mid_run_is_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn permissions_cleared_mid_run_are_retried() {
+    let _shared = testkit::BROKER.read().await;
     let vhost = Vhost::create();
     let env = Env::new().await;
     env.create_slot();
@@ -273,6 +275,7 @@ async fn permissions_cleared_mid_run_are_retried() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_vhost_at_startup_is_still_exit_2() {
+    let _shared = testkit::BROKER.read().await;
     let env = Env::new().await;
     env.create_slot();
     let url = format!("amqp://guest:guest@127.0.0.1:5672/{}", unique_name("no_vh"));

@@ -11,6 +11,7 @@ use super::*;
 /// (only unroutable ones may have been overtaken) and the slot reach the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unroutable_rows_without_a_dead_letter_exchange_hold_the_slot() {
+    let _shared = testkit::BROKER.read().await;
     const WARMUP: u64 = 500;
     const N: u64 = 2_000;
     const PER_TX: u64 = 50;
@@ -23,7 +24,7 @@ async fn unroutable_rows_without_a_dead_letter_exchange_hold_the_slot() {
     let main_q = env.broker.queue_bound(&exchange, "good.tick").await;
     let config = write_config(&env, 1000, "", "");
     create_slot(&env, &config);
-    let main = Recorder::start(&main_q, 2000, 0);
+    let main = recorder(&main_q, 2000, 0);
     let pg = env.db.client().await;
     let relay = env.start_with(&config, "info", &[]);
 

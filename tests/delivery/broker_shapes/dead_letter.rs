@@ -10,6 +10,7 @@ use super::*;
 /// `x-original-routing-key`; then the slot must be past the last transaction.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
+    let _shared = testkit::BROKER.read().await;
     mixed_unroutable(20_000, "").await;
 }
 
@@ -19,6 +20,7 @@ async fn mixed_unroutable_rows_go_to_the_dead_letter_exchange() {
 /// only the lean profile's headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn mixed_unroutable_rows_under_minimal_headers() {
+    let _shared = testkit::BROKER.read().await;
     mixed_unroutable(10_000, "\n[message]\nheaders = \"minimal\"").await;
 }
 
@@ -44,8 +46,8 @@ async fn mixed_unroutable(n: u64, extra: &str) {
         "",
     );
     create_slot(&env, &config);
-    let main = Recorder::start(&main_q, 2000, 0);
-    let dead = Recorder::start(&dlq, 2000, 0);
+    let main = recorder(&main_q, 2000, 0);
+    let dead = recorder(&dlq, 2000, 0);
     let pg = env.db.client().await;
     let relay = env.start_with(&config, "info", &[]);
 

@@ -95,6 +95,7 @@ fn broker_url_via(port: u16) -> String {
 
 #[tokio::test]
 async fn retention_deletes_old_confirmed_rows_in_batches_and_keeps_young_ones() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.extra = RETENTION_2S.into();
     env.create_slot();
@@ -160,6 +161,7 @@ async fn retention_deletes_old_confirmed_rows_in_batches_and_keeps_young_ones() 
 #[tokio::test]
 async fn retention_on_a_partitioned_outbox_deletes_only_the_old_rows_whose_ctids_young_rows_share()
 {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::with_ddl(
         "CREATE TABLE outbox (
             id uuid NOT NULL DEFAULT gen_random_uuid(),
@@ -276,6 +278,7 @@ async fn retention_on_a_partitioned_outbox_deletes_only_the_old_rows_whose_ctids
 
 #[tokio::test]
 async fn retention_keeps_an_old_row_until_it_is_published_and_confirmed() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.extra = RETENTION_2S.into();
     env.create_slot();
@@ -346,6 +349,7 @@ async fn retention_keeps_an_old_row_until_it_is_published_and_confirmed() {
 
 #[tokio::test]
 async fn retention_without_a_created_at_column_is_refused_with_the_fix() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::with_ddl(
         "CREATE TABLE events (
             id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
@@ -390,6 +394,7 @@ async fn retention_without_a_created_at_column_is_refused_with_the_fix() {
 
 #[tokio::test]
 async fn retention_without_delete_privilege_is_refused_with_the_grant() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.create_slot();
     env.extra = RETENTION_2S.into();
@@ -440,6 +445,7 @@ async fn retention_without_delete_privilege_is_refused_with_the_grant() {
 
 #[tokio::test]
 async fn debug_logs_carry_the_message_id_and_commit_lsn_of_each_published_message() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.create_slot();
     let got = env.consumer().await;
@@ -491,6 +497,7 @@ async fn debug_logs_carry_the_message_id_and_commit_lsn_of_each_published_messag
 
 #[tokio::test]
 async fn a_url_list_whose_first_node_is_down_connects_and_reconnects_to_the_next() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.create_slot();
     let got = env.consumer().await;
@@ -558,6 +565,7 @@ async fn a_url_list_whose_first_node_is_down_connects_and_reconnects_to_the_next
 
 #[tokio::test]
 async fn slot_create_failover_needs_postgres_17() {
+    let _shared = testkit::BROKER.read().await;
     let env = Env::new().await;
     let version: i32 = env.db.psql("SHOW server_version_num").parse().unwrap();
     let out = env.cli(&["slot", "create", "--failover"]);

@@ -8,6 +8,7 @@ const ID3: &str = "00000000-0000-0000-0000-0000000000a3";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_and_peek_show_a_known_slot_without_consuming_it() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.create_slot();
     let long = format!("{{\"text\": \"{}\"}}", "y".repeat(400));
@@ -171,6 +172,7 @@ async fn status_and_peek_show_a_known_slot_without_consuming_it() {
 /// are not events come first, and `peek --limit 1` reads further until it finds one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn peek_reads_past_changes_that_are_not_events() {
+    let _shared = testkit::BROKER.read().await;
     let env = Env::new().await;
     env.db.psql(&format!(
         "CREATE PUBLICATION {} FOR TABLE outbox WITH (publish = 'insert, update')",

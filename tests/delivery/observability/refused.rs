@@ -8,12 +8,15 @@ use super::*;
 /// once the operator fixes the cause.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_rabbitmq_refuses_holds_the_slot_and_is_reported() {
+    // It lowers the broker-wide max_message_size (delivery/main.rs).
+    let _exclusive = testkit::BROKER.write().await;
     let mut env = Env::new().await;
     env.create_slot();
     let got = env.consumer().await;
     let addr = free_addr();
     let config = env.config_file("poison.toml", &env.db.url(), &testkit::amqp_url(), &addr);
-    // Only messages over the limit notice: the other tests here publish small ones.
+    // Broker-wide, though only messages over the limit notice it: the lock above
+    // keeps the other tests of this binary out until it is restored.
     let limit = testkit::amqp::MaxMessageSize::set(64 * 1024);
     let relay = env.start_with(&config, "info", &[]);
     wait_ready(&addr, 200, &relay).await;

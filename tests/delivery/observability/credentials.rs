@@ -35,10 +35,7 @@ impl PgRole {
 impl Drop for PgRole {
     fn drop(&mut self) {
         let psql = |db: &str, sql: &str| {
-            let _ = std::process::Command::new("psql")
-                .args(["-XAtq", "-h", "127.0.0.1", "-U", "postgres", "-d", db])
-                .args(["-p", &testkit::pg_port().to_string(), "-c", sql])
-                .output();
+            let _ = testkit::try_psql(testkit::pg_port(), db, sql);
         };
         psql(
             &self.db,
@@ -87,6 +84,7 @@ impl Drop for AmqpUser {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_password_in_any_log_line_at_trace_level() {
+    let _shared = testkit::BROKER.read().await;
     let mut env = Env::new().await;
     env.create_slot();
     let got = env.consumer().await;

@@ -238,6 +238,7 @@ fn expected(source_of: impl Fn(&str) -> String, prefix: &str) -> Vec<Expected> {
 /// The exchange target, configured in the file: the default source, a type prefix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exchange_messages_are_valid_cloudevents() {
+    let _shared = testkit::BROKER.read().await;
     let ddl = format!("{OUTBOX_DDL}\n{BILLING_DDL}");
     let mut env = Env::with_ddl(&ddl, &["public.outbox", "billing.outbox"]).await;
     env.extra =
@@ -302,6 +303,7 @@ async fn exchange_messages_are_valid_cloudevents() {
 /// type prefix; the stream's AMQP 1.0 application properties carry the attributes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_messages_are_valid_cloudevents() {
+    let _shared = testkit::BROKER.read().await;
     let ddl = format!("{OUTBOX_DDL}\n{BILLING_DDL}");
     let env = Env::with_ddl(&ddl, &["public.outbox", "billing.outbox"]).await;
     let stream = testkit::unique_name("ce_stream");

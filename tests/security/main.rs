@@ -1,0 +1,17 @@
+//! The binary against hostile input and with secrets (docs/security.md), one module
+//! per topic: hostile passwords (`secrets`), secrets from files (`secret_files`),
+//! hostile servers (`hostile_peers`), the broker over TLS (`broker_tls`) and the
+//! metrics endpoint against hostile clients (`metrics_endpoint`).
+//!
+//! The modules run in parallel in one process. None changes anything shared: the
+//! RabbitMQ users they add, change the password of and close the connections of
+//! are their own (`testkit::hostile::BrokerUser`, a unique name), as are the Postgres
+//! roles (members of the `outbox_auth_scram` group that scripts/test-services.sh
+//! makes), the fake servers and the listeners (free ports).
+#![allow(clippy::unwrap_used)]
+
+mod broker_tls;
+mod hostile_peers;
+mod metrics_endpoint;
+mod secret_files;
+mod secrets;
