@@ -46,7 +46,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::engine::{EventKey, Keyed};
-use crate::lanes::{lane_of, lane_window, split_items, Watermarks};
+use crate::lanes::{lane_of, lane_window, split_items, Gate, Route, Watermarks};
 use lane::{Lane, INBOX};
 
 /// The watermark every schedule starts from.
@@ -160,7 +160,11 @@ struct World {
     s: Shared,
     lanes: Vec<Lane>,
     marks: Watermarks,
-    /// The batch being handed to the lanes: the parts not yet taken, in lane order.
+    gate: Gate,
+    /// The rest of the reader's batch, held back by the gate.
+    batch: VecDeque<Item>,
+    /// What the split let through, being handed to the lanes: the parts not yet
+    /// taken, in lane order.
     feeding: VecDeque<(usize, Vec<Item>)>,
     fed: usize,
     next_tx: usize,
@@ -221,6 +225,8 @@ impl World {
             },
             lanes,
             marks: Watermarks::new(n, START),
+            gate: Gate::new(n, share, START),
+            batch: VecDeque::new(),
             feeding: VecDeque::new(),
             fed: 0,
             next_tx: 0,
@@ -281,21 +287,31 @@ impl World {
 
     /// The reader sends a batch (one to three transactions or keepalives), split by
     /// the production code and handed to the lanes in lane order as `Lanes::run`
-    /// does: a lane whose input is full holds up the rest of the batch.
+    /// does: a lane whose input is full holds up the rest of the batch, and the
+    /// gate holds back what must wait for a later position sent to Postgres.
     fn feed(&mut self) {
-        if self.feeding.is_empty() && self.fed < self.s.p.events {
-            let mut items = Vec::new();
-            for _ in 0..self.s.rng.gen_range(1..=3) {
-                if self.fed < self.s.p.events {
-                    self.transaction(&mut items);
+        if self.feeding.is_empty() {
+            if self.batch.is_empty() && self.fed < self.s.p.events {
+                let mut items = Vec::new();
+                for _ in 0..self.s.rng.gen_range(1..=3) {
+                    if self.fed < self.s.p.events {
+                        self.transaction(&mut items);
+                    }
                 }
+                self.batch = items.into();
             }
             let n = self.lanes.len();
             let (events, ids) = (&self.s.events, &self.s.aggregate_ids);
-            let parts = split_items(items, n, |item| match item {
-                Item::Event(e) => Some(lane_of(&ids[events[*e].aggregate], n)),
-                Item::Mark(_) => None,
-            });
+            let parts = split_items(
+                &mut self.batch,
+                n,
+                &mut self.gate,
+                self.flushed_sent,
+                |item| match item {
+                    Item::Event(e) => Route::Lane(lane_of(&ids[events[*e].aggregate], n)),
+                    Item::Mark(lsn) => Route::Mark(*lsn),
+                },
+            );
             self.feeding = parts
                 .into_iter()
                 .enumerate()
@@ -448,10 +464,13 @@ impl World {
             }
         }
         let done = |w: &World| {
-            w.fed >= w.s.p.events && w.feeding.is_empty() && w.lanes.iter().all(Lane::is_drained)
+            w.fed >= w.s.p.events
+                && w.batch.is_empty()
+                && w.feeding.is_empty()
+                && w.lanes.iter().all(Lane::is_drained)
         };
         for _ in 0..400_000 {
-            if self.fed < self.s.p.events || !self.feeding.is_empty() {
+            if self.fed < self.s.p.events || !self.batch.is_empty() || !self.feeding.is_empty() {
                 self.feed();
             }
             self.step();
@@ -462,10 +481,12 @@ impl World {
         let stuck: Vec<String> = self.lanes.iter().map(Lane::describe).collect();
         assert!(
             done(self),
-            "never drained: fed {}/{}, {} parts of a batch not handed over\n{}",
+            "never drained: fed {}/{}, {} items held by the gate, {} parts not handed over, sent to Postgres {}\n{}",
             self.fed,
             self.s.p.events,
+            self.batch.len(),
             self.feeding.len(),
+            self.flushed_sent,
             stuck.join("\n")
         );
         for i in 0..self.lanes.len() {
