@@ -351,7 +351,11 @@ impl Lanes {
                 }
                 // The gate holds the rest until Postgres is sent a later position.
                 tokio::select! {
-                    changed = sent_to_pg.changed() => if changed.is_err() { break 'feed; },
+                    // The reader is gone: as on one channel, the watermark counts
+                    // as sent from now on.
+                    changed = sent_to_pg.changed() => if changed.is_err() {
+                        sent_to_pg = watermark.subscribe();
+                    },
                     ended = tasks.join_next() => {
                         if let Some(done) = lane_result(ended)? {
                             reports.push(done);
