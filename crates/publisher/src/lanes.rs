@@ -148,14 +148,17 @@ pub(crate) fn split_items<I: Clone>(
 /// with other transactions beside it, and a crash would send all of them again.
 ///
 /// Marks delimit what the gate counts, as they do for the windows (a keepalive
-/// comes only between transactions).
+/// comes only between transactions). Like the windows, it waits only for marks that
+/// end events: the position sent to Postgres need not reach a keepalive (with the
+/// stored position, §3, it does not until an event follows).
 #[derive(Debug)]
 pub(crate) struct Gate {
     share: usize,
     /// Per lane, events let through since the last mark.
     open: Vec<usize>,
-    /// The last mark let through.
-    last_mark: Lsn,
+    /// The last mark let through that ended events: every event let through is
+    /// before it or in the open transaction.
+    events_end: Lsn,
     /// Some lane has more than its share of the open transaction.
     oversized: bool,
     /// After an oversized transaction: nothing more until Postgres was sent its end.
@@ -167,7 +170,7 @@ impl Gate {
         Gate {
             share: share.max(1),
             open: vec![0; lanes],
-            last_mark: start,
+            events_end: start,
             oversized: false,
             hold: None,
         }
@@ -187,7 +190,7 @@ impl Gate {
                 if self.open[l] >= self.share && !self.oversized {
                     // The lane takes more than its share of this transaction: only
                     // once everything before it is out of flight.
-                    if flushed < self.last_mark {
+                    if flushed < self.events_end {
                         return false;
                     }
                     self.oversized = true;
@@ -198,7 +201,9 @@ impl Gate {
                 if std::mem::take(&mut self.oversized) {
                     self.hold = Some(lsn);
                 }
-                self.last_mark = self.last_mark.max(lsn);
+                if self.open.iter().any(|&n| n > 0) {
+                    self.events_end = self.events_end.max(lsn);
+                }
                 self.open.fill(0);
             }
         }
@@ -480,11 +485,12 @@ mod tests {
 
     #[test]
     fn a_transaction_over_a_lanes_share_is_all_that_is_in_flight() {
-        // Share 2 on two lanes; marks at 10 (tx A: one event), 20 (tx B: three
-        // events on lane 0), 30 (tx C: one event on lane 1).
+        // Share 2 on two lanes; marks at 10 (tx A: one event), a keepalive at 15,
+        // 20 (tx B: three events on lane 0), 30 (tx C: one event on lane 1).
         let mut items = VecDeque::from(vec![
             (Some(1), 1),
             (None, 10),
+            (None, 15),
             (Some(0), 2),
             (Some(0), 3),
             (Some(0), 4),
@@ -493,9 +499,10 @@ mod tests {
             (None, 30),
         ]);
         let mut gate = Gate::new(2, 2, Lsn(0));
-        // B's third event on lane 0 waits until A is out of flight.
+        // B's third event on lane 0 waits until A is out of flight (not for the
+        // keepalive: nothing is in flight before it but A).
         let out = split_items(&mut items, 2, &mut gate, Lsn(0), route);
-        assert_eq!(values(&out), vec![vec![10, 2, 3], vec![1, 10]]);
+        assert_eq!(values(&out), vec![vec![10, 15, 2, 3], vec![1, 10, 15]]);
         let out = split_items(&mut items, 2, &mut gate, Lsn(9), route);
         assert!(out.iter().all(Vec::is_empty));
         // Then B alone: C waits until B is out of flight.

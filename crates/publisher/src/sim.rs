@@ -13,12 +13,14 @@
 //! way `Lanes::run` does: through its gate (`lanes::Gate`), in lane order, each
 //! lane's input holding at most four batches, a lane reading its input only once
 //! everything it buffered is published (or, in half the schedules, whenever it
-//! likes). Each lane's window is
-//! `lanes::lane_window(max_in_flight, N)`; the lanes' watermarks go to the
-//! production `lanes::Watermarks`, and the global watermark it keeps is what is sent
-//! to Postgres and what every lane then sees as flushed, each in its own time. Every
-//! step is one thing happening somewhere: the reader sends a batch, Postgres is sent
-//! the global watermark, or one lane, picked at random, does one thing.
+//! likes). Each lane's window is `lanes::lane_window(max_in_flight, N)`; the lanes'
+//! watermarks go to the production `lanes::Watermarks`, and the global watermark it
+//! keeps is what is sent to Postgres. What the publisher is told was sent (in half
+//! the schedules the lesser of that and the stored position of design §3, which
+//! moves only once an event ends past it) is what the gate waits for and what every
+//! lane sees as flushed, each in its own time. Every step is one thing happening
+//! somewhere: the reader sends a batch, Postgres is sent the global watermark, or
+//! one lane, picked at random, does one thing.
 //!
 //! Checked after every step, per lane: the single-channel rules (an event reaches
 //! the main queue only after every earlier event of its lane reached a queue or was
@@ -95,6 +97,10 @@ struct Params {
     events: usize,
     /// A lane reads its input whenever it likes, not only once all is published.
     eager_input: bool,
+    /// The relay keeps its position in a table (design §3): the publisher's bound
+    /// is the lesser of what Postgres was sent and what is stored, and the stored
+    /// one moves only once an event ends past it.
+    state_table: bool,
     p_unroutable: f64,
     p_nack: f64,
     p_poison: f64,
@@ -172,8 +178,12 @@ struct World {
     next_tx: usize,
     lsn: u64,
     last_mark: Lsn,
-    /// The position last sent to Postgres as flushed.
+    /// The position the publisher is told was sent to Postgres (the bound).
     flushed_sent: Lsn,
+    /// The stored position (with `state_table`).
+    written: Lsn,
+    /// The end of the last transaction with events the reader got past the gate.
+    events_read: Lsn,
     /// The global watermark at the last check.
     global: Lsn,
     /// Events (in commit order) the global watermark has passed.
@@ -195,6 +205,7 @@ impl World {
             max_in_flight: windows[rng.gen_range(0..windows.len())],
             events: rng.gen_range(1..120),
             eager_input: rng.gen_bool(0.5),
+            state_table: rng.gen_bool(0.5),
             p_unroutable: [0.0, 0.05, 0.2, 0.6][rng.gen_range(0..4)],
             p_nack: [0.0, 0.02, 0.1][rng.gen_range(0..3)],
             p_poison: [0.0, 0.0, 0.03][rng.gen_range(0..3)],
@@ -235,6 +246,8 @@ impl World {
             lsn: 1000,
             last_mark: START,
             flushed_sent: START,
+            written: START,
+            events_read: START,
             global: START,
             global_passed: 0,
         }
@@ -303,6 +316,7 @@ impl World {
                 self.batch = items.into();
             }
             let n = self.lanes.len();
+            let before: Vec<Item> = self.batch.iter().cloned().collect();
             let (events, ids) = (&self.s.events, &self.s.aggregate_ids);
             let parts = split_items(
                 &mut self.batch,
@@ -314,6 +328,14 @@ impl World {
                     Item::Mark(lsn) => Route::Mark(*lsn),
                 },
             );
+            let mut open = false;
+            for item in &before[..before.len() - self.batch.len()] {
+                match item {
+                    Item::Event(_) => open = true,
+                    Item::Mark(lsn) if std::mem::take(&mut open) => self.events_read = *lsn,
+                    Item::Mark(_) => {}
+                }
+            }
             self.feeding = parts
                 .into_iter()
                 .enumerate()
@@ -336,10 +358,19 @@ impl World {
         self.marks.set(i, lane.reported);
     }
 
-    /// The reader sends Postgres the global watermark as flushed; the lanes see it
-    /// later, each in its own time.
+    /// The reader sends Postgres the global watermark as flushed (and the state
+    /// writer stores it, once an event ended past the stored one); the lanes see the
+    /// bound later, each in its own time.
     fn flush_to_postgres(&mut self) {
-        self.flushed_sent = self.marks.global();
+        let acked = self.marks.global();
+        self.flushed_sent = if self.s.p.state_table {
+            if acked > self.written && self.events_read > self.written {
+                self.written = acked;
+            }
+            acked.min(self.written)
+        } else {
+            acked
+        };
         for lane in &mut self.lanes {
             lane.flushed_news = Some(self.flushed_sent);
         }
@@ -589,4 +620,8 @@ fn lanes_regressions() {
     // each lane's share 6): two lanes each past their share with transaction 1, the
     // only thing *they* had in flight, and the third already on transaction 2.
     run_schedule(0x1a4e_0000, 2..=4);
+    // A gate that waited for Postgres to be sent the last *keepalive* before a
+    // transaction over a lane's share: with the stored position (which moves only
+    // once an event ends past it) the bound never got there, and nothing drained.
+    run_schedule(0x1a4e_0006, 2..=4);
 }
