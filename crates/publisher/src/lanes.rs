@@ -20,7 +20,13 @@
 //! The duplicate bound stays `max_in_flight`: each lane's window takes an equal share
 //! of it ([`lane_window`]), and a message counts in flight until the *global*
 //! position sent to Postgres passes it (every lane follows the one `flushed` watch).
+//! A lane's window lets one transaction exceed its share while that transaction is
+//! all the *lane* has in flight; the [`Gate`] makes it all the *relay* has in flight
+//! (docs/design.md §1.3): it holds the reader's items back until Postgres was sent
+//! the position before such a transaction, and the items after it until it was sent
+//! the transaction's own end.
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use outbox_event::{Lsn, OutboxEvent, WalBatch, WalItem};
@@ -54,46 +60,79 @@ pub fn lane_window(max_in_flight: usize, lanes: usize) -> usize {
     (max_in_flight / lanes.max(1)).max(1)
 }
 
-/// Splits the reader's batches into one batch per lane.
+/// Splits the reader's batches into one batch per lane, through the [`Gate`].
 pub(crate) struct Split {
     lanes: usize,
     routing_key: RoutingKeyTemplate,
+    gate: Gate,
 }
 
 impl Split {
-    pub(crate) fn new(lanes: usize, routing_key: RoutingKeyTemplate) -> Split {
-        Split { lanes, routing_key }
-    }
-
-    /// The lane of an event: its `aggregate_id`, or its routing key without one.
-    pub(crate) fn lane(&self, event: &OutboxEvent) -> usize {
-        match &event.aggregate_id {
-            Some(id) if !id.is_empty() => lane_of(id, self.lanes),
-            _ => lane_of(self.routing_key.render(event).as_bytes(), self.lanes),
+    pub(crate) fn new(
+        lanes: usize,
+        routing_key: RoutingKeyTemplate,
+        max_in_flight: usize,
+        start: Lsn,
+    ) -> Split {
+        Split {
+            lanes,
+            routing_key,
+            gate: Gate::new(lanes, lane_window(max_in_flight, lanes), start),
         }
     }
 
-    /// Events to their lane, in order; every commit end and keepalive to every lane.
-    pub(crate) fn split(&self, batch: WalBatch) -> Vec<WalBatch> {
-        split_items(batch, self.lanes, |item| match item {
-            WalItem::Event(event) => Some(self.lane(event)),
-            WalItem::Commit(_) | WalItem::Keepalive(_) => None,
+    /// Events to their lane (that of their `aggregate_id`, or of their routing key
+    /// without one), in order; every commit end and keepalive to every lane: as much
+    /// of `items` as the gate lets through while Postgres was sent `flushed`.
+    pub(crate) fn split(&mut self, items: &mut VecDeque<WalItem>, flushed: Lsn) -> Vec<WalBatch> {
+        let Split {
+            lanes,
+            routing_key,
+            gate,
+        } = self;
+        let lanes = *lanes;
+        let lane = |event: &OutboxEvent| match &event.aggregate_id {
+            Some(id) if !id.is_empty() => lane_of(id, lanes),
+            _ => lane_of(routing_key.render(event).as_bytes(), lanes),
+        };
+        split_items(items, lanes, gate, flushed, |item| match item {
+            WalItem::Event(event) => Route::Lane(lane(event)),
+            WalItem::Commit(commit) => Route::Mark(commit.end_lsn),
+            WalItem::Keepalive(lsn) => Route::Mark(*lsn),
         })
     }
 }
 
-/// The split itself, over any item: `lane` names an item's lane, or `None` for a
-/// mark that goes to every lane (the simulation drives this with its own items).
+/// Where an item goes: an event to its lane, a mark (commit end, keepalive) to all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Route {
+    Lane(usize),
+    Mark(Lsn),
+}
+
+/// The split itself, over any item (the simulation drives this with its own items):
+/// takes items from the front of `items`, each to its lane or a mark to every lane,
+/// while `gate` lets them through with `flushed` sent to Postgres; what it holds back
+/// stays in `items`.
 pub(crate) fn split_items<I: Clone>(
-    items: Vec<I>,
+    items: &mut VecDeque<I>,
     lanes: usize,
-    lane: impl Fn(&I) -> Option<usize>,
+    gate: &mut Gate,
+    flushed: Lsn,
+    route: impl Fn(&I) -> Route,
 ) -> Vec<Vec<I>> {
     let mut out: Vec<Vec<I>> = (0..lanes).map(|_| Vec::new()).collect();
-    for item in items {
-        match lane(&item) {
-            Some(l) => out[l].push(item),
-            None => {
+    while let Some(item) = items.front() {
+        let to = route(item);
+        if !gate.pass(to, flushed) {
+            break;
+        }
+        let Some(item) = items.pop_front() else {
+            break;
+        };
+        match to {
+            Route::Lane(l) => out[l].push(item),
+            Route::Mark(_) => {
                 for lane_items in &mut out {
                     lane_items.push(item.clone());
                 }
@@ -101,6 +140,75 @@ pub(crate) fn split_items<I: Clone>(
         }
     }
     out
+}
+
+/// Keeps a transaction that is larger than a lane's share the only thing in flight
+/// across the lanes (see the module docs). A lane's window already keeps it the
+/// only thing in flight on *that* lane; without the gate the other lanes would go on
+/// with other transactions beside it, and a crash would send all of them again.
+///
+/// Marks delimit what the gate counts, as they do for the windows (a keepalive
+/// comes only between transactions). Like the windows, it waits only for marks that
+/// end events: the position sent to Postgres need not reach a keepalive (with the
+/// stored position, §3, it does not until an event follows).
+#[derive(Debug)]
+pub(crate) struct Gate {
+    share: usize,
+    /// Per lane, events let through since the last mark.
+    open: Vec<usize>,
+    /// The last mark let through that ended events: every event let through is
+    /// before it or in the open transaction.
+    events_end: Lsn,
+    /// Some lane has more than its share of the open transaction.
+    oversized: bool,
+    /// After an oversized transaction: nothing more until Postgres was sent its end.
+    hold: Option<Lsn>,
+}
+
+impl Gate {
+    pub(crate) fn new(lanes: usize, share: usize, start: Lsn) -> Gate {
+        Gate {
+            share: share.max(1),
+            open: vec![0; lanes],
+            events_end: start,
+            oversized: false,
+            hold: None,
+        }
+    }
+
+    /// Lets an item through (and counts it), or not yet: `flushed` is the position
+    /// last sent to Postgres.
+    pub(crate) fn pass(&mut self, route: Route, flushed: Lsn) -> bool {
+        if let Some(end) = self.hold {
+            if flushed < end {
+                return false;
+            }
+            self.hold = None;
+        }
+        match route {
+            Route::Lane(l) => {
+                if self.open[l] >= self.share && !self.oversized {
+                    // The lane takes more than its share of this transaction: only
+                    // once everything before it is out of flight.
+                    if flushed < self.events_end {
+                        return false;
+                    }
+                    self.oversized = true;
+                }
+                self.open[l] += 1;
+            }
+            Route::Mark(lsn) => {
+                if std::mem::take(&mut self.oversized) {
+                    self.hold = Some(lsn);
+                }
+                if self.open.iter().any(|&n| n > 0) {
+                    self.events_end = self.events_end.max(lsn);
+                }
+                self.open.fill(0);
+            }
+        }
+        true
+    }
 }
 
 /// The lanes' watermarks and the global one, their minimum.
@@ -141,7 +249,8 @@ impl Watermarks {
 /// N connected single-channel publishers, run as one target.
 pub struct Lanes {
     publishers: Vec<Publisher>,
-    split: Split,
+    routing_key: RoutingKeyTemplate,
+    max_in_flight: usize,
     status: PublisherStatus,
 }
 
@@ -168,7 +277,8 @@ impl Lanes {
         let status = PublisherStatus::of_lanes(publishers.iter().map(Publisher::status).collect());
         Ok(Lanes {
             publishers,
-            split: Split::new(lanes, routing_key),
+            routing_key,
+            max_in_flight: config.max_in_flight,
             status,
         })
     }
@@ -191,10 +301,15 @@ impl Lanes {
     ) -> Result<PublisherReport, PublishError> {
         let Lanes {
             publishers,
-            split,
+            routing_key,
+            max_in_flight,
             status,
         } = self;
         let start = *watermark.borrow();
+        let mut split = Split::new(publishers.len(), routing_key, max_in_flight, start);
+        // What the gate waits for: the position sent to Postgres (without one, as
+        // on one channel, the watermark counts as sent).
+        let mut sent_to_pg = flushed.clone().unwrap_or_else(|| watermark.subscribe());
         status.set_acked_lsn(start);
         let marks = Arc::new(Mutex::new(Watermarks::new(publishers.len(), start)));
         let watermark = Arc::new(watermark);
@@ -219,12 +334,33 @@ impl Lanes {
         // Feed the lanes until the input ends; a lane that returns before that
         // failed for good.
         'feed: while let Some(batch) = input.recv().await {
-            for (tx, part) in senders.iter().zip(split.split(batch)) {
-                if part.is_empty() {
-                    continue;
+            let mut items = VecDeque::from(batch);
+            loop {
+                let flushed_now = (*sent_to_pg.borrow_and_update()).max(start);
+                for (tx, part) in senders.iter().zip(split.split(&mut items, flushed_now)) {
+                    if part.is_empty() {
+                        continue;
+                    }
+                    tokio::select! {
+                        sent = tx.send(part) => if sent.is_err() { break 'feed; },
+                        ended = tasks.join_next() => {
+                            if let Some(done) = lane_result(ended)? {
+                                reports.push(done);
+                            }
+                            break 'feed;
+                        }
+                    }
                 }
+                if items.is_empty() {
+                    break;
+                }
+                // The gate holds the rest until Postgres is sent a later position.
                 tokio::select! {
-                    sent = tx.send(part) => if sent.is_err() { break 'feed; },
+                    // The reader is gone: as on one channel, the watermark counts
+                    // as sent from now on.
+                    changed = sent_to_pg.changed() => if changed.is_err() {
+                        sent_to_pg = watermark.subscribe();
+                    },
                     ended = tasks.join_next() => {
                         if let Some(done) = lane_result(ended)? {
                             reports.push(done);
@@ -318,19 +454,65 @@ mod tests {
     #[test]
     fn marks_go_to_every_lane_and_items_to_theirs_in_order() {
         // Items: (lane or None for a mark, value).
-        let items = vec![
+        let mut items = VecDeque::from(vec![
             (Some(1), 1),
             (None, 2),
             (Some(0), 3),
             (Some(1), 4),
             (None, 5),
-        ];
-        let out = split_items(items, 3, |i| i.0);
-        let values: Vec<Vec<i32>> = out
-            .iter()
+        ]);
+        let mut gate = Gate::new(3, 10, Lsn(0));
+        let out = split_items(&mut items, 3, &mut gate, Lsn(0), route);
+        assert!(items.is_empty());
+        assert_eq!(
+            values(&out),
+            vec![vec![2, 3, 5], vec![1, 2, 4, 5], vec![2, 5]]
+        );
+    }
+
+    fn route(item: &(Option<usize>, u64)) -> Route {
+        match item.0 {
+            Some(l) => Route::Lane(l),
+            None => Route::Mark(Lsn(item.1)),
+        }
+    }
+
+    fn values(out: &[Vec<(Option<usize>, u64)>]) -> Vec<Vec<u64>> {
+        out.iter()
             .map(|l| l.iter().map(|i| i.1).collect())
-            .collect();
-        assert_eq!(values, vec![vec![2, 3, 5], vec![1, 2, 4, 5], vec![2, 5]]);
+            .collect()
+    }
+
+    #[test]
+    fn a_transaction_over_a_lanes_share_is_all_that_is_in_flight() {
+        // Share 2 on two lanes; marks at 10 (tx A: one event), a keepalive at 15,
+        // 20 (tx B: three events on lane 0), 30 (tx C: one event on lane 1).
+        let mut items = VecDeque::from(vec![
+            (Some(1), 1),
+            (None, 10),
+            (None, 15),
+            (Some(0), 2),
+            (Some(0), 3),
+            (Some(0), 4),
+            (None, 20),
+            (Some(1), 5),
+            (None, 30),
+        ]);
+        let mut gate = Gate::new(2, 2, Lsn(0));
+        // B's third event on lane 0 waits until A is out of flight (not for the
+        // keepalive: nothing is in flight before it but A).
+        let out = split_items(&mut items, 2, &mut gate, Lsn(0), route);
+        assert_eq!(values(&out), vec![vec![10, 15, 2, 3], vec![1, 10, 15]]);
+        let out = split_items(&mut items, 2, &mut gate, Lsn(9), route);
+        assert!(out.iter().all(Vec::is_empty));
+        // Then B alone: C waits until B is out of flight.
+        let out = split_items(&mut items, 2, &mut gate, Lsn(10), route);
+        assert_eq!(values(&out), vec![vec![4, 20], vec![20]]);
+        let out = split_items(&mut items, 2, &mut gate, Lsn(19), route);
+        assert!(out.iter().all(Vec::is_empty));
+        let out = split_items(&mut items, 2, &mut gate, Lsn(20), route);
+        assert_eq!(values(&out), vec![vec![30], vec![5, 30]]);
+        assert!(items.is_empty());
     }
 
     #[test]
