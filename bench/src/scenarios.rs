@@ -410,7 +410,7 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             let rss = pick(|r| r.stream.map(|m| m.peak_rss));
             report.add(&names.stream_rss, median(rss), "MB", &cond);
         }
-        for (scenario, e) in runs.iter().flat_map(|r| &r.cluster_failures) {
+        for (scenario, e) in runs.iter().flat_map(|r| &r.failures) {
             report.fail(format!("{scenario} {per_tx}-row tx"), e);
         }
         let queue: Vec<RelayDrain> = runs.iter().filter_map(|r| r.cluster).collect();
