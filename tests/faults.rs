@@ -31,3 +31,6 @@ mod soak;
 
 #[path = "faults/stream.rs"]
 mod stream;
+
+#[path = "faults/aggregate.rs"]
+mod aggregate;

@@ -33,6 +33,21 @@ pub fn check_max_in_flight(max_in_flight: usize) -> Result<(), &'static str> {
     }
 }
 
+/// The check of `[rabbitmq] channels` against the flow limit (each channel takes an
+/// equal share of `max_in_flight`): the reason it is refused, if it is.
+pub fn check_channels(channels: usize, max_in_flight: usize) -> Result<(), String> {
+    let max = crate::lanes::MAX_CHANNELS;
+    if channels == 0 || channels > max {
+        Err(format!(
+            "{channels} is out of range: set it between 1 and {max}"
+        ))
+    } else if max_in_flight > 0 && channels > max_in_flight {
+        Err(format!("{channels} channels cannot share max_in_flight = {max_in_flight} (each needs at least 1): raise max_in_flight or lower channels"))
+    } else {
+        Ok(())
+    }
+}
+
 /// [`check_max_in_flight`] as the publishers' configuration error.
 pub(crate) fn validate_max_in_flight(max_in_flight: usize) -> Result<(), PublishError> {
     check_max_in_flight(max_in_flight).map_err(|reason| PublishError::InvalidConfig {
@@ -58,6 +73,10 @@ pub struct PublisherConfig {
     /// Template over `{aggregate_type}` `{aggregate_id}` `{event_type}` `{table}`.
     pub routing_key: String,
     pub max_in_flight: usize,
+    /// Channels to publish on (`[rabbitmq] channels`): 1 keeps one global commit
+    /// order; more pin each aggregate to one of them, each on its own connection
+    /// (`ordering = "aggregate"`, [`crate::lanes`]).
+    pub channels: usize,
     /// Where unroutable messages go (must exist); `None` = retry them.
     pub dead_letter_exchange: Option<String>,
     pub backoff_initial: Duration,
@@ -87,6 +106,7 @@ impl PublisherConfig {
             declare_exchange: true,
             routing_key: message::DEFAULT_ROUTING_KEY.into(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            channels: 1,
             dead_letter_exchange: None,
             backoff_initial: DEFAULT_BACKOFF_INITIAL,
             backoff_max: DEFAULT_BACKOFF_MAX,
@@ -145,6 +165,12 @@ impl PublisherConfig {
             }
         }
         validate_max_in_flight(self.max_in_flight)?;
+        check_channels(self.channels, self.max_in_flight).map_err(|reason| {
+            PublishError::InvalidConfig {
+                key: "channels",
+                reason,
+            }
+        })?;
         if self.dead_letter_exchange.as_deref() == Some(self.exchange.as_str()) {
             // A return names the exchange it came from: the two must differ for the
             // relay to tell a returned copy from a returned original.

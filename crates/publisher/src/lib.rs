@@ -67,6 +67,7 @@ pub mod window;
 mod confirms;
 mod connection;
 pub(crate) mod engine;
+pub mod lanes;
 pub mod probe;
 mod progress;
 mod report;
@@ -81,8 +82,8 @@ use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 
 pub use config::{
-    check_max_in_flight, PublisherConfig, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
-    DEFAULT_EXCHANGE_TYPE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_SHUTDOWN_TIMEOUT,
+    check_channels, check_max_in_flight, PublisherConfig, DEFAULT_BACKOFF_INITIAL,
+    DEFAULT_BACKOFF_MAX, DEFAULT_EXCHANGE_TYPE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_SHUTDOWN_TIMEOUT,
 };
 pub use error::{redact_url, PublishError};
 pub use report::PublisherReport;

@@ -46,6 +46,21 @@ pub const DEFAULT_STREAM: &str = "";
 /// Default `rabbitmq.declare_stream`.
 pub const DEFAULT_DECLARE_STREAM: bool = true;
 
+/// Default `rabbitmq.ordering`.
+pub const DEFAULT_ORDERING: Ordering = Ordering::Commit;
+/// Default `rabbitmq.channels`.
+pub const DEFAULT_CHANNELS: usize = 1;
+
+/// The order the exchange target keeps (`rabbitmq.ordering`, docs/design.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ordering {
+    /// One channel, every event in commit order.
+    Commit,
+    /// `channels` channels, each aggregate on one: order kept per aggregate.
+    Aggregate,
+}
+
 /// AMQP exchange types (`rabbitmq.exchange_type`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -98,6 +113,11 @@ pub struct RabbitMqConfig {
     pub routing_key: String,
     /// Messages published but not yet confirmed to Postgres (≥ 1).
     pub max_in_flight: usize,
+    /// `"commit"`: one channel, one global order. `"aggregate"`: `channels`
+    /// channels, each aggregate pinned to one, order kept per aggregate.
+    pub ordering: Ordering,
+    /// Channels (each on its own connection) with `ordering = "aggregate"`.
+    pub channels: usize,
     /// Exchange unroutable (returned) messages are republished to; `""` = none, retry.
     pub dead_letter_exchange: String,
     /// PEM file of CA certificates trusted for `amqps://`; `""` = the system roots.
@@ -149,6 +169,8 @@ impl Default for RabbitMqConfig {
             declare_exchange: DEFAULT_DECLARE_EXCHANGE,
             routing_key: message::DEFAULT_ROUTING_KEY.to_string(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            ordering: DEFAULT_ORDERING,
+            channels: DEFAULT_CHANNELS,
             dead_letter_exchange: DEFAULT_DEAD_LETTER_EXCHANGE.to_string(),
             ca_file: DEFAULT_CA_FILE.to_string(),
             heartbeat_secs: DEFAULT_HEARTBEAT_SECS,
@@ -185,6 +207,8 @@ impl fmt::Debug for RabbitMqConfig {
             .field("declare_exchange", &self.declare_exchange)
             .field("routing_key", &self.routing_key)
             .field("max_in_flight", &self.max_in_flight)
+            .field("ordering", &self.ordering)
+            .field("channels", &self.channels)
             .field("dead_letter_exchange", &self.dead_letter_exchange)
             .field("ca_file", &self.ca_file)
             .field("heartbeat_secs", &self.heartbeat_secs)
@@ -261,6 +285,10 @@ impl RabbitMqConfig {
         p.declare_exchange = self.declare_exchange;
         p.routing_key = self.routing_key.clone();
         p.max_in_flight = self.max_in_flight;
+        p.channels = match self.ordering {
+            Ordering::Commit => 1,
+            Ordering::Aggregate => self.channels,
+        };
         p.dead_letter_exchange = Some(self.dead_letter_exchange.clone()).filter(|s| !s.is_empty());
         p.shutdown_timeout = shared.shutdown_timeout;
         p.connection_name = connection_name;
@@ -340,5 +368,37 @@ mod tests {
         r.max_in_flight = 0;
         let keys: Vec<&str> = r.validate().iter().map(|e| e.key).collect();
         assert_eq!(keys, ["rabbitmq.max_in_flight"]);
+    }
+
+    /// `channels` only with per-aggregate order, only on the exchange, within range
+    /// and within the flow limit; per-aggregate order reaches the publisher as its
+    /// channel count, commit order as one channel.
+    #[test]
+    fn ordering_and_channels_are_checked_together() {
+        let keys = |r: &RabbitMqConfig| -> Vec<&'static str> {
+            r.validate().iter().map(|e| e.key).collect()
+        };
+        let mut r = RabbitMqConfig {
+            channels: 4,
+            ..RabbitMqConfig::default()
+        };
+        assert_eq!(keys(&r), ["rabbitmq.channels"]);
+        assert!(r.validate()[0].reason.contains("ordering = \"aggregate\""));
+        r.ordering = Ordering::Aggregate;
+        assert_eq!(keys(&r), Vec::<&str>::new());
+        assert_eq!(r.publisher_config(shared(), String::new()).channels, 4);
+        r.channels = 0;
+        assert_eq!(keys(&r), ["rabbitmq.channels"]);
+        r.channels = crate::lanes::MAX_CHANNELS + 1;
+        assert_eq!(keys(&r), ["rabbitmq.channels"]);
+        r.channels = 8;
+        r.max_in_flight = 4;
+        assert_eq!(keys(&r), ["rabbitmq.channels"]);
+        assert!(r.validate()[0].reason.contains("raise max_in_flight"));
+        r.max_in_flight = 100;
+        r.stream = "orders".into();
+        assert_eq!(keys(&r), ["rabbitmq.ordering"]);
+        let commit = RabbitMqConfig::default();
+        assert_eq!(commit.publisher_config(shared(), String::new()).channels, 1);
     }
 }

@@ -1,7 +1,7 @@
 //! What the relay reads for `/readyz` and metrics, and the metric names.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use outbox_event::Lsn;
 
@@ -40,6 +40,12 @@ struct Inner {
     acked_lsn: AtomicU64,
     reconnects: AtomicU64,
     poison: Mutex<Option<PoisonMessage>>,
+    /// With `channels = N` (`crate::lanes`): the front's view of its lanes, which
+    /// the getters combine.
+    lanes: Vec<PublisherStatus>,
+    /// A lane's front: a lane sets no gauge of its own but has the front set the
+    /// combined one.
+    front: OnceLock<Weak<Inner>>,
 }
 
 /// A cheap, cloneable view of the publisher's state, updated as it runs.
@@ -56,14 +62,45 @@ impl PublisherStatus {
         Self(Arc::new(inner))
     }
 
-    /// True while a connection with a confirm-mode channel is open.
+    /// The status of N lanes, each publishing on its own channel: connected when
+    /// all are, blocked or poisoned when one is, in flight their sum, and the acked
+    /// watermark the global one (set by the lanes' runner).
+    pub(crate) fn of_lanes(lanes: Vec<PublisherStatus>) -> Self {
+        let inner = Inner {
+            lanes,
+            ..Inner::default()
+        };
+        inner
+            .oldest_unacked_micros
+            .store(i64::MIN, Ordering::Relaxed);
+        let front = Self(Arc::new(inner));
+        for lane in &front.0.lanes {
+            let _ = lane.0.front.set(Arc::downgrade(&front.0));
+        }
+        front
+    }
+
+    /// The front of this lane, if it is one.
+    fn front(&self) -> Option<PublisherStatus> {
+        self.0
+            .front
+            .get()
+            .and_then(Weak::upgrade)
+            .map(PublisherStatus)
+    }
+
+    /// True while a connection with a confirm-mode channel is open (every lane's).
     pub fn connected(&self) -> bool {
-        self.0.connected.load(Ordering::Relaxed)
+        if self.0.lanes.is_empty() {
+            self.0.connected.load(Ordering::Relaxed)
+        } else {
+            self.0.lanes.iter().all(PublisherStatus::connected)
+        }
     }
 
     /// True while the broker blocks publishing (a memory or disk alarm).
     pub fn blocked(&self) -> bool {
-        self.0.blocked.load(Ordering::Relaxed)
+        self.0.blocked.load(Ordering::Relaxed) || self.0.lanes.iter().any(PublisherStatus::blocked)
     }
 
     /// Ready to publish: connected, not blocked, not held by a poison message.
@@ -73,25 +110,42 @@ impl PublisherStatus {
 
     /// The message the broker refuses, while one holds the relay.
     pub fn poison(&self) -> Option<PoisonMessage> {
-        self.0.poison.lock().ok().and_then(|p| p.clone())
+        let own = self.0.poison.lock().ok().and_then(|p| p.clone());
+        own.or_else(|| self.0.lanes.iter().find_map(PublisherStatus::poison))
     }
 
     pub(crate) fn set_poison(&self, poison: Option<PoisonMessage>) {
-        metrics::gauge!(POISON_MESSAGES).set(if poison.is_some() { 1.0 } else { 0.0 });
         if let Ok(mut p) = self.0.poison.lock() {
             *p = poison;
         }
+        let shown = match self.front() {
+            Some(front) => front.poison().is_some(),
+            None => self.poison().is_some(),
+        };
+        metrics::gauge!(POISON_MESSAGES).set(if shown { 1.0 } else { 0.0 });
     }
 
     /// Messages received and not yet below the acked watermark.
     pub fn in_flight(&self) -> usize {
         self.0.in_flight.load(Ordering::Relaxed)
+            + self
+                .0
+                .lanes
+                .iter()
+                .map(PublisherStatus::in_flight)
+                .sum::<usize>()
     }
 
     /// Commit time (µs since the Unix epoch) of the oldest event not yet acked.
     pub fn oldest_unacked_commit_micros(&self) -> Option<i64> {
         let v = self.0.oldest_unacked_micros.load(Ordering::Relaxed);
-        (v != i64::MIN).then_some(v)
+        let own = (v != i64::MIN).then_some(v);
+        self.0
+            .lanes
+            .iter()
+            .filter_map(PublisherStatus::oldest_unacked_commit_micros)
+            .chain(own)
+            .min()
     }
 
     /// The acked watermark.
@@ -102,6 +156,12 @@ impl PublisherStatus {
     /// Reconnections to RabbitMQ since the publisher started.
     pub fn reconnects(&self) -> u64 {
         self.0.reconnects.load(Ordering::Relaxed)
+            + self
+                .0
+                .lanes
+                .iter()
+                .map(PublisherStatus::reconnects)
+                .sum::<u64>()
     }
 
     pub(crate) fn add_reconnect(&self) {
@@ -122,11 +182,16 @@ impl PublisherStatus {
         self.0
             .oldest_unacked_micros
             .store(oldest_micros.unwrap_or(i64::MIN), Ordering::Relaxed);
-        metrics::gauge!(IN_FLIGHT).set(n as f64);
+        let shown = self.front().map_or(n, |front| front.in_flight());
+        metrics::gauge!(IN_FLIGHT).set(shown as f64);
     }
 
+    /// The acked watermark; a lane's is its own, which no gauge shows (the global
+    /// one is its front's).
     pub(crate) fn set_acked_lsn(&self, lsn: Lsn) {
         self.0.acked_lsn.store(lsn.0, Ordering::Relaxed);
-        metrics::gauge!(ACKED_LSN).set(lsn.0 as f64);
+        if self.0.front.get().is_none() {
+            metrics::gauge!(ACKED_LSN).set(lsn.0 as f64);
+        }
     }
 }

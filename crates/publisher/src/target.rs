@@ -1,6 +1,6 @@
-//! The two targets, behind one face: an exchange over AMQP ([`Publisher`]) or a
-//! RabbitMQ stream over the stream protocol, exactly once ([`StreamPublisher`],
-//! docs/design.md §4). Both take the reader's batches and publish the acked
+//! The two targets, behind one face: an exchange over AMQP ([`Publisher`]; with
+//! `channels = N`, N of them as [`Lanes`]) or a RabbitMQ stream over the stream
+//! protocol, exactly once ([`StreamPublisher`], docs/design.md §4). Both take the reader's batches and publish the acked
 //! watermark the same way (`progress.rs`), so the relay's session loop does not know
 //! which one it drives.
 
@@ -9,6 +9,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::PublisherConfig;
 use crate::error::PublishError;
+use crate::lanes::Lanes;
 use crate::report::PublisherReport;
 use crate::status::PublisherStatus;
 use crate::stream::{StreamConfig, StreamPublisher, StreamSource};
@@ -41,6 +42,8 @@ impl TargetConfig {
 /// A connected publisher of either kind.
 pub enum Target {
     Exchange(Publisher),
+    /// The exchange on N channels, each aggregate on one (`ordering = "aggregate"`).
+    Lanes(Lanes),
     Stream(StreamPublisher),
 }
 
@@ -52,6 +55,9 @@ impl Target {
         source: Option<StreamSource>,
     ) -> Result<Target, PublishError> {
         Ok(match cfg {
+            TargetConfig::Exchange(p) if p.channels > 1 => {
+                Target::Lanes(Lanes::connect(p.clone()).await?)
+            }
             TargetConfig::Exchange(p) => Target::Exchange(Publisher::connect(p.clone()).await?),
             TargetConfig::Stream { config, .. } => {
                 let mut config = config.clone();
@@ -65,6 +71,7 @@ impl Target {
     pub fn status(&self) -> PublisherStatus {
         match self {
             Target::Exchange(p) => p.status(),
+            Target::Lanes(l) => l.status(),
             Target::Stream(s) => s.status(),
         }
     }
@@ -80,6 +87,7 @@ impl Target {
     ) -> Result<PublisherReport, PublishError> {
         match self {
             Target::Exchange(p) => p.run(input, watermark, flushed).await,
+            Target::Lanes(l) => l.run(input, watermark, flushed).await,
             Target::Stream(s) => s.run(input, watermark, flushed).await,
         }
     }

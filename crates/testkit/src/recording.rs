@@ -21,7 +21,7 @@ mod check;
 #[cfg(feature = "postgres")]
 mod sampler;
 
-pub use check::{check, check_with, Report};
+pub use check::{check, check_grouped, check_with, Report};
 #[cfg(feature = "postgres")]
 pub use sampler::Sampler;
 
@@ -188,6 +188,7 @@ async fn consume_once(
                 kind: header("aggregate_type").unwrap_or_default(),
                 seq: header("aggregate_id")
                     .and_then(|s| s.parse().ok())
+                    .or_else(|| body_seq(&d.data))
                     .unwrap_or(-1),
                 commit_lsn: header("commit_lsn")
                     .and_then(|s| parse_lsn(&s))
@@ -202,4 +203,17 @@ async fn consume_once(
         d.ack(BasicAckOptions::default()).await?;
     }
     Ok(())
+}
+
+/// The `seq` of a body `{"seq": N, ...}`: the row's number when its aggregate id is
+/// not (rows that share an aggregate, `[rabbitmq] ordering = "aggregate"`).
+fn body_seq(body: &[u8]) -> Option<i64> {
+    let text = std::str::from_utf8(body).ok()?;
+    let rest = &text[text.find("\"seq\":")? + 6..];
+    let digits: String = rest
+        .trim_start()
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }

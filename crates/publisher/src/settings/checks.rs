@@ -11,8 +11,9 @@ use outbox_event::suggest::closest;
 use secrecy::ExposeSecret;
 
 use super::RabbitMqConfig;
-use crate::config::check_max_in_flight;
+use crate::config::{check_channels, check_max_in_flight};
 use crate::message::{RoutingKeyError, RoutingKeyTemplate, PLACEHOLDERS};
+use crate::settings::Ordering;
 
 impl RabbitMqConfig {
     /// Checks the values serde cannot: names, the routing key template, the flow
@@ -49,6 +50,7 @@ impl RabbitMqConfig {
             check_max_in_flight(r.max_in_flight)
                 .map_err(|reason| SettingError::new("rabbitmq.max_in_flight", reason)),
         );
+        check(check_ordering(r));
         if !r.ca_file.is_empty() && !Path::new(&r.ca_file).is_file() {
             check(Err(SettingError::new(
                 "rabbitmq.ca_file",
@@ -95,6 +97,23 @@ impl RabbitMqConfig {
 
 /// The client certificate comes with its key, and the files named exist (their
 /// contents are checked at connect, where they are read).
+/// `ordering` and `channels` together: more than one channel only with per-aggregate
+/// order, and per-aggregate order only on the exchange target.
+fn check_ordering(r: &RabbitMqConfig) -> Result<(), SettingError> {
+    match r.ordering {
+        Ordering::Commit if r.channels != 1 => Err(SettingError::new(
+            "rabbitmq.channels",
+            format!("{} channels need ordering = \"aggregate\" (commit order publishes on one channel): set ordering = \"aggregate\", or remove channels", r.channels),
+        )),
+        Ordering::Aggregate if !r.stream.is_empty() => Err(SettingError::new(
+            "rabbitmq.ordering",
+            "\"aggregate\" spreads events over channels to an exchange, but stream is set (a stream keeps one order, exactly once): remove ordering, or remove stream to publish to the exchange",
+        )),
+        _ => check_channels(r.channels, r.max_in_flight)
+            .map_err(|reason| SettingError::new("rabbitmq.channels", reason)),
+    }
+}
+
 fn validate_client_files(r: &RabbitMqConfig) -> Result<(), SettingError> {
     if r.cert_file.is_empty() != r.key_file.is_empty() {
         let (set, missing) = if r.cert_file.is_empty() {

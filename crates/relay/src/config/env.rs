@@ -41,6 +41,8 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("rabbitmq", "declare_exchange", Kind::Bool),
     ("rabbitmq", "routing_key", Kind::Str),
     ("rabbitmq", "max_in_flight", Kind::UInt),
+    ("rabbitmq", "ordering", Kind::Str),
+    ("rabbitmq", "channels", Kind::UInt),
     ("rabbitmq", "dead_letter_exchange", Kind::Str),
     ("rabbitmq", "ca_file", Kind::Str),
     ("rabbitmq", "heartbeat_secs", Kind::UInt),

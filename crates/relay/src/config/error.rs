@@ -275,6 +275,8 @@ pub(super) fn expectation(dotted_key: &str) -> String {
             "an address in quotes like \"127.0.0.1:9187\" or \"[::]:9187\", or \"\" to disable it"
         }
         "rabbitmq.exchange_type" => "one of direct, fanout, topic, headers",
+        "rabbitmq.ordering" => "one of commit, aggregate",
+        "rabbitmq.channels" => "a whole number of channels like 4",
         "message.format" => "one of native, cloudevents",
         "message.headers" => "one of full, minimal",
         "postgres.tables" => "a table name or a list of them, like [\"public.outbox\"]",

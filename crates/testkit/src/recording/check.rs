@@ -49,6 +49,40 @@ pub fn check_with(
     by_last: bool,
     redelivered_firsts: bool,
 ) -> Report {
+    check_impl(
+        recs,
+        committed,
+        samples,
+        by_last,
+        redelivered_firsts,
+        &|_| 0,
+    )
+}
+
+/// [`check`] for a relay that keeps order per aggregate only (`[rabbitmq] ordering =
+/// "aggregate"`): the order is checked among the messages of each `group` (the
+/// aggregate a message belongs to), loss, duplicates and the markers as in
+/// [`check`]. The markers still hold across groups: the slot moves past a position
+/// only once every channel had its messages below it acked, so they were in the
+/// queue before the marker.
+pub fn check_grouped(
+    recs: &[Rec],
+    committed: &HashSet<String>,
+    samples: &[u64],
+    by_last: bool,
+    group: &dyn Fn(&Rec) -> u64,
+) -> Report {
+    check_impl(recs, committed, samples, by_last, false, group)
+}
+
+fn check_impl(
+    recs: &[Rec],
+    committed: &HashSet<String>,
+    samples: &[u64],
+    by_last: bool,
+    redelivered_firsts: bool,
+    group: &dyn Fn(&Rec) -> u64,
+) -> Report {
     let mut first: HashMap<&str, usize> = HashMap::new();
     let mut firsts: Vec<&Rec> = Vec::new();
     let mut total = 0;
@@ -85,7 +119,11 @@ pub fn check_with(
         }
         ordered.sort_by_key(|r| last[r.id.as_str()]);
     }
-    for w in ordered.windows(2) {
+    let mut groups: HashMap<u64, Vec<&Rec>> = HashMap::new();
+    for r in ordered {
+        groups.entry(group(r)).or_default().push(r);
+    }
+    for w in groups.values().flat_map(|g| g.windows(2)) {
         let (a, b) = (w[0], w[1]);
         assert!(
             a.commit_lsn < b.commit_lsn || (a.commit_lsn == b.commit_lsn && a.seq < b.seq),
@@ -132,5 +170,49 @@ pub fn check_with(
         duplicates: total - firsts.len(),
         markers_checked,
         max_body,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn rec(seq: i64, commit_lsn: u64) -> Rec {
+        Rec {
+            id: seq.to_string(),
+            kind: "seq".into(),
+            seq,
+            commit_lsn,
+            body_len: 0,
+            marker: None,
+            redelivered: false,
+            at: Instant::now(),
+        }
+    }
+
+    fn committed(recs: &[Rec]) -> HashSet<String> {
+        recs.iter().map(|r| r.id.clone()).collect()
+    }
+
+    /// Two aggregates (odd and even seq) interleaved across commits: in order per
+    /// aggregate, not globally.
+    #[test]
+    fn grouped_order_is_checked_within_each_group_only() {
+        let recs = vec![rec(2, 20), rec(1, 10), rec(4, 40), rec(3, 30)];
+        let by_parity = |r: &Rec| (r.seq % 2) as u64;
+        let report = check_grouped(&recs, &committed(&recs), &[], false, &by_parity);
+        assert_eq!(report.distinct, 4);
+        let global = std::panic::catch_unwind(|| check(&recs, &committed(&recs), &[], false));
+        assert!(global.is_err(), "the global order check must refuse this");
+    }
+
+    #[test]
+    #[should_panic(expected = "out of order")]
+    fn a_group_out_of_order_is_refused() {
+        let recs = vec![rec(1, 10), rec(5, 50), rec(3, 30)];
+        let by_parity = |r: &Rec| (r.seq % 2) as u64;
+        check_grouped(&recs, &committed(&recs), &[], false, &by_parity);
     }
 }
