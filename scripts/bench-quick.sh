@@ -9,6 +9,10 @@
 #   set -a; . target/test-services.env; set +a; bash scripts/bench-quick.sh
 # Extra arguments go to the harness (e.g. --only stream-raw,stream-drain).
 #
+# lapin-light and drain-aggregate (issue #33; the relay with [rabbitmq] ordering =
+# "aggregate", channels = 4) run here too, as every scenario does: ≈ 8.5 s more
+# (2 s and 6.4 s measured on 2026-12-05 at load average 7-8).
+#
 # The cluster drains (cluster-drain, cluster-stream-drain) run once each, on the
 # 100-row transactions, when the 3-node cluster's URLs are known: from the environment,
 # else from target/test-services.env (scripts/test-services.sh starts the cluster and

@@ -317,6 +317,16 @@ pub struct ClusterUrls {
     pub stream: Vec<String>,
 }
 
+/// What a scenario adds to the relay's config file.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ConfigExtra<'a> {
+    /// Keys appended to the `[rabbitmq]` section (e.g. `ordering = "aggregate"`): TOML
+    /// allows no second `[rabbitmq]` header.
+    pub rabbitmq: &'a str,
+    /// Whole sections appended to the file (e.g. `[message]\nheaders = "minimal"`).
+    pub sections: &'a str,
+}
+
 /// A running relay process.
 pub struct RelayProc {
     pub child: Child,
@@ -331,18 +341,17 @@ impl RelayProc {
         target: Target<'_>,
         window: usize,
     ) -> anyhow::Result<RelayProc> {
-        Self::start_with(bin, db, slot, target, window, "")
+        Self::start_with(bin, db, slot, target, window, ConfigExtra::default())
     }
 
-    /// [`RelayProc::start`] with `extra` appended to the config file (whole
-    /// sections, e.g. `[message]\nheaders = "minimal"`).
+    /// [`RelayProc::start`] with `extra` added to the config file.
     pub fn start_with(
         bin: &Path,
         db: &BenchDb,
         slot: &str,
         target: Target<'_>,
         window: usize,
-        extra: &str,
+        extra: ConfigExtra<'_>,
     ) -> anyhow::Result<RelayProc> {
         let dir = std::env::temp_dir().join(unique_name("bench"));
         std::fs::create_dir_all(&dir)?;
@@ -373,10 +382,12 @@ impl RelayProc {
             &config,
             format!(
                 "[postgres]\nurl = {:?}\nslot = {slot:?}\npublication = {:?}\n\n\
-                 [rabbitmq]\nurl = {url}\n{target}max_in_flight = {window}\n\n\
-                 [relay]\nmetrics_listen = \"\"\n\n{extra}\n",
+                 [rabbitmq]\nurl = {url}\n{target}max_in_flight = {window}\n{}\n\n\
+                 [relay]\nmetrics_listen = \"\"\n\n{}\n",
                 db.db.url(),
                 db.publication,
+                extra.rabbitmq,
+                extra.sections,
             ),
         )?;
         let child = Command::new(bin)

@@ -8,6 +8,9 @@
 //! Scenarios (each figure the median of `--runs` runs):
 //! - **lapin**: a raw pipelined lapin publisher with the relay's message shape and
 //!   window: the broker's limit.
+//! - **lapin-light**: the same with the lighter message a hand-written relay sends
+//!   (issue #33): persistent, mandatory, message_id, type and content_type, no
+//!   headers. The relay's default drain is reported against both.
 //! - **recvlogical**: `pg_recvlogical` draining a slot holding N outbox inserts: the
 //!   decode limit.
 //! - **reader**: the wal-reader draining the same slot shape into a counting sink.
@@ -17,6 +20,9 @@
 //!   offset holds all N (and, as a second figure, until all are confirmed).
 //! - **drain**: N preloaded outbox rows (1-row and 100-row transactions); the relay
 //!   binary starts; time until a consumer holds all N. Relay CPU and peak RSS.
+//! - **drain-aggregate**: the same WAL, right after `drain` in each run, the relay
+//!   with `[rabbitmq] ordering = "aggregate"` and `channels = 4` (the rows' aggregate
+//!   ids are all distinct); its rate, CPU, and each run's ratio to `drain`'s rate.
 //! - **stream-drain**: the same WAL, the relay with `[rabbitmq] stream` set; time
 //!   until a consumer reading the fresh stream from its first offset holds all N.
 //! - **cluster-drain**: the same WAL, on the 3-node cluster of
@@ -81,9 +87,9 @@ pub struct Args {
     /// Small numbers, one run: a smoke test of the harness itself.
     #[arg(long)]
     pub quick: bool,
-    /// Only these scenarios (comma-separated: lapin,shape,channels,stream-raw,
-    /// recvlogical,reader,drain,drain-minimal,stream-drain,cluster-drain,
-    /// cluster-stream-drain,steady,steady-high,large).
+    /// Only these scenarios (comma-separated: lapin,lapin-light,shape,channels,
+    /// stream-raw,recvlogical,reader,drain,drain-minimal,drain-aggregate,stream-drain,
+    /// cluster-drain,cluster-stream-drain,steady,steady-high,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from

@@ -69,6 +69,7 @@ fn wait(args: &Args) -> Duration {
 /// The scenario names `--only` accepts.
 pub const SCENARIOS: &[&str] = &[
     "lapin",
+    "lapin-light",
     "shape",
     "channels",
     "stream-raw",
@@ -76,6 +77,7 @@ pub const SCENARIOS: &[&str] = &[
     "reader",
     "drain",
     "drain-minimal",
+    "drain-aggregate",
     "stream-drain",
     "cluster-drain",
     "cluster-stream-drain",
@@ -95,27 +97,41 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
     let bin = relay_binary()?;
     report.release = is_release(&bin);
     println!("relay binary: {}", bin.display());
-    if wants(args, "lapin") {
-        report.expect(&["lapin raw publisher"]);
+    // The broker's limit for the relay's message, and for the lighter message a
+    // hand-written relay sends (issue #33): persistent, mandatory, message_id, type
+    // and content_type, no headers.
+    for (scenario, shape, name, what) in [
+        ("lapin", Shape::Full, LAPIN, "the relay's message"),
+        (
+            "lapin-light",
+            Shape::Light,
+            LAPIN_LIGHT,
+            Shape::Light.conditions(),
+        ),
+    ] {
+        if !wants(args, scenario) {
+            continue;
+        }
+        report.expect(&[name]);
         let mut rates = Vec::new();
         let result: anyhow::Result<()> = async {
             for _ in 0..args.runs {
-                rates.push(lapin_baseline(args, 1, Shape::Full).await?);
+                rates.push(lapin_baseline(args, 1, shape).await?);
             }
             Ok(())
         }
         .await;
         match result {
             Ok(()) => report.add(
-                "lapin raw publisher",
+                name,
                 median(rates),
                 "msgs/s",
                 format!(
-                    "N={}, window={}, until the consumer has all",
+                    "N={}, window={}, {what}, until the consumer has all",
                     args.events, args.window
                 ),
             ),
-            Err(e) => report.fail("lapin", &e),
+            Err(e) => report.fail(scenario, &e),
         }
     }
     if wants(args, "shape") {
@@ -233,6 +249,7 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         if ![
             "drain",
             "drain-minimal",
+            "drain-aggregate",
             "reader",
             "recvlogical",
             "stream-drain",
@@ -255,6 +272,17 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         }
         if wants(args, "drain-minimal") {
             report.expect(&[&names.minimal, &names.minimal_cpu]);
+        }
+        if wants(args, "drain-aggregate") {
+            report.expect(&[&names.aggregate, &names.aggregate_cpu]);
+            if wants(args, "drain") {
+                report.expect(&[&names.aggregate_ratio]);
+            } else if per_tx == 100 {
+                report.skip(
+                    "drain-aggregate / drain ratio",
+                    "needs the single-channel drain in the same run: add drain to --only",
+                );
+            }
         }
         if wants(args, "stream-drain") {
             report.expect(&[&names.stream, &names.stream_cpu, &names.stream_rss]);
@@ -320,6 +348,45 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             let cpu = pick(|r| r.minimal.map(|m| m.cpu_per_10k));
             report.add(&names.minimal_cpu, median(cpu), "core-s", &cond);
         }
+        let aggregate = pick(|r| r.aggregate.map(|m| m.rate));
+        if !aggregate.is_empty() {
+            let how = format!(
+                "[rabbitmq] ordering = \"aggregate\", channels = {AGGREGATE_CHANNELS}, \
+                 {} distinct aggregate ids",
+                args.events
+            );
+            report.add(
+                &names.aggregate,
+                median(aggregate),
+                "events/s",
+                format!(
+                    "{cond}, window {}, {how}, until the queue's consumer has all",
+                    args.window
+                ),
+            );
+            let first = pick(|r| r.aggregate.map(|m| m.first));
+            report.add(
+                &names.aggregate_first,
+                median(first),
+                "s",
+                format!("{cond}: included in the rate above"),
+            );
+            let cpu = pick(|r| r.aggregate.map(|m| m.cpu_per_10k));
+            report.add(&names.aggregate_cpu, median(cpu), "core-s", &cond);
+            let rss = pick(|r| r.aggregate.map(|m| m.peak_rss));
+            report.add(&names.aggregate_rss, median(rss), "MB", &cond);
+            // Each run's ratio (the two drains back to back on the same WAL), then
+            // their median: the load of one run hits both alike.
+            let ratio = pick(|r| Some(r.aggregate?.rate / r.relay?.rate));
+            if !ratio.is_empty() {
+                report.add(
+                    &names.aggregate_ratio,
+                    median(ratio),
+                    "×",
+                    format!("{cond}: the median of each run's ratio of the two rates"),
+                );
+            }
+        }
         let stream = pick(|r| r.stream.map(|m| m.rate));
         if !stream.is_empty() {
             report.add(
@@ -343,7 +410,7 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             let rss = pick(|r| r.stream.map(|m| m.peak_rss));
             report.add(&names.stream_rss, median(rss), "MB", &cond);
         }
-        for (scenario, e) in runs.iter().flat_map(|r| &r.cluster_failures) {
+        for (scenario, e) in runs.iter().flat_map(|r| &r.failures) {
             report.fail(format!("{scenario} {per_tx}-row tx"), e);
         }
         let queue: Vec<RelayDrain> = runs.iter().filter_map(|r| r.cluster).collect();
@@ -400,6 +467,11 @@ struct DrainNames {
     relay_rss: String,
     minimal: String,
     minimal_cpu: String,
+    aggregate: String,
+    aggregate_first: String,
+    aggregate_cpu: String,
+    aggregate_rss: String,
+    aggregate_ratio: String,
     stream: String,
     stream_first: String,
     stream_cpu: String,
@@ -419,10 +491,37 @@ impl DrainNames {
             minimal_cpu: format!(
                 "drain {per_tx}-row tx: relay CPU per 10k events, minimal headers"
             ),
+            aggregate: aggregate_name(per_tx),
+            aggregate_first: format!(
+                "drain {per_tx}-row tx: relay start → first message, aggregate {AGGREGATE_CHANNELS} channels"
+            ),
+            aggregate_cpu: aggregate_cpu_name(per_tx),
+            aggregate_rss: format!(
+                "drain {per_tx}-row tx: relay peak RSS, aggregate {AGGREGATE_CHANNELS} channels"
+            ),
+            aggregate_ratio: aggregate_ratio_name(per_tx),
             stream: format!("stream drain {per_tx}-row tx: relay"),
             stream_first: format!("stream drain {per_tx}-row tx: relay start → first message"),
             stream_cpu: format!("stream drain {per_tx}-row tx: relay CPU per 10k events"),
             stream_rss: format!("stream drain {per_tx}-row tx: relay peak RSS"),
         }
     }
+}
+
+/// The figure names of the baselines and the drains that the targets read.
+pub(super) const LAPIN: &str = "lapin raw publisher";
+pub(super) const LAPIN_LIGHT: &str = "lapin raw publisher, light message";
+
+pub(super) fn aggregate_name(per_tx: usize) -> String {
+    format!("drain {per_tx}-row tx: relay, aggregate {AGGREGATE_CHANNELS} channels")
+}
+
+pub(super) fn aggregate_cpu_name(per_tx: usize) -> String {
+    format!(
+        "drain {per_tx}-row tx: relay CPU per 10k events, aggregate {AGGREGATE_CHANNELS} channels"
+    )
+}
+
+pub(super) fn aggregate_ratio_name(per_tx: usize) -> String {
+    format!("drain {per_tx}-row tx: aggregate {AGGREGATE_CHANNELS} channels / single-channel drain")
 }

@@ -15,6 +15,9 @@ pub(super) enum Shape {
     NoHeaders,
     /// The body, persistent, nothing else.
     BodyOnly,
+    /// The lighter message a hand-written relay sends (issue #33): persistent,
+    /// message id, type and content type, no headers (mandatory, as every shape).
+    Light,
 }
 
 impl Shape {
@@ -24,6 +27,7 @@ impl Shape {
             Shape::Minimal => "shape: minimal headers",
             Shape::NoHeaders => "shape: no headers",
             Shape::BodyOnly => "shape: body only",
+            Shape::Light => "shape: light message",
         }
     }
 
@@ -33,6 +37,7 @@ impl Shape {
             Shape::Minimal => "the relay's properties and the 3 minimal headers",
             Shape::NoHeaders => "the relay's properties, no headers",
             Shape::BodyOnly => "body and delivery mode 2 only",
+            Shape::Light => "persistent, mandatory, message_id, type and content_type, no headers",
         }
     }
 }
@@ -203,7 +208,8 @@ pub(super) fn stream_message(body: &[u8], producer: &str, id: u64) -> Message {
     app.message_builder().publising_id(id).build()
 }
 
-/// Publishes `n` relay-shaped messages on `ch` with a pipelined confirm window.
+/// Publishes `n` messages of `shape` on `ch`, mandatory, with a pipelined confirm
+/// window.
 pub(super) async fn publish_share(
     ch: lapin::Channel,
     exchange: String,
@@ -243,6 +249,13 @@ pub(super) async fn publish_share(
         headers.insert("tx_index".into(), AMQPValue::LongLongInt(i as i64));
         let props = match shape {
             Shape::BodyOnly => BasicProperties::default().with_delivery_mode(2),
+            Shape::Light => BasicProperties::default()
+                .with_message_id(ShortString::from(format!(
+                    "00000000-0000-4000-8000-{i:012}"
+                )))
+                .with_type("tick".into())
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2),
             Shape::Full | Shape::Minimal | Shape::NoHeaders => {
                 let props = BasicProperties::default()
                     .with_message_id(ShortString::from(format!(

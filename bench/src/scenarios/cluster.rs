@@ -245,7 +245,17 @@ pub(super) async fn cluster_queue_drain(
 ) -> anyhow::Result<RelayDrain> {
     let sink = quorum_sink(c).await?;
     let target = Target::ClusterExchange(&sink.exchange, c);
-    let result = drive(args, bin, db, slot, target, "", &sink.count, &sink.first).await;
+    let result = drive(
+        args,
+        bin,
+        db,
+        slot,
+        target,
+        ConfigExtra::default(),
+        &sink.count,
+        &sink.first,
+    )
+    .await;
     sink.cleanup().await;
     result
 }
@@ -260,7 +270,17 @@ pub(super) async fn cluster_stream_drain(
 ) -> anyhow::Result<RelayDrain> {
     let sink = replicated_stream_sink(c).await?;
     let target = Target::ClusterStream(&sink.stream, c);
-    let result = drive(args, bin, db, slot, target, "", &sink.count, &sink.first).await;
+    let result = drive(
+        args,
+        bin,
+        db,
+        slot,
+        target,
+        ConfigExtra::default(),
+        &sink.count,
+        &sink.first,
+    )
+    .await;
     sink.cleanup().await;
     result
 }

@@ -10,15 +10,18 @@ pub(super) struct DrainRun {
     pub(super) relay: Option<RelayDrain>,
     /// The same with `[message] headers = "minimal"`.
     pub(super) minimal: Option<RelayDrain>,
+    /// The same with `[rabbitmq] ordering = "aggregate"` over [`AGGREGATE_CHANNELS`]
+    /// channels.
+    pub(super) aggregate: Option<RelayDrain>,
     /// The relay publishing to a stream.
     pub(super) stream: Option<RelayDrain>,
     /// The relay publishing to a quorum queue on the cluster.
     pub(super) cluster: Option<RelayDrain>,
     /// The relay publishing to a 3-replica stream on the cluster.
     pub(super) cluster_stream: Option<RelayDrain>,
-    /// The cluster drains that failed (scenario, error): reported without losing the
-    /// single-node figures of the run.
-    pub(super) cluster_failures: Vec<(&'static str, anyhow::Error)>,
+    /// The drains that failed on their own (scenario, error): the cluster drains and
+    /// `drain-aggregate`, reported without losing the other figures of the run.
+    pub(super) failures: Vec<(&'static str, anyhow::Error)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -30,9 +33,20 @@ pub(super) struct RelayDrain {
     pub(super) peak_rss: f64,
 }
 
-/// One database, five slots over the same WAL: pg_recvlogical, the reader, the relay
-/// to a queue (with all headers and with the minimal ones), the relay to a stream; and
-/// one more for each drain on the cluster that `cluster` plans.
+/// The channels of the `drain-aggregate` scenario's relay.
+pub(super) const AGGREGATE_CHANNELS: usize = 4;
+
+/// What the `drain-aggregate` scenario adds to the relay's `[rabbitmq]` section: events
+/// of one aggregate stay in order on one of [`AGGREGATE_CHANNELS`] channels (the
+/// preloaded rows' aggregate ids are all distinct, so they spread over all of them).
+pub(super) fn aggregate_keys() -> String {
+    format!("ordering = \"aggregate\"\nchannels = {AGGREGATE_CHANNELS}")
+}
+
+/// One database, six slots over the same WAL: pg_recvlogical, the reader, the relay
+/// to a queue (with all headers, with the minimal ones, and with per-aggregate ordering
+/// over several channels), the relay to a stream; and one more for each drain on the
+/// cluster that `cluster` plans.
 pub(super) async fn drain_run(
     args: &Args,
     bin: &std::path::Path,
@@ -46,6 +60,7 @@ pub(super) async fn drain_run(
     let relay_slot = db.create_slot();
     let stream_slot = db.create_slot();
     let minimal_slot = db.create_slot();
+    let aggregate_slot = db.create_slot();
     let cluster_slot = cluster.queue.as_ref().map(|_| db.create_slot());
     let cluster_stream_slot = cluster.stream.as_ref().map(|_| db.create_slot());
     db.preload(n, per_tx);
@@ -123,11 +138,28 @@ pub(super) async fn drain_run(
     }
 
     if wants(args, "drain") {
-        out.relay = Some(queue_drain(args, bin, &db, &relay_slot, "").await?);
+        let extra = ConfigExtra::default();
+        out.relay = Some(queue_drain(args, bin, &db, &relay_slot, extra).await?);
+    }
+
+    // Right after the single-channel drain, so that both see the same load.
+    if wants(args, "drain-aggregate") {
+        let keys = aggregate_keys();
+        let extra = ConfigExtra {
+            rabbitmq: &keys,
+            ..Default::default()
+        };
+        match queue_drain(args, bin, &db, &aggregate_slot, extra).await {
+            Ok(m) => out.aggregate = Some(m),
+            Err(e) => out.failures.push(("drain-aggregate", e)),
+        }
     }
 
     if wants(args, "drain-minimal") {
-        let extra = "[message]\nheaders = \"minimal\"";
+        let extra = ConfigExtra {
+            sections: "[message]\nheaders = \"minimal\"",
+            ..Default::default()
+        };
         out.minimal = Some(queue_drain(args, bin, &db, &minimal_slot, extra).await?);
     }
 
@@ -140,7 +172,7 @@ pub(super) async fn drain_run(
             &db,
             &stream_slot,
             target,
-            "",
+            ConfigExtra::default(),
             &sink.count,
             &sink.first,
         )
@@ -152,25 +184,25 @@ pub(super) async fn drain_run(
     if let (Some(c), Some(slot)) = (&cluster.queue, &cluster_slot) {
         match cluster_queue_drain(args, bin, &db, slot, c).await {
             Ok(m) => out.cluster = Some(m),
-            Err(e) => out.cluster_failures.push(("cluster-drain", e)),
+            Err(e) => out.failures.push(("cluster-drain", e)),
         }
     }
     if let (Some(c), Some(slot)) = (&cluster.stream, &cluster_stream_slot) {
         match cluster_stream_drain(args, bin, &db, slot, c).await {
             Ok(m) => out.cluster_stream = Some(m),
-            Err(e) => out.cluster_failures.push(("cluster-stream-drain", e)),
+            Err(e) => out.failures.push(("cluster-stream-drain", e)),
         }
     }
     Ok(out)
 }
 
-/// The relay draining `slot` into a queue, `extra` appended to its config.
+/// The relay draining `slot` into a queue, `extra` added to its config.
 pub(super) async fn queue_drain(
     args: &Args,
     bin: &std::path::Path,
     db: &BenchDb,
     slot: &str,
-    extra: &str,
+    extra: ConfigExtra<'_>,
 ) -> anyhow::Result<RelayDrain> {
     let sink = Sink::new(false).await?;
     let target = Target::Exchange(&sink.exchange);
@@ -179,7 +211,7 @@ pub(super) async fn queue_drain(
     result
 }
 
-/// Starts the relay on `slot` towards `target` (`extra` appended to its config), waits
+/// Starts the relay on `slot` towards `target` (`extra` added to its config), waits
 /// until the sink behind `count`/`first` holds all `args.events`, stops the relay and
 /// measures the drain. The caller cleans its sink up, whatever the result.
 #[allow(clippy::too_many_arguments)]
@@ -189,7 +221,7 @@ pub(super) async fn drive(
     db: &BenchDb,
     slot: &str,
     target: Target<'_>,
-    extra: &str,
+    extra: ConfigExtra<'_>,
     count: &std::sync::atomic::AtomicUsize,
     first: &std::sync::OnceLock<Instant>,
 ) -> anyhow::Result<RelayDrain> {
