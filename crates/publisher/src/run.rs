@@ -10,7 +10,7 @@ use std::convert::Infallible;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use futures_util::future::{BoxFuture, MaybeDone};
@@ -219,24 +219,8 @@ impl Runner {
     }
 
     /// Starts the publishes the engine allows while the broker does not block us.
-    ///
-    /// A full window is refilled in bursts: while writes or confirms are outstanding
-    /// (one of them will wake this task, and the window only grows meanwhile), it
-    /// waits until at least [`refill_burst`] messages fit. Refilling a few messages
-    /// per confirm made each broker ack cost lapin's I/O thread a wake-up and a
-    /// socket write of its own (docs/performance.md); a burst shares them. A window
-    /// that is not full is never held back, so latency below the broker's limit is
-    /// unchanged.
     fn start_publishes(&mut self) {
         if self.blocked {
-            return;
-        }
-        let window = self.engine.window();
-        let outstanding = !self.publishing.is_empty() || !self.confirms.is_empty();
-        if outstanding
-            && window.has_unpublished()
-            && window.room() < refill_burst(window.max_in_flight())
-        {
             return;
         }
         while self.publishing.len() < MAX_PENDING_WRITES {
@@ -437,12 +421,6 @@ impl Runner {
     }
 }
 
-/// The least room a full window waits for before it is refilled (see
-/// [`Runner::start_publishes`]): an eighth of the window, at most one round of writes.
-fn refill_burst(max_in_flight: usize) -> usize {
-    (max_in_flight / 8).min(MAX_PENDING_WRITES)
-}
-
 /// One debug event per acked message, with the fields a trace is correlated by.
 fn trace_published(message: &OutboundMessage) {
     tracing::debug!(
@@ -485,40 +463,21 @@ fn publish(
 /// finished writes from the front (lapin writes frames in order, so later writes
 /// never finish first) and adds their confirms, then polls the new and the woken
 /// confirms. Ready when anything was found, or at once when `force`.
-///
-/// Only the newest write is polled with the task's waker: lapin finishes writes in
-/// order, so once the newest is done every earlier one is, and one wake-up per
-/// batch of writes does instead of one per write (each of which, from lapin's
-/// thread, can cost the runtime an unpark). The others are polled with a waker that
-/// does nothing; should the newest be done (failed) while an earlier one is not, the
-/// front one gets the task's waker instead, so a write never waits unwoken.
 fn poll_round(
     pending: &mut VecDeque<PendingPublish>,
     confirms: &mut ConfirmSet,
     force: bool,
     cx: &mut Context<'_>,
 ) -> Poll<Round> {
-    let mut quiet = Context::from_waker(Waker::noop());
     let mut round = Round::default();
     let new = pending.iter().rev().take_while(|p| !p.started).count();
     let first_new = pending.len() - new;
-    let newest = pending.len().saturating_sub(1);
-    for (index, p) in pending.iter_mut().enumerate().skip(first_new) {
-        let waker = if index == newest {
-            &mut *cx
-        } else {
-            &mut quiet
-        };
-        let _ = p.future.as_mut().poll(waker);
+    for p in pending.range_mut(first_new..) {
+        let _ = p.future.as_mut().poll(cx);
         p.started = true;
     }
-    while !pending.is_empty() {
-        let alone = pending.len() == 1;
-        let Some(front) = pending.front_mut() else {
-            break;
-        };
-        let waker = if alone { &mut *cx } else { &mut quiet };
-        if front.future.as_mut().poll(waker).is_pending() {
+    while let Some(front) = pending.front_mut() {
+        if front.future.as_mut().poll(cx).is_pending() {
             break;
         }
         let Some(result) = front.future.as_mut().take_output() else {
@@ -529,14 +488,6 @@ fn poll_round(
         match result {
             Ok(confirm) => confirms.insert(tag, confirm),
             Err(error) => round.write_errors.push(error),
-        }
-    }
-    let newest_done = pending
-        .back()
-        .is_some_and(|p| matches!(&*p.future, MaybeDone::Done(_)));
-    if newest_done {
-        if let Some(front) = pending.front_mut() {
-            let _ = front.future.as_mut().poll(cx);
         }
     }
     round.confirms = confirms.poll_resolved(cx);

@@ -160,22 +160,6 @@ impl<T> Window<T> {
                 && self.unacked < self.max_in_flight)
     }
 
-    /// How many more messages [`Window::has_room`] would let through now, if none
-    /// were acked or flushed meanwhile (`has_room()` is `room() > 0`).
-    pub fn room(&self) -> usize {
-        let counted = self.max_in_flight.saturating_sub(self.counted());
-        if self.published_marks == 0 && self.unflushed_messages == 0 {
-            counted.max(self.max_in_flight.saturating_sub(self.unacked))
-        } else {
-            counted
-        }
-    }
-
-    /// The window limit (`max_in_flight`).
-    pub fn max_in_flight(&self) -> usize {
-        self.max_in_flight
-    }
-
     /// The oldest buffered message, if any.
     pub fn oldest_message(&self) -> Option<&T> {
         self.entries.iter().find_map(|e| match e {
