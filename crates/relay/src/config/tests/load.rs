@@ -145,6 +145,9 @@ fn every_key_has_a_working_env_var() {
             ("postgres.url", _) => "postgresql://x@h/db",
             ("postgres.slot", _) => "slot_x",
             ("rabbitmq.exchange_type", _) => "direct",
+            ("rabbitmq.ordering", _) => "aggregate",
+            // Checked with ordering (more than one channel needs "aggregate"): below.
+            ("rabbitmq.channels", _) => continue,
             ("rabbitmq.routing_key", _) => "{table}",
             ("rabbitmq.ca_file", _) => "Cargo.toml",
             ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => "Cargo.toml",
@@ -186,6 +189,7 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.declare_exchange" => !c.rabbitmq.declare_exchange,
             "rabbitmq.routing_key" => c.rabbitmq.routing_key == value,
             "rabbitmq.max_in_flight" => c.rabbitmq.max_in_flight == 123,
+            "rabbitmq.ordering" => c.rabbitmq.ordering == publisher::settings::Ordering::Aggregate,
             "rabbitmq.dead_letter_exchange" => c.dead_letter_exchange() == Some(value),
             "rabbitmq.ca_file" => c.ca_file() == Some(Path::new(value)),
             "rabbitmq.heartbeat_secs" => c.rabbitmq.heartbeat_secs == 123,
@@ -270,4 +274,21 @@ fn metrics_endpoint_pairs_are_set_together() {
         Some("Cargo.toml".into())
     );
     assert_eq!(c.stream_config().auth.key_file, Some("Cargo.toml".into()));
+}
+
+/// `channels` from the environment, with the ordering it needs, reaches the
+/// publisher; without it, the refusal names the fix.
+#[test]
+fn channels_and_ordering_from_the_environment() {
+    let ordering = env_var_name("rabbitmq.ordering");
+    let channels = env_var_name("rabbitmq.channels");
+    let c = load_env(&[(ordering.as_str(), "aggregate"), (channels.as_str(), "4")]).unwrap();
+    assert_eq!(c.publisher_config().channels, 4);
+    let e = load_env(&[(channels.as_str(), "4")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("rabbitmq.channels") && e.contains("ordering = \"aggregate\""),
+        "{e}"
+    );
 }
