@@ -6,7 +6,9 @@
 //! CopyBothResponse (`W`), which it does not know, the authentication request,
 //! whose codes the relay words itself (`auth.rs`), and ErrorResponse /
 //! NoticeResponse, read by [`parse_error`], which keeps the fields of a truncated
-//! body where `ErrorResponseBody::fields` would reject it all.
+//! body where `ErrorResponseBody::fields` would reject it all. While streaming,
+//! CopyData (`d`, every replication message) is not parsed at all: its body is the
+//! payload ([`Frame::into_body`]), with no second split of the buffer per message.
 
 use bytes::{Buf, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
