@@ -63,7 +63,9 @@ impl ReplicationConnection {
     pub(crate) fn try_copy_data(&mut self) -> Result<Option<Bytes>, ReaderError> {
         while let Some(frame) = self.try_frame()? {
             match frame.tag() {
-                b'd' | b'c' | b'C' | b'S' => {}
+                // The replication stream itself: every XLogData and keepalive.
+                b'd' => return Ok(Some(frame.into_body())),
+                b'c' | b'C' | b'S' => {}
                 b'E' => {
                     return Err(ReaderError::from_server(
                         parse_error(frame.body()),
@@ -84,7 +86,6 @@ impl ReplicationConnection {
                 }
             }
             match frame.parse()? {
-                Message::CopyData(data) => return Ok(Some(data.into_bytes())),
                 Message::CopyDone => {
                     return Err(ReaderError::Io(io::Error::new(
                         io::ErrorKind::UnexpectedEof,

@@ -6,9 +6,11 @@
 //! CopyBothResponse (`W`), which it does not know, the authentication request,
 //! whose codes the relay words itself (`auth.rs`), and ErrorResponse /
 //! NoticeResponse, read by [`parse_error`], which keeps the fields of a truncated
-//! body where `ErrorResponseBody::fields` would reject it all.
+//! body where `ErrorResponseBody::fields` would reject it all. While streaming,
+//! CopyData (`d`, every replication message) is not parsed at all: its body is the
+//! payload ([`Frame::into_body`]), with no second split of the buffer per message.
 
-use bytes::BytesMut;
+use bytes::{Buf, Bytes, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::message::backend::{DataRowBody, Message};
 
@@ -41,6 +43,15 @@ impl Frame {
     /// The body, without tag and length word.
     pub fn body(&self) -> &[u8] {
         &self.0[5..]
+    }
+
+    /// The body as a `Bytes` slice of the read buffer, without tag and length word:
+    /// a CopyData payload without going through [`Message::parse`] (which splits
+    /// and freezes the buffer a second time for every replication message).
+    pub fn into_body(self) -> Bytes {
+        let mut frame = self.0;
+        frame.advance(5);
+        frame.freeze()
     }
 
     /// The message, parsed by `postgres-protocol` (a `Bytes` body such as
@@ -159,6 +170,18 @@ mod tests {
         for bad in [&b"\x00"[..], b"\x00\x01\x00\x00\x00\x09ab", b"\xff\xff"] {
             assert!(parse_data_row(bad).is_err());
         }
+    }
+
+    #[test]
+    fn copy_data_body_is_a_slice_of_the_read_buffer() {
+        let mut buf = BytesMut::from(&b"d\x00\x00\x00\x07wxyd\x00\x00\x00\x04"[..]);
+        let start = buf.as_ptr();
+        let f = split_frame(&mut buf, 100).unwrap().expect("first");
+        let body = f.into_body();
+        assert_eq!(&body[..], b"wxy");
+        assert_eq!(body.as_ptr(), start.wrapping_add(5), "not copied");
+        let empty = split_frame(&mut buf, 100).unwrap().expect("second");
+        assert!(empty.into_body().is_empty());
     }
 
     #[test]
