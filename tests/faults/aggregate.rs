@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use lapin::options::QueueDeleteOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use testkit::recording::check_grouped;
 
 use crate::harness::*;
 
@@ -25,10 +24,15 @@ fn aggregate_of(r: &Rec) -> u64 {
 
 /// Rows `from..=to` of type `kind`, each in aggregate `g<seq % 97>`.
 fn aggregated_sql(kind: &str, from: u64, to: u64) -> String {
+    aggregated_sql_where(kind, from, to, "")
+}
+
+/// [`aggregated_sql`] with a `WHERE` clause on the generated rows.
+fn aggregated_sql_where(kind: &str, from: u64, to: u64, filter: &str) -> String {
     format!(
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
          SELECT '{kind}', 'g' || (s.n % {AGGREGATES}), 'tick', jsonb_build_object('seq', s.n)
-           FROM generate_series({from}, {to}) AS s(n) ORDER BY s.n"
+           FROM generate_series({from}, {to}) AS s(n) {filter} ORDER BY s.n"
     )
 }
 
@@ -43,20 +47,13 @@ async fn insert_aggregated(w: &World, from: u64, n: u64, per_tx: u64, pause: Dur
     }
 }
 
-/// Like `insert_aggregated` in a task, retrying each transaction until the server
-/// takes it (the broker's outage does not stop Postgres, but the test keeps going).
+/// Rows `1..=n` as `World::load` inserts them (in the background, retried, each
+/// transaction guarded against a retry), each in aggregate `g<seq % 97>`.
 fn load_aggregated(w: &World, n: u64, per_tx: u64, pause: Duration) -> tokio::task::JoinHandle<()> {
-    let (port, db) = (w.env.db.port, w.env.db.name.clone());
-    tokio::task::spawn_blocking(move || {
-        let mut i = 1;
-        while i <= n {
-            let end = (i + per_tx - 1).min(n);
-            while !try_psql(port, &db, &aggregated_sql("seq", i, end)) {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            i = end + 1;
-            std::thread::sleep(pause);
-        }
+    w.load_with(1, n, per_tx, pause, |i, end| {
+        let guard =
+            format!("WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE payload->>'seq' = '{i}')");
+        aggregated_sql_where("seq", i, end, &guard)
     })
 }
 
@@ -69,26 +66,11 @@ async fn aggregate_world(proxies: Proxies, max_in_flight: usize, keys: &[&str]) 
 
 /// Waits for every row, then checks per aggregate; `dup_bound` as in `World::verify`.
 async fn verify_per_aggregate(w: &World, dup_bound: usize, by_last: bool) -> Report {
-    w.wait_all(WAIT).await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let ids: HashSet<String> = w
-        .sql("SELECT id::text FROM outbox")
-        .await
-        .lines()
-        .map(str::to_string)
-        .collect();
-    let samples = w.sampler.as_ref().map(|s| s.samples()).unwrap_or_default();
+    let report = w.verify_grouped(dup_bound, by_last, &aggregate_of).await;
     let recs = w.consumer.snapshot();
     assert!(
         recs.iter().all(|r| r.marker.is_some() || r.seq > 0),
         "a message without its row number"
-    );
-    let report = check_grouped(&recs, &ids, &samples, by_last, &aggregate_of);
-    eprintln!("report (per aggregate): {report:?}");
-    assert!(
-        report.duplicates <= dup_bound,
-        "{} duplicates exceed the bound {dup_bound}",
-        report.duplicates
     );
     report
 }
@@ -141,15 +123,7 @@ async fn broker_app_stopped_with_aggregate_ordering_on_4_channels() {
     verify_per_aggregate(&w, 2 * MAX_IN_FLIGHT, false).await;
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
-    let (queue, exchange) = (w.queue.clone(), w.env.exchange.clone());
-    w.cleanup().await;
-    let mut again = testkit::amqp::TestBroker::connect().await;
-    again.declare_exchange(&exchange, "topic").await;
-    let _ = again
-        .channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    again.cleanup().await;
+    w.cleanup_after_broker_restart().await;
 }
 
 /// Nacks and unroutable messages on some channels while the others flow, without a

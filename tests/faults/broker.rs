@@ -55,17 +55,7 @@ async fn broker_app_stopped_for_20s() {
     w.verify(2 * MAX_IN_FLIGHT).await;
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
-    // The test broker's own connection died with the app: clean up on a new one.
-    let queue = w.queue.clone();
-    let exchange = w.env.exchange.clone();
-    w.cleanup().await;
-    let mut again = testkit::amqp::TestBroker::connect().await;
-    again.declare_exchange(&exchange, "topic").await;
-    let _ = again
-        .channel
-        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
-        .await;
-    again.cleanup().await;
+    w.cleanup_after_broker_restart().await;
 }
 
 /// docs/design.md §1.1: the memory alarm blocks every publisher for 20 s

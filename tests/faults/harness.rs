@@ -22,7 +22,7 @@ mod world;
 pub use faults::*;
 pub use world::*;
 
-pub use testkit::recording::{check, check_with, Consumer, Rec, Report, Sampler};
+pub use testkit::recording::{check, check_grouped, check_with, Consumer, Rec, Report, Sampler};
 /// Broker-changing tests (stop_app, memory alarm) take it for writing, every other
 /// test for reading, so they never overlap inside this binary (testkit's one lock).
 pub use testkit::BROKER;

@@ -401,7 +401,7 @@ impl Lanes {
 }
 
 /// What a lane task ended with: a publisher's report (`Some`), a follower's end
-/// (`None`), or the publisher's error (a panic is reported as one).
+/// (`None`), or the publisher's error; a lane's panic goes on unwinding here.
 fn lane_result(
     ended: Option<Result<Option<Result<PublisherReport, PublishError>>, tokio::task::JoinError>>,
 ) -> Result<Option<PublisherReport>, PublishError> {

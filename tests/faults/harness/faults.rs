@@ -134,17 +134,33 @@ pub fn load(
     per_tx: u64,
     pause: Duration,
 ) -> tokio::task::JoinHandle<()> {
+    load_with(port, db, from, n, per_tx, pause, |i, end| {
+        format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             SELECT 'seq', s.n::text, 'tick', jsonb_build_object('seq', s.n)
+               FROM generate_series({i}, {end}) AS s(n)
+              WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE aggregate_type = 'seq' AND aggregate_id = '{i}')
+              ORDER BY s.n"
+        )
+    })
+}
+
+/// [`load`] with the statement of each transaction (rows `i..=end`) given by `sql`,
+/// which must guard itself against a retry the same way.
+pub fn load_with(
+    port: u16,
+    db: String,
+    from: u64,
+    n: u64,
+    per_tx: u64,
+    pause: Duration,
+    sql: impl Fn(u64, u64) -> String + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
     tokio::task::spawn_blocking(move || {
         let mut i = from;
         while i < from + n {
             let end = (i + per_tx - 1).min(from + n - 1);
-            let sql = format!(
-                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-                 SELECT 'seq', s.n::text, 'tick', jsonb_build_object('seq', s.n)
-                   FROM generate_series({i}, {end}) AS s(n)
-                  WHERE NOT EXISTS (SELECT 1 FROM outbox WHERE aggregate_type = 'seq' AND aggregate_id = '{i}')
-                  ORDER BY s.n"
-            );
+            let sql = sql(i, end);
             while !try_psql(port, &db, &sql) {
                 std::thread::sleep(Duration::from_millis(200));
             }

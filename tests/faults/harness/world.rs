@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lapin::options::QueueBindOptions;
+use lapin::options::{QueueBindOptions, QueueDeleteOptions};
 use lapin::types::FieldTable;
 use testkit::proxy::Proxy;
 use testkit::{unique_name, TestDb};
@@ -340,6 +340,17 @@ impl World {
 
     /// [`World::verify`], with the order checked on last occurrences (see [`check`]).
     pub async fn verify_with(&self, dup_bound: usize, by_last: bool) -> Report {
+        self.verify_grouped(dup_bound, by_last, &|_| 0).await
+    }
+
+    /// [`World::verify_with`] for a relay that keeps order per aggregate only: the
+    /// order is checked within each `group` ([`check_grouped`]).
+    pub async fn verify_grouped(
+        &self,
+        dup_bound: usize,
+        by_last: bool,
+        group: &dyn Fn(&Rec) -> u64,
+    ) -> Report {
         self.wait_all(WAIT).await;
         // Let stray redeliveries and the last markers arrive.
         tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -354,7 +365,7 @@ impl World {
             .as_ref()
             .map(|s| s.samples())
             .unwrap_or_default();
-        let report = check(&self.consumer.snapshot(), &ids, &samples, by_last);
+        let report = check_grouped(&self.consumer.snapshot(), &ids, &samples, by_last, group);
         assert!(
             report.duplicates <= dup_bound,
             "{} duplicates exceed the bound {dup_bound}",
@@ -362,6 +373,21 @@ impl World {
         );
         eprintln!("report: {report:?}");
         report
+    }
+
+    /// [`World::cleanup`] after `rabbitmqctl stop_app`: the test broker's own
+    /// connection died with the app, so the queue and exchange go on a new one.
+    pub async fn cleanup_after_broker_restart(self) {
+        let queue = self.queue.clone();
+        let exchange = self.env.exchange.clone();
+        self.cleanup().await;
+        let mut again = testkit::amqp::TestBroker::connect().await;
+        again.declare_exchange(&exchange, "topic").await;
+        let _ = again
+            .channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await;
+        again.cleanup().await;
     }
 
     pub async fn cleanup(mut self) {
@@ -388,6 +414,26 @@ async fn bind(broker: &testkit::amqp::TestBroker, queue: &str, exchange: &str, k
 }
 
 impl World {
+    /// [`load_with`] on this world's database.
+    pub fn load_with(
+        &self,
+        from: u64,
+        n: u64,
+        per_tx: u64,
+        pause: Duration,
+        sql: impl Fn(u64, u64) -> String + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        load_with(
+            self.env.db.port,
+            self.env.db.name.clone(),
+            from,
+            n,
+            per_tx,
+            pause,
+            sql,
+        )
+    }
+
     /// [`load`] on this world's database.
     pub fn load(
         &self,
