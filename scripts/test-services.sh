@@ -216,6 +216,13 @@ if ! rabbitmq-plugins -q is_enabled rabbitmq_stream >/dev/null 2>&1; then
   rabbitmq-plugins -q enable rabbitmq_stream >/dev/null
 fi
 
+# The consistent-hash exchange, for the benchmark harness's per-aggregate drain over
+# several queues (bench/src/scenarios/drain.rs, `drain-aggregate-hash`). Enabled online.
+if ! rabbitmq-plugins -q is_enabled rabbitmq_consistent_hash_exchange >/dev/null 2>&1; then
+  log "enabling the RabbitMQ plugin rabbitmq_consistent_hash_exchange"
+  rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
+fi
+
 # TLS listeners (AMQPS 5671, stream 5551) with a test CA, for the tests of
 # rabbitmq-stream+tls:// and amqps://. A changed rabbitmq.conf needs a node restart,
 # so the block is written (and the node restarted) only when it is missing or differs.

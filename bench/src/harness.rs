@@ -100,10 +100,13 @@ impl BenchDb {
     }
 }
 
-/// A queue bound to a fresh exchange, with a counting consumer.
+/// A queue bound to a fresh exchange, with a counting consumer; or, from
+/// [`Sink::hashed`], several queues behind a consistent-hash exchange, with one counting
+/// consumer each.
 pub struct Sink {
     pub exchange: String,
-    pub queue: String,
+    pub queues: Vec<String>,
+    /// Messages received, over all the queues.
     pub count: Arc<AtomicUsize>,
     /// When the first message arrived.
     pub first: Arc<OnceLock<Instant>>,
@@ -111,6 +114,11 @@ pub struct Sink {
     pub latencies: Arc<Mutex<Vec<f64>>>,
     conn: Connection,
 }
+
+/// The header that [`Sink::hashed`]'s exchange hashes: the relay's `aggregate_id`
+/// header (one of its default headers, docs/design.md §5), so that every event of
+/// an aggregate lands in the same queue, in order.
+pub const HASH_HEADER: &str = "aggregate_id";
 
 impl Sink {
     pub async fn new(measure_latency: bool) -> anyhow::Result<Sink> {
@@ -125,72 +133,100 @@ impl Sink {
         queue_args: FieldTable,
         measure_latency: bool,
     ) -> anyhow::Result<Sink> {
+        let topic = (ExchangeKind::Topic, FieldTable::default(), "#");
+        Self::declare(conn, topic, 1, queue_args, measure_latency).await
+    }
+
+    /// `queues` durable classic queues behind an `x-consistent-hash` exchange
+    /// (RabbitMQ's plugin `rabbitmq_consistent_hash_exchange`, which
+    /// scripts/test-services.sh enables) that hashes the [`HASH_HEADER`] header, each
+    /// queue bound with the same weight: the broker-side half of per-aggregate order
+    /// (docs/streams.md), which spreads the broker's work over several queue processes.
+    pub async fn hashed(queues: usize) -> anyhow::Result<Sink> {
+        let conn =
+            Connection::connect(&testkit::amqp_url(), ConnectionProperties::default()).await?;
+        let mut args = FieldTable::default();
+        args.insert(
+            "hash-header".into(),
+            lapin::types::AMQPValue::LongString(HASH_HEADER.into()),
+        );
+        let kind = (ExchangeKind::Custom("x-consistent-hash".into()), args, "1");
+        Self::declare(conn, kind, queues, FieldTable::default(), false).await
+    }
+
+    /// Declares a fresh exchange of `kind` (its type, arguments and the binding key of
+    /// every queue), `queues` queues bound to it, and a counting consumer on each.
+    async fn declare(
+        conn: Connection,
+        (kind, exchange_args, binding): (ExchangeKind, FieldTable, &str),
+        queues: usize,
+        queue_args: FieldTable,
+        measure_latency: bool,
+    ) -> anyhow::Result<Sink> {
         let ch = conn.create_channel().await?;
         let exchange = unique_name("bx");
-        let queue = unique_name("bq");
         ch.exchange_declare(
             exchange.as_str().into(),
-            ExchangeKind::Topic,
+            kind,
             ExchangeDeclareOptions {
                 durable: true,
                 ..Default::default()
             },
-            FieldTable::default(),
+            exchange_args,
         )
-        .await?;
-        ch.queue_declare(
-            queue.as_str().into(),
-            QueueDeclareOptions {
-                durable: true,
-                ..Default::default()
-            },
-            queue_args,
-        )
-        .await?;
-        ch.queue_bind(
-            queue.as_str().into(),
-            exchange.as_str().into(),
-            "#".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+        .await
+        .with_context(|| format!("declare exchange {exchange}"))?;
         let count = Arc::new(AtomicUsize::new(0));
         let latencies = Arc::new(Mutex::new(Vec::new()));
-        let cch = conn.create_channel().await?;
-        let mut consumer = cch
-            .basic_consume(
+        let first = Arc::new(OnceLock::new());
+        let mut names = Vec::with_capacity(queues);
+        for _ in 0..queues {
+            let queue = unique_name("bq");
+            ch.queue_declare(
                 queue.as_str().into(),
-                "bench".into(),
-                BasicConsumeOptions {
-                    no_ack: true,
+                QueueDeclareOptions {
+                    durable: true,
                     ..Default::default()
                 },
+                queue_args.clone(),
+            )
+            .await?;
+            ch.queue_bind(
+                queue.as_str().into(),
+                exchange.as_str().into(),
+                binding.into(),
+                QueueBindOptions::default(),
                 FieldTable::default(),
             )
             .await?;
-        let first = Arc::new(OnceLock::new());
-        let (c, l, f) = (count.clone(), latencies.clone(), first.clone());
-        tokio::spawn(async move {
-            let _keep = cch;
-            while let Some(Ok(d)) = consumer.next().await {
-                let _ = f.set(Instant::now());
-                if measure_latency {
-                    let now = epoch_secs();
-                    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&d.data) {
-                        if let Some(t) = v.get("t").and_then(|t| t.as_f64()) {
-                            if let Ok(mut l) = l.lock() {
-                                l.push(now - t);
-                            }
-                        }
+            let cch = conn.create_channel().await?;
+            let mut consumer = cch
+                .basic_consume(
+                    queue.as_str().into(),
+                    "bench".into(),
+                    BasicConsumeOptions {
+                        no_ack: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await?;
+            let (c, l, f) = (count.clone(), latencies.clone(), first.clone());
+            tokio::spawn(async move {
+                let _keep = cch;
+                while let Some(Ok(d)) = consumer.next().await {
+                    let _ = f.set(Instant::now());
+                    if measure_latency {
+                        record_latency(&l, &d.data);
                     }
+                    c.fetch_add(1, Ordering::Relaxed);
                 }
-                c.fetch_add(1, Ordering::Relaxed);
-            }
-        });
+            });
+            names.push(queue);
+        }
         Ok(Sink {
             exchange,
-            queue,
+            queues: names,
             count,
             first,
             latencies,
@@ -217,14 +253,28 @@ impl Sink {
 
     pub async fn cleanup(self) {
         if let Ok(ch) = self.conn.create_channel().await {
-            let _ = ch
-                .queue_delete(self.queue.as_str().into(), QueueDeleteOptions::default())
-                .await;
+            for queue in &self.queues {
+                let _ = ch
+                    .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
             let _ = ch
                 .exchange_delete(self.exchange.as_str().into(), Default::default())
                 .await;
         }
         let _ = self.conn.close(200, "bench done".into()).await;
+    }
+}
+
+/// Adds the latency of a message whose body has a `t` field (epoch seconds) to `into`.
+fn record_latency(into: &Mutex<Vec<f64>>, body: &[u8]) {
+    let now = epoch_secs();
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(body) {
+        if let Some(t) = v.get("t").and_then(|t| t.as_f64()) {
+            if let Ok(mut l) = into.lock() {
+                l.push(now - t);
+            }
+        }
     }
 }
 

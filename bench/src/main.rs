@@ -23,6 +23,11 @@
 //! - **drain-aggregate**: the same WAL, right after `drain` in each run, the relay
 //!   with `[rabbitmq] ordering = "aggregate"` and `channels = 4` (the rows' aggregate
 //!   ids are all distinct); its rate, CPU, and each run's ratio to `drain`'s rate.
+//! - **drain-hash**, **drain-aggregate-hash**: the same two relays (one channel; and
+//!   `ordering = "aggregate"` on 4 channels) into 4 queues behind an
+//!   `x-consistent-hash` exchange on the `aggregate_id` header, so that the broker's
+//!   work spreads over 4 queue processes; each run's ratio of the second to `drain`
+//!   and to `drain-hash`.
 //! - **stream-drain**: the same WAL, the relay with `[rabbitmq] stream` set; time
 //!   until a consumer reading the fresh stream from its first offset holds all N.
 //! - **cluster-drain**: the same WAL, on the 3-node cluster of
@@ -88,8 +93,9 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
     /// Only these scenarios (comma-separated: lapin,lapin-light,shape,channels,
-    /// stream-raw,recvlogical,reader,drain,drain-minimal,drain-aggregate,stream-drain,
-    /// cluster-drain,cluster-stream-drain,steady,steady-high,large).
+    /// stream-raw,recvlogical,reader,drain,drain-minimal,drain-aggregate,drain-hash,
+    /// drain-aggregate-hash,stream-drain,cluster-drain,cluster-stream-drain,steady,
+    /// steady-high,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from

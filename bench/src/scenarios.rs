@@ -78,6 +78,8 @@ pub const SCENARIOS: &[&str] = &[
     "drain",
     "drain-minimal",
     "drain-aggregate",
+    "drain-hash",
+    "drain-aggregate-hash",
     "stream-drain",
     "cluster-drain",
     "cluster-stream-drain",
@@ -250,6 +252,8 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             "drain",
             "drain-minimal",
             "drain-aggregate",
+            "drain-hash",
+            "drain-aggregate-hash",
             "reader",
             "recvlogical",
             "stream-drain",
@@ -282,6 +286,20 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
                     "drain-aggregate / drain ratio",
                     "needs the single-channel drain in the same run: add drain to --only",
                 );
+            }
+        }
+        if wants(args, "drain-hash") {
+            report.expect(&[&RelayNames::hashed(per_tx).rate]);
+        }
+        if wants(args, "drain-aggregate-hash") {
+            report.expect(&[&RelayNames::aggregate_hashed(per_tx).rate]);
+            for (other, name) in [
+                ("drain", &names.hashed_ratio),
+                ("drain-hash", &names.hashed_channels_ratio),
+            ] {
+                if wants(args, other) {
+                    report.expect(&[name]);
+                }
             }
         }
         if wants(args, "stream-drain") {
@@ -387,6 +405,50 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
                 );
             }
         }
+        let cond_hash = format!(
+            "{cond}, {HASH_QUEUES} queues behind a consistent-hash exchange on the {HASH_HEADER} header"
+        );
+        let rate_cond = format!(
+            "{cond_hash}, window {}, until the queues' consumers have all",
+            args.window
+        );
+        let hashed: Vec<RelayDrain> = runs.iter().filter_map(|r| r.hashed).collect();
+        RelayNames::hashed(per_tx).add(&mut report, &hashed, &cond_hash, &rate_cond);
+        let aggregate_hashed: Vec<RelayDrain> =
+            runs.iter().filter_map(|r| r.aggregate_hashed).collect();
+        let rate_cond = format!(
+            "{rate_cond}, [rabbitmq] ordering = \"aggregate\", channels = {AGGREGATE_CHANNELS}"
+        );
+        RelayNames::aggregate_hashed(per_tx).add(
+            &mut report,
+            &aggregate_hashed,
+            &cond_hash,
+            &rate_cond,
+        );
+        // Per run, as for the aggregate ratio above: against the default drain (one
+        // channel, one queue: the move a user makes) and against one channel into the
+        // same queues (the channels' own share).
+        for (name, ratio, against) in [
+            (
+                &names.hashed_ratio,
+                pick(|r| Some(r.aggregate_hashed?.rate / r.relay?.rate)),
+                "the default drain (1 channel, 1 queue)",
+            ),
+            (
+                &names.hashed_channels_ratio,
+                pick(|r| Some(r.aggregate_hashed?.rate / r.hashed?.rate)),
+                "1 channel into the same queues",
+            ),
+        ] {
+            if !ratio.is_empty() {
+                report.add(
+                    name,
+                    median(ratio),
+                    "×",
+                    format!("{cond}: the median of each run's ratio, against {against}"),
+                );
+            }
+        }
         let stream = pick(|r| r.stream.map(|m| m.rate));
         if !stream.is_empty() {
             report.add(
@@ -472,6 +534,8 @@ struct DrainNames {
     aggregate_cpu: String,
     aggregate_rss: String,
     aggregate_ratio: String,
+    hashed_ratio: String,
+    hashed_channels_ratio: String,
     stream: String,
     stream_first: String,
     stream_cpu: String,
@@ -500,6 +564,10 @@ impl DrainNames {
                 "drain {per_tx}-row tx: relay peak RSS, aggregate {AGGREGATE_CHANNELS} channels"
             ),
             aggregate_ratio: aggregate_ratio_name(per_tx),
+            hashed_ratio: hashed_ratio_name(per_tx),
+            hashed_channels_ratio: format!(
+                "hashed drain {per_tx}-row tx: aggregate {AGGREGATE_CHANNELS} channels / 1 channel, {HASH_QUEUES} queues"
+            ),
             stream: format!("stream drain {per_tx}-row tx: relay"),
             stream_first: format!("stream drain {per_tx}-row tx: relay start → first message"),
             stream_cpu: format!("stream drain {per_tx}-row tx: relay CPU per 10k events"),
@@ -524,4 +592,10 @@ pub(super) fn aggregate_cpu_name(per_tx: usize) -> String {
 
 pub(super) fn aggregate_ratio_name(per_tx: usize) -> String {
     format!("drain {per_tx}-row tx: aggregate {AGGREGATE_CHANNELS} channels / single-channel drain")
+}
+
+pub(super) fn hashed_ratio_name(per_tx: usize) -> String {
+    format!(
+        "hashed drain {per_tx}-row tx: aggregate {AGGREGATE_CHANNELS} channels, {HASH_QUEUES} queues / single-channel drain"
+    )
 }

@@ -112,7 +112,7 @@ impl ClusterPlan {
 /// The figure names of one relay drain on the cluster, in the single-node drains'
 /// shape.
 pub(super) struct RelayNames {
-    rate: String,
+    pub(super) rate: String,
     first: String,
     cpu: String,
     rss: String,
@@ -134,6 +134,19 @@ impl RelayNames {
 
     pub(super) fn stream(per_tx: usize) -> RelayNames {
         RelayNames::new("cluster stream drain", per_tx)
+    }
+
+    /// `drain-hash`: one channel, several queues behind a consistent-hash exchange.
+    pub(super) fn hashed(per_tx: usize) -> RelayNames {
+        RelayNames::new("hashed drain", per_tx)
+    }
+
+    /// `drain-aggregate-hash`: per-aggregate order on several channels into the same.
+    pub(super) fn aggregate_hashed(per_tx: usize) -> RelayNames {
+        RelayNames::new(
+            &format!("hashed drain, aggregate {AGGREGATE_CHANNELS} channels,"),
+            per_tx,
+        )
     }
 
     /// Adds the medians of `runs` (when there are any): the rate under `rate_cond`,

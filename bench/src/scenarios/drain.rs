@@ -13,6 +13,12 @@ pub(super) struct DrainRun {
     /// The same with `[rabbitmq] ordering = "aggregate"` over [`AGGREGATE_CHANNELS`]
     /// channels.
     pub(super) aggregate: Option<RelayDrain>,
+    /// The relay on one channel, into [`HASH_QUEUES`] queues behind a consistent-hash
+    /// exchange on the aggregate id.
+    pub(super) hashed: Option<RelayDrain>,
+    /// `ordering = "aggregate"` over [`AGGREGATE_CHANNELS`] channels into the same
+    /// shape: each aggregate on one channel and in one queue.
+    pub(super) aggregate_hashed: Option<RelayDrain>,
     /// The relay publishing to a stream.
     pub(super) stream: Option<RelayDrain>,
     /// The relay publishing to a quorum queue on the cluster.
@@ -35,6 +41,10 @@ pub(super) struct RelayDrain {
 
 /// The channels of the `drain-aggregate` scenario's relay.
 pub(super) const AGGREGATE_CHANNELS: usize = 4;
+
+/// The queues behind the consistent-hash exchange of `drain-hash` and
+/// `drain-aggregate-hash`.
+pub(super) const HASH_QUEUES: usize = 4;
 
 /// What the `drain-aggregate` scenario adds to the relay's `[rabbitmq]` section: events
 /// of one aggregate stay in order on one of [`AGGREGATE_CHANNELS`] channels (the
@@ -61,6 +71,8 @@ pub(super) async fn drain_run(
     let stream_slot = db.create_slot();
     let minimal_slot = db.create_slot();
     let aggregate_slot = db.create_slot();
+    let hashed_slot = db.create_slot();
+    let aggregate_hashed_slot = db.create_slot();
     let cluster_slot = cluster.queue.as_ref().map(|_| db.create_slot());
     let cluster_stream_slot = cluster.stream.as_ref().map(|_| db.create_slot());
     db.preload(n, per_tx);
@@ -155,6 +167,26 @@ pub(super) async fn drain_run(
         }
     }
 
+    // The same two relays into several queues (a consistent-hash exchange on the
+    // aggregate id), where the broker's work spreads over several queue processes.
+    if wants(args, "drain-hash") {
+        match hashed_drain(args, bin, &db, &hashed_slot, ConfigExtra::default()).await {
+            Ok(m) => out.hashed = Some(m),
+            Err(e) => out.failures.push(("drain-hash", e)),
+        }
+    }
+    if wants(args, "drain-aggregate-hash") {
+        let keys = aggregate_keys();
+        let extra = ConfigExtra {
+            rabbitmq: &keys,
+            ..Default::default()
+        };
+        match hashed_drain(args, bin, &db, &aggregate_hashed_slot, extra).await {
+            Ok(m) => out.aggregate_hashed = Some(m),
+            Err(e) => out.failures.push(("drain-aggregate-hash", e)),
+        }
+    }
+
     if wants(args, "drain-minimal") {
         let extra = ConfigExtra {
             sections: "[message]\nheaders = \"minimal\"",
@@ -205,6 +237,32 @@ pub(super) async fn queue_drain(
     extra: ConfigExtra<'_>,
 ) -> anyhow::Result<RelayDrain> {
     let sink = Sink::new(false).await?;
+    let target = Target::Exchange(&sink.exchange);
+    let result = drive(args, bin, db, slot, target, extra, &sink.count, &sink.first).await;
+    sink.cleanup().await;
+    result
+}
+
+/// The relay draining `slot` into [`HASH_QUEUES`] queues behind a consistent-hash
+/// exchange on the `aggregate_id` header, `extra` added to its config.
+async fn hashed_drain(
+    args: &Args,
+    bin: &std::path::Path,
+    db: &BenchDb,
+    slot: &str,
+    extra: ConfigExtra<'_>,
+) -> anyhow::Result<RelayDrain> {
+    let sink = Sink::hashed(HASH_QUEUES).await.context(
+        "a consistent-hash exchange (is the plugin rabbitmq_consistent_hash_exchange \
+         enabled? scripts/test-services.sh enables it)",
+    )?;
+    // The exchange is the operator's (a plugin type, with its `hash-header`
+    // argument): the relay only checks that it exists (docs/streams.md).
+    let keys = format!("{}\ndeclare_exchange = false", extra.rabbitmq);
+    let extra = ConfigExtra {
+        rabbitmq: &keys,
+        ..extra
+    };
     let target = Target::Exchange(&sink.exchange);
     let result = drive(args, bin, db, slot, target, extra, &sink.count, &sink.first).await;
     sink.cleanup().await;

@@ -158,6 +158,17 @@ impl Report {
                 "≥ 1.2",
                 r.map(|r| r >= 1.2),
             ));
+            // The same relay into several queues (a consistent-hash exchange), against
+            // the same default drain.
+            let r = self.get(&hashed_ratio_name(per_tx));
+            t.push(fmt(
+                &format!(
+                    "aggregate {AGGREGATE_CHANNELS} channels, {HASH_QUEUES} queues / single-channel drain ({per_tx}-row tx)"
+                ),
+                r,
+                "≥ 1.2",
+                r.map(|r| r >= 1.2),
+            ));
         }
         let r = self.ratio("reader 100-row tx", "pg_recvlogical 100-row tx");
         t.push(fmt(
