@@ -9,9 +9,11 @@
 #   set -a; . target/test-services.env; set +a; bash scripts/bench-quick.sh
 # Extra arguments go to the harness (e.g. --only stream-raw,stream-drain).
 #
-# lapin-light and drain-aggregate (issue #33; the relay with [rabbitmq] ordering =
-# "aggregate", channels = 4) run here too, as every scenario does: ≈ 8.5 s more
-# (2 s and 6.4 s measured on 2026-12-05 at load average 7-8).
+# lapin-light, drain-aggregate (issue #33; the relay with [rabbitmq] ordering =
+# "aggregate", channels = 4), drain-hash and drain-aggregate-hash (the same into 4
+# queues behind a consistent-hash exchange) run here too, as every scenario does:
+# ≈ 8.5 s for the first two (2 s and 6.4 s measured on 2026-12-05 at load average
+# 7-8), and two short drains more.
 #
 # The cluster drains (cluster-drain, cluster-stream-drain) run once each, on the
 # 100-row transactions, when the 3-node cluster's URLs are known: from the environment,

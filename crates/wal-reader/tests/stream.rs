@@ -138,6 +138,52 @@ async fn unacked_positions_are_never_confirmed() {
     assert_eq!(f.confirmed_flush(), before);
 }
 
+/// The reader over a real walsender with the receive low-water mark in place
+/// (docs/design.md §2, "Reading in batches"): a burst of 2,000 single-row
+/// transactions arrives whole and in order, and so do lone small transactions after
+/// it, far below the mark, each before the next is written. (Whether the burst makes
+/// the stream count as busy depends on the build's speed; the lowering itself is
+/// tested against a scripted peer in conn/mod.rs.)
+#[tokio::test]
+async fn small_transactions_arrive_below_the_receive_low_water_mark() {
+    let f = Fixture::new();
+    let mut r = spawn_reader(f.config()).await;
+    // 2,000 single-row transactions of ~200 bytes: busy, and well above the mark.
+    f.db.psql(
+        "CREATE PROCEDURE burst() LANGUAGE plpgsql AS $$
+         BEGIN FOR n IN 1..2000 LOOP
+           INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('order', n::text, 'burst', jsonb_build_object('pad', repeat('x', 100)));
+           COMMIT;
+         END LOOP; END $$",
+    );
+    f.db.psql("CALL burst()");
+    let items = r.collect_until(|items| commits(items) == 2000).await;
+    let ids: Vec<String> = events(&items)
+        .iter()
+        .map(|e| {
+            String::from_utf8_lossy(e.aggregate_id.as_deref().unwrap_or_default()).into_owned()
+        })
+        .collect();
+    let want: Vec<String> = (1..=2000).map(|n| n.to_string()).collect();
+    assert_eq!(ids, want);
+    for i in 1..=3 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        f.db.psql(&format!(
+            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+               VALUES ('order', 'lone{i}', 'lone', '{{}}')"
+        ));
+        let items = r.collect_until(|items| commits(items) == 1).await;
+        let got = events(&items);
+        assert_eq!(got.len(), 1, "transaction {i}: {items:#?}");
+        assert_eq!(
+            got[0].aggregate_id.as_deref(),
+            Some(format!("lone{i}").as_bytes())
+        );
+    }
+    r.stop().await;
+}
+
 #[tokio::test]
 async fn keepalives_let_an_idle_slot_follow_the_server() {
     let f = Fixture::new();

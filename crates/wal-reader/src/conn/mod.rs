@@ -7,6 +7,8 @@
 //!  mod.rs        ReplicationConnection: connect (TCP / Unix / TLS, libpq's `allow`
 //!                retry), simple queries, the read and write buffers
 //!  transport.rs  the byte stream (TCP, Unix socket, TLS)
+//!  coalesce.rs   the socket's receive low-water mark while streaming: one wake-up
+//!                per batch of the walsender's messages
 //!  auth.rs       startup packet, trust / cleartext / md5 / SCRAM(-PLUS)
 //!  policy.rs     what the server may ask for (plain-link passwords, require_auth,
 //!                channel_binding=require); the SQL connection's guard asks it too
@@ -21,6 +23,7 @@
 //! with one `write_all` + `flush`.
 
 mod auth;
+mod coalesce;
 mod copy;
 mod framing;
 pub(crate) mod policy;
@@ -82,6 +85,8 @@ pub struct ReplicationConnection {
     streaming_slot: Option<String>,
     /// A read error met after `fill` had bytes to return; the next `fill` returns it.
     read_error: Option<io::Error>,
+    /// The socket's receive low-water mark while streaming (coalesce.rs).
+    coalesce: coalesce::Coalesce,
 }
 
 /// A row of a simple query's result, in text form.
@@ -153,6 +158,7 @@ impl ReplicationConnection {
             max_message: MAX_STARTUP_MESSAGE_LEN,
             streaming_slot: None,
             read_error: None,
+            coalesce: coalesce::Coalesce::default(),
         };
         conn.startup(opts).await?;
         conn.max_message = MAX_MESSAGE_LEN;
@@ -250,7 +256,7 @@ impl ReplicationConnection {
             return Err(e.into());
         }
         self.reserve_read();
-        let mut n = self.stream.read_buf(&mut self.rbuf).await?;
+        let mut n = self.read_once().await?;
         if n == 0 {
             return Ok(0);
         }
@@ -267,6 +273,34 @@ impl ReplicationConnection {
                 Some(Ok(k)) => n += k,
             }
         }
+        Ok(n)
+    }
+
+    /// One read. While streaming busily over TCP it waits for [`coalesce::LOW_WATER`]
+    /// bytes for up to [`coalesce::WAIT`], then takes what is there (coalesce.rs).
+    /// Cancel-safe as `read_buf` is; the deadline outlives a cancelled call.
+    async fn read_once(&mut self) -> io::Result<usize> {
+        let fd = match self.streaming_slot {
+            Some(_) => self.stream.tcp_fd(),
+            None => None,
+        };
+        let Some(fd) = fd else {
+            return self.stream.read_buf(&mut self.rbuf).await;
+        };
+        let n = match self.coalesce.before_read(fd) {
+            None => self.stream.read_buf(&mut self.rbuf).await?,
+            Some(deadline) => {
+                let read = self.stream.read_buf(&mut self.rbuf);
+                match tokio::time::timeout_at(deadline, read).await {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        self.coalesce.lower(fd);
+                        self.stream.read_buf(&mut self.rbuf).await?
+                    }
+                }
+            }
+        };
+        self.coalesce.read_done();
         Ok(n)
     }
 
@@ -330,5 +364,64 @@ impl ReplicationConnection {
         frontend::terminate(&mut self.wbuf);
         let _ = self.flush().await;
         let _ = self.stream.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection that is streaming over `tcp`, as after `START_REPLICATION`.
+    fn streaming(tcp: TcpStream) -> ReplicationConnection {
+        ReplicationConnection {
+            stream: Transport::Tcp(tcp),
+            rbuf: BytesMut::with_capacity(READ_BUFFER),
+            wbuf: BytesMut::new(),
+            user: "u".into(),
+            server_version: String::new(),
+            backend_pid: 0,
+            tls: false,
+            superuser: false,
+            max_message: MAX_MESSAGE_LEN,
+            streaming_slot: Some("s".into()),
+            read_error: None,
+            coalesce: coalesce::Coalesce::default(),
+        }
+    }
+
+    /// A peer that writes 100-byte pieces every 50 µs or so (about 20 wake-ups per
+    /// millisecond: busy) makes the reader raise the socket's low-water mark; the last
+    /// pieces, below it, must still be read, through the lowering after 1 ms
+    /// (coalesce.rs). Without the lowering `fill` waits for bytes that never come.
+    #[tokio::test]
+    async fn a_busy_streams_tail_below_the_low_water_mark_is_read() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        const PIECES: usize = 2_000;
+        let writer = std::thread::spawn(move || {
+            use std::io::Write;
+            let (mut peer, _) = listener.accept().unwrap();
+            peer.set_nodelay(true).unwrap();
+            for _ in 0..PIECES {
+                peer.write_all(&[7u8; 100]).unwrap();
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            // Kept open: the tail must be read before any end of stream.
+            std::thread::sleep(std::time::Duration::from_secs(15));
+        });
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let mut conn = streaming(tcp);
+        let read_all = async {
+            while conn.rbuf.len() < PIECES * 100 {
+                assert!(conn.fill().await.unwrap() > 0);
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), read_all)
+            .await
+            .expect("every byte read, the tail below the mark included");
+        assert_eq!(conn.rbuf.len(), PIECES * 100);
+        assert!(conn.coalesce.raises > 0, "the stream never counted as busy");
+        drop(conn);
+        let _ = writer;
     }
 }

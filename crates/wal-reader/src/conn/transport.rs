@@ -58,3 +58,15 @@ impl AsyncWrite for Transport {
         }
     }
 }
+
+impl Transport {
+    /// The TCP socket's descriptor, for its socket options (`None` on a Unix socket).
+    pub(crate) fn tcp_fd(&self) -> Option<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        match self {
+            Transport::Tcp(s) => Some(s.as_raw_fd()),
+            Transport::Tls(s) => Some(s.get_ref().0.as_raw_fd()),
+            Transport::Unix(_) => None,
+        }
+    }
+}
