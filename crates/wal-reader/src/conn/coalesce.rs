@@ -83,6 +83,13 @@ impl Coalesce {
         Some(*self.deadline.get_or_insert_with(|| Instant::now() + WAIT))
     }
 
+    /// Counts the stream as busy now, whatever its reads (for tests that must not
+    /// depend on the scheduler's timing).
+    #[cfg(test)]
+    pub(crate) fn set_busy(&mut self) {
+        self.busy = true;
+    }
+
     /// A read returned (with the mark raised or not).
     pub(crate) fn read_done(&mut self) {
         self.deadline = None;
