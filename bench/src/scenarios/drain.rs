@@ -154,36 +154,47 @@ pub(super) async fn drain_run(
         out.relay = Some(queue_drain(args, bin, &db, &relay_slot, extra).await?);
     }
 
-    // Right after the single-channel drain, so that both see the same load.
-    if wants(args, "drain-aggregate") {
-        let keys = aggregate_keys();
-        let extra = ConfigExtra {
-            rabbitmq: &keys,
-            ..Default::default()
-        };
-        match queue_drain(args, bin, &db, &aggregate_slot, extra).await {
-            Ok(m) => out.aggregate = Some(m),
-            Err(e) => out.failures.push(("drain-aggregate", e)),
+    // Right after the single-channel drain, so that all see the same load: the relay
+    // on several channels, and the same two relays into several queues (a
+    // consistent-hash exchange on the aggregate id), where the broker's work spreads
+    // over several queue processes. Each fails on its own, beside the other figures.
+    let keys = aggregate_keys();
+    let aggregate = ConfigExtra {
+        rabbitmq: &keys,
+        ..Default::default()
+    };
+    type Field = fn(&mut DrainRun) -> &mut Option<RelayDrain>;
+    let optional: [(&'static str, bool, ConfigExtra<'_>, &str, Field); 3] = [
+        ("drain-aggregate", false, aggregate, &aggregate_slot, |o| {
+            &mut o.aggregate
+        }),
+        (
+            "drain-hash",
+            true,
+            ConfigExtra::default(),
+            &hashed_slot,
+            |o| &mut o.hashed,
+        ),
+        (
+            "drain-aggregate-hash",
+            true,
+            aggregate,
+            &aggregate_hashed_slot,
+            |o| &mut o.aggregate_hashed,
+        ),
+    ];
+    for (scenario, hashed, extra, slot, field) in optional {
+        if !wants(args, scenario) {
+            continue;
         }
-    }
-
-    // The same two relays into several queues (a consistent-hash exchange on the
-    // aggregate id), where the broker's work spreads over several queue processes.
-    if wants(args, "drain-hash") {
-        match hashed_drain(args, bin, &db, &hashed_slot, ConfigExtra::default()).await {
-            Ok(m) => out.hashed = Some(m),
-            Err(e) => out.failures.push(("drain-hash", e)),
-        }
-    }
-    if wants(args, "drain-aggregate-hash") {
-        let keys = aggregate_keys();
-        let extra = ConfigExtra {
-            rabbitmq: &keys,
-            ..Default::default()
+        let result = if hashed {
+            hashed_drain(args, bin, &db, slot, extra).await
+        } else {
+            queue_drain(args, bin, &db, slot, extra).await
         };
-        match hashed_drain(args, bin, &db, &aggregate_hashed_slot, extra).await {
-            Ok(m) => out.aggregate_hashed = Some(m),
-            Err(e) => out.failures.push(("drain-aggregate-hash", e)),
+        match result {
+            Ok(m) => *field(&mut out) = Some(m),
+            Err(e) => out.failures.push((scenario, e)),
         }
     }
 
