@@ -145,7 +145,7 @@ async fn connect_one_inner(
 ) -> Result<Session, PublishError> {
     let redacted = redact_url(url);
     let properties = ConnectionProperties::default()
-        .with_connection_name(LongString::from(config.connection_name.as_str()));
+        .with_connection_name(LongString::from(session_name(&config.connection_name)));
     let connector = match tls {
         Tls::SystemRoots => None,
         Tls::Own => Some(RustlsConnector::from(crate::tls::amqps_config(
@@ -164,6 +164,12 @@ async fn connect_one_inner(
         events,
         url_index: index,
     })
+}
+
+/// The session connection's name: the configured one is the publishing
+/// connection's (`wire.rs`), which carries the messages.
+pub(crate) fn session_name(name: &str) -> String {
+    format!("{name} (session)")
 }
 
 /// Opens the AMQP connection. With the system's roots lapin does everything; with

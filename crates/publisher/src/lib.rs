@@ -64,7 +64,6 @@ pub mod status;
 pub mod stream;
 pub mod window;
 
-mod confirms;
 mod connection;
 pub(crate) mod engine;
 pub mod lanes;
@@ -77,6 +76,7 @@ pub mod settings;
 mod sim;
 mod target;
 mod tls;
+mod wire;
 
 use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
@@ -96,6 +96,7 @@ pub struct Publisher {
     config: PublisherConfig,
     tls: connection::Tls,
     session: connection::Session,
+    wire: Box<wire::Wire>,
     status: PublisherStatus,
 }
 
@@ -108,6 +109,7 @@ impl Publisher {
         config.validate()?;
         let tls = config.tls()?;
         let session = connection::connect_any(&config, &tls, 0).await?;
+        let wire = Box::new(wire::Wire::connect(&config, &tls, session.url_index).await?);
         tracing::info!(
             node = %redact_url(&config.urls[session.url_index]),
             exchange = %config.exchange,
@@ -119,6 +121,7 @@ impl Publisher {
             config,
             tls,
             session,
+            wire,
             status,
         })
     }

@@ -1,68 +1,51 @@
 //! The publishing loop: the I/O shell around [`Engine`]. One task, one `select!` over
-//! broker events, rounds of finished writes and confirms, the input, the flushed
-//! position and the shutdown deadline. Every decision is the engine's (`engine.rs`);
-//! this file turns lapin's futures into the engine's inputs and its sends into
-//! `basic.publish` calls. Failures and the recovery from them are in
-//! `run/recover.rs`.
+//! the publishing connection ([`Wire`]: writes, confirms, returns, blocked notices),
+//! the session's events, the input, the flushed position and the shutdown deadline.
+//! Every decision is the engine's (`engine.rs`); this file encodes its sends into
+//! the connection's buffer and turns what the broker sent back into its inputs.
+//! Failures and the recovery from them are in `run/recover.rs`.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::{poll_fn, Future};
-use std::pin::Pin;
+use std::future::poll_fn;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures_util::future::{BoxFuture, MaybeDone};
 use futures_util::StreamExt;
-use lapin::message::BasicReturnMessage;
-use lapin::options::BasicPublishOptions;
 use lapin::types::ShortString;
-use lapin::{BasicProperties, Channel, Confirmation, Event, PublisherConfirm};
+use lapin::Event;
 use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::config::PublisherConfig;
-use crate::confirms::ConfirmSet;
 use crate::connection::Session;
-use crate::engine::{Engine, Failure, Outgoing, Returned, Settled, Tag, Target};
+use crate::engine::{Engine, Failure, Outgoing, Returned, Settled, Target};
 use crate::error::PublishError;
 use crate::message::{returned_key, MessageBuilder, OutboundMessage};
 use crate::progress::{self, changed_lsn, sleep_until_opt};
 use crate::report::PublisherReport;
 use crate::status::{self, PublisherStatus};
+use crate::wire::{Wire, WireError, WireEvent};
 use crate::Publisher;
-use recover::{failure_of, Episode, Recovered};
+use recover::{Episode, Recovered};
 
 mod recover;
 
-/// Publish writes started but not yet handed to the socket, at most.
-const MAX_PENDING_WRITES: usize = 256;
+/// Encoded publishes not yet taken by the socket, at most (bytes): the engine's
+/// sends wait while the socket is this far behind.
+const MAX_UNWRITTEN: usize = 1024 * 1024;
 /// Bound on waiting for a dropped channel's close-ok, or the final connection close.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 
 type Message = Arc<OutboundMessage>;
-type PublishFuture = Pin<Box<MaybeDone<BoxFuture<'static, lapin::Result<PublisherConfirm>>>>>;
-
-struct PendingPublish {
-    tag: Tag,
-    future: PublishFuture,
-    /// Polled once already (its frames are queued).
-    started: bool,
-}
-
-/// What one round of polling found.
-#[derive(Default)]
-struct Round {
-    write_errors: Vec<lapin::Error>,
-    confirms: Vec<(Tag, lapin::Result<Confirmation>)>,
-}
 
 /// One step of the loop, chosen by `select!`.
 enum Step {
     Event(Option<Event>),
-    Round(Round),
+    /// What the publishing connection read (empty for a round the engine asked for).
+    Wire(Result<Vec<WireEvent>, WireError>),
     Input(Option<WalBatch>),
     Flushed(Option<Lsn>),
     Deadline,
@@ -70,10 +53,55 @@ enum Step {
     NackWait,
 }
 
+/// The delivery tags of the current channel that are not confirmed yet.
+#[derive(Default)]
+struct Unconfirmed {
+    /// The lowest tag not confirmed (tags start at 1).
+    first: u64,
+    /// Whether each tag from `first` on is confirmed.
+    done: VecDeque<bool>,
+}
+
+impl Unconfirmed {
+    fn reset(&mut self) {
+        self.first = 1;
+        self.done.clear();
+    }
+
+    fn published(&mut self, tag: u64) {
+        debug_assert_eq!(tag, self.first + self.done.len() as u64);
+        self.done.push_back(false);
+    }
+
+    /// The tags a confirm settles, in ascending order: `tag` alone, or with
+    /// `multiple` every unconfirmed tag up to it. Tags confirmed already (or never
+    /// published on this channel) are left out.
+    fn settle(&mut self, tag: u64, multiple: bool, mut each: impl FnMut(u64)) {
+        let end = self.first + self.done.len() as u64;
+        if tag < self.first || tag >= end {
+            return;
+        }
+        let from = if multiple { self.first } else { tag };
+        for t in from..=tag {
+            let slot = &mut self.done[(t - self.first) as usize];
+            if !*slot {
+                *slot = true;
+                each(t);
+            }
+        }
+        while self.done.front() == Some(&true) {
+            self.done.pop_front();
+            self.first += 1;
+        }
+    }
+}
+
 pub(crate) struct Runner {
     config: PublisherConfig,
     tls: crate::connection::Tls,
     session: Session,
+    /// The publishing connection.
+    wire: Box<Wire>,
     status: PublisherStatus,
     watermark: watch::Sender<Lsn>,
     /// Positions sent to Postgres as flushed; `None`: the watermark counts as sent.
@@ -82,8 +110,11 @@ pub(crate) struct Runner {
     exchange: ShortString,
     dead_letter: Option<ShortString>,
     engine: Engine<Message>,
-    publishing: VecDeque<PendingPublish>,
-    confirms: ConfirmSet,
+    /// Delivery tags of the current channel awaiting their confirm.
+    unconfirmed: Unconfirmed,
+    /// Returns not yet attached to a confirm (the broker sends a message's return
+    /// before its confirm; see `engine.rs` for why any confirm may carry it).
+    returns: VecDeque<Returned>,
     /// The engine asked for another round at once (a witness waits for it).
     round_due: bool,
     blocked: bool,
@@ -111,6 +142,7 @@ impl Runner {
             config,
             tls,
             session,
+            wire,
             status,
         } = publisher;
         let builder = MessageBuilder::new(&config.routing_key, &config.extra_headers)?
@@ -119,7 +151,7 @@ impl Runner {
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
         status.set_poison(None);
-        let blocked = session.connection.status().blocked();
+        let blocked = wire.blocked();
         status.set_blocked(blocked);
         Ok(Self {
             exchange: ShortString::from(config.exchange.as_str()),
@@ -135,11 +167,15 @@ impl Runner {
             builder,
             tls,
             session,
+            wire,
             status,
             watermark,
             flushed,
-            publishing: VecDeque::new(),
-            confirms: ConfirmSet::default(),
+            unconfirmed: Unconfirmed {
+                first: 1,
+                done: VecDeque::new(),
+            },
+            returns: VecDeque::new(),
             round_due: false,
             blocked,
             failures: 0,
@@ -170,11 +206,9 @@ impl Runner {
             let want_input =
                 input_open && (!self.engine.window().has_unpublished() || input.is_closed());
             let step = {
-                let publishing = &mut self.publishing;
-                let confirms = &mut self.confirms;
+                let wire = &mut self.wire;
                 let events = &mut self.session.events;
                 let force = self.round_due;
-                let has_io = force || !publishing.is_empty() || !confirms.is_empty();
                 let flushed = self.flushed.as_mut();
                 let has_flushed = flushed.is_some();
                 let deadline = self.deadline;
@@ -182,7 +216,7 @@ impl Runner {
                 tokio::select! {
                     biased;
                     event = events.next() => Step::Event(event),
-                    round = poll_fn(|cx| poll_round(publishing, confirms, force, cx)), if has_io => Step::Round(round),
+                    io = poll_fn(|cx| poll_wire(wire, force, cx)) => Step::Wire(io),
                     changed = changed_lsn(flushed), if has_flushed => Step::Flushed(changed),
                     batch = input.recv(), if want_input => Step::Input(batch),
                     () = sleep_until_opt(deadline), if deadline.is_some() => Step::Deadline,
@@ -191,7 +225,7 @@ impl Runner {
             };
             match step {
                 Step::Event(event) => self.on_event(event),
-                Step::Round(round) => self.on_round(round),
+                Step::Wire(io) => self.on_wire(io),
                 Step::Flushed(changed) => {
                     progress::on_flushed(&mut self.engine, &mut self.flushed, changed)
                 }
@@ -218,12 +252,13 @@ impl Runner {
         Ok(self.finish().await)
     }
 
-    /// Starts the publishes the engine allows while the broker does not block us.
+    /// Encodes the publishes the engine allows while the broker does not block us
+    /// and the socket keeps up.
     fn start_publishes(&mut self) {
-        if self.blocked {
+        if self.blocked || !self.wire.channel_open() {
             return;
         }
-        while self.publishing.len() < MAX_PENDING_WRITES {
+        while self.wire.unwritten() < MAX_UNWRITTEN {
             let Some(send) = self.engine.next_send() else {
                 break;
             };
@@ -248,12 +283,16 @@ impl Runner {
                 }
             };
             let properties = self.builder.properties_of(&message);
-            let future = publish(&self.session.channel, exchange, message, properties);
-            self.publishing.push_back(PendingPublish {
-                tag,
-                future,
-                started: false,
-            });
+            let sent = self.wire.publish(
+                exchange.as_str(),
+                message.routing_key.as_str(),
+                true,
+                properties,
+                &message.body,
+            );
+            // The engine numbers a channel's publishes from 0, the broker from 1.
+            debug_assert_eq!(sent, tag + 1, "the engine's tags follow the channel's");
+            self.unconfirmed.published(sent);
         }
     }
 
@@ -267,20 +306,9 @@ impl Runner {
 
     fn on_event(&mut self, event: Option<Event>) {
         match event {
-            Some(Event::ConnectionBlocked(reason)) => {
-                if !self.blocked {
-                    tracing::warn!(%reason, "rabbitmq blocked publishing (resource alarm); holding the watermark until it unblocks");
-                }
-                self.blocked = true;
-                self.status.set_blocked(true);
-            }
-            Some(Event::ConnectionUnblocked) => {
-                if self.blocked {
-                    tracing::info!("rabbitmq unblocked publishing; resuming");
-                }
-                self.blocked = false;
-                self.status.set_blocked(false);
-            }
+            // The publishing connection's own notices count (`on_wire`): the
+            // session publishes nothing.
+            Some(Event::ConnectionBlocked(_) | Event::ConnectionUnblocked) => {}
             Some(Event::Error(error)) => {
                 // Also sent for a channel the broker closed; ignore it when the
                 // current channel is fine (the failure was already handled).
@@ -289,7 +317,7 @@ impl Runner {
                 {
                     tracing::debug!(%error, "rabbitmq error event for an old channel");
                 } else if self.session.connection.status().connected() {
-                    self.channel_failed(failure_of(&error));
+                    self.channel_failed(recover::failure_of(&error));
                 } else {
                     self.channel_failed(Failure::Connection(error.to_string()));
                 }
@@ -300,52 +328,92 @@ impl Runner {
         }
     }
 
-    fn on_round(&mut self, round: Round) {
-        for error in round.write_errors {
-            self.channel_failed(failure_of(&error));
-        }
-        for (tag, result) in round.confirms {
-            match result {
-                Ok(Confirmation::Ack(returned)) => {
-                    let returned = returned.map(|r| self.returned(r));
-                    self.engine.confirmed(tag, true, returned);
+    fn on_wire(&mut self, io: Result<Vec<WireEvent>, WireError>) {
+        let events = match io {
+            Ok(events) => events,
+            Err(error) => {
+                self.channel_failed(Failure::Connection(error.to_string()));
+                return;
+            }
+        };
+        for event in events {
+            match event {
+                WireEvent::Ack { tag, multiple } => self.confirm(tag, multiple, true),
+                WireEvent::Nack { tag, multiple } => self.confirm(tag, multiple, false),
+                WireEvent::Return {
+                    reply_text,
+                    exchange,
+                    routing_key,
+                    properties,
+                    ..
+                } => {
+                    let returned = self.returned(exchange, routing_key, &reply_text, &properties);
+                    self.returns.push_back(returned);
                 }
-                Ok(Confirmation::Nack(returned)) => {
-                    self.report.nacked += 1;
-                    metrics::counter!(status::EVENTS_NACKED).increment(1);
-                    let returned = returned.map(|r| self.returned(r));
-                    self.engine.confirmed(tag, false, returned);
-                }
-                Ok(Confirmation::NotRequested) => self.channel_failed(Failure::Channel {
-                    code: None,
-                    text: "confirm mode is not enabled on the channel".into(),
+                WireEvent::ChannelClosed { code, text } => self.channel_failed(Failure::Channel {
+                    code: Some(code),
+                    text: format!("({code}) {text}"),
                 }),
-                Err(error) => self.channel_failed(failure_of(&error)),
+                WireEvent::Blocked(reason) => {
+                    if !self.blocked {
+                        tracing::warn!(%reason, "rabbitmq blocked publishing (resource alarm); holding the watermark until it unblocks");
+                    }
+                    self.blocked = true;
+                    self.status.set_blocked(true);
+                }
+                WireEvent::Unblocked => {
+                    if self.blocked {
+                        tracing::info!("rabbitmq unblocked publishing; resuming");
+                    }
+                    self.blocked = false;
+                    self.status.set_blocked(false);
+                }
             }
         }
         self.round_due = self.engine.end_round();
         self.count_settled();
     }
 
+    /// Hands the engine the confirms of `tag` (and with `multiple` of every
+    /// unconfirmed tag before it), in tag order, each with the oldest return not yet
+    /// attached: a confirm that carries none is a witness (`engine.rs`).
+    fn confirm(&mut self, tag: u64, multiple: bool, ack: bool) {
+        let engine = &mut self.engine;
+        let returns = &mut self.returns;
+        let mut nacked = 0u64;
+        self.unconfirmed.settle(tag, multiple, |t| {
+            if !ack {
+                nacked += 1;
+            }
+            engine.confirmed(t - 1, ack, returns.pop_front());
+        });
+        if nacked > 0 {
+            self.report.nacked += nacked;
+            metrics::counter!(status::EVENTS_NACKED).increment(nacked);
+        }
+    }
+
     /// A returned message, identified by its own headers (never by the confirm it
     /// arrived on: see `engine.rs`).
-    fn returned(&mut self, r: BasicReturnMessage) -> Returned {
-        let exchange = r.delivery.exchange.to_string();
+    fn returned(
+        &mut self,
+        exchange: String,
+        routing_key: String,
+        reply: &str,
+        properties: &lapin::BasicProperties,
+    ) -> Returned {
         let target = match &self.dead_letter {
             Some(dlx) if dlx.as_str() == exchange => Target::DeadLetter,
             _ => Target::Exchange,
         };
-        let routing_key = r.delivery.routing_key.to_string();
-        let key = returned_key(&r.delivery.properties);
-        let message_id = r
-            .delivery
-            .properties
+        let key = returned_key(properties);
+        let message_id = properties
             .message_id()
             .as_ref()
             .map(|m| m.to_string())
             .unwrap_or_default();
         if self.dead_letter.is_none() || target == Target::DeadLetter {
-            tracing::debug!(%exchange, %routing_key, %message_id, reply = %r.reply_text, "message returned unroutable");
+            tracing::debug!(%exchange, %routing_key, %message_id, %reply, "message returned unroutable");
         }
         Returned {
             key,
@@ -413,7 +481,7 @@ impl Runner {
                 "shutdown timeout passed with unacked messages; they will be published again after a restart"
             );
         }
-        self.publishing.clear();
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, self.wire.close()).await;
         let connection = self.session.connection;
         let _ = tokio::time::timeout(CLOSE_TIMEOUT, connection.close(200, "OK".into())).await;
         self.status.set_connected(false);
@@ -433,68 +501,16 @@ fn trace_published(message: &OutboundMessage) {
     );
 }
 
-/// Starts one publish; the future resolves once lapin wrote the frames.
-fn publish(
-    channel: &Channel,
-    exchange: ShortString,
-    message: Message,
-    properties: BasicProperties,
-) -> PublishFuture {
-    let channel = channel.clone();
-    let future: BoxFuture<'static, _> = Box::pin(async move {
-        channel
-            .basic_publish(
-                exchange,
-                message.routing_key.clone(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    immediate: false,
-                },
-                &message.body,
-                properties,
-            )
-            .await
-    });
-    Box::pin(MaybeDone::Future(future))
-}
-
-/// One round: gives every new write its first poll, in publish order (that poll
-/// enqueues the frames, so the order on the wire is the publish order), takes the
-/// finished writes from the front (lapin writes frames in order, so later writes
-/// never finish first) and adds their confirms, then polls the new and the woken
-/// confirms. Ready when anything was found, or at once when `force`.
-fn poll_round(
-    pending: &mut VecDeque<PendingPublish>,
-    confirms: &mut ConfirmSet,
+/// Polls the publishing connection; at once with nothing when the engine asked for
+/// another round (`force`).
+fn poll_wire(
+    wire: &mut Wire,
     force: bool,
     cx: &mut Context<'_>,
-) -> Poll<Round> {
-    let mut round = Round::default();
-    let new = pending.iter().rev().take_while(|p| !p.started).count();
-    let first_new = pending.len() - new;
-    for p in pending.range_mut(first_new..) {
-        let _ = p.future.as_mut().poll(cx);
-        p.started = true;
-    }
-    while let Some(front) = pending.front_mut() {
-        if front.future.as_mut().poll(cx).is_pending() {
-            break;
-        }
-        let Some(result) = front.future.as_mut().take_output() else {
-            break;
-        };
-        let tag = front.tag;
-        pending.pop_front();
-        match result {
-            Ok(confirm) => confirms.insert(tag, confirm),
-            Err(error) => round.write_errors.push(error),
-        }
-    }
-    round.confirms = confirms.poll_resolved(cx);
-    if force || !round.confirms.is_empty() || !round.write_errors.is_empty() {
-        Poll::Ready(round)
-    } else {
-        Poll::Pending
+) -> Poll<Result<Vec<WireEvent>, WireError>> {
+    match wire.poll_io(cx) {
+        Poll::Pending if force => Poll::Ready(Ok(Vec::new())),
+        other => other,
     }
 }
 

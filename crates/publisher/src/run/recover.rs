@@ -12,11 +12,11 @@ use tokio::time::Instant;
 
 use super::{Runner, CLOSE_TIMEOUT};
 use crate::backoff;
-use crate::confirms::ConfirmSet;
 use crate::connection::{connect_any, open_channel, Session};
 use crate::engine::Failure;
 use crate::error::redact_url;
 use crate::status::{self, PoisonMessage};
+use crate::wire::Wire;
 use crate::PublishError;
 
 /// The longest a nack waits for the confirms of earlier publishes before the
@@ -137,18 +137,21 @@ impl Runner {
         self.failures = self.failures.saturating_add(1);
         self.report.retries += 1;
         metrics::counter!(status::PUBLISH_RETRIES).increment(1);
-        self.publishing.clear();
-        self.confirms = ConfirmSet::default();
+        self.unconfirmed.reset();
+        self.returns.clear();
         self.round_due = false;
-        let channel = self.session.channel.clone();
-        if channel.status().connected() {
+        if self.wire.channel_open() {
             let closed = until_deadline(
                 self.deadline,
-                tokio::time::timeout(CLOSE_TIMEOUT, channel.close(200, "retrying".into())),
+                tokio::time::timeout(CLOSE_TIMEOUT, self.wire.close_channel()),
             )
             .await;
-            if closed.is_none() {
-                return Recovered::DeadlinePassed;
+            match closed {
+                None => return Recovered::DeadlinePassed,
+                Some(Ok(Ok(()))) => {}
+                // Without its close-ok the channel may still route what it took:
+                // only a new connection is certain to start clean.
+                Some(_) => self.wire.abandon(),
             }
         }
         let resent = self.engine.restart();
@@ -171,10 +174,29 @@ impl Runner {
                 };
                 match opened {
                     Ok(channel) => {
-                        self.session.channel = channel;
-                        self.blocked = self.session.connection.status().blocked();
-                        self.status.set_blocked(self.blocked);
-                        return Recovered::Yes;
+                        let old = std::mem::replace(&mut self.session.channel, channel);
+                        tokio::spawn(async move {
+                            let _ = tokio::time::timeout(
+                                CLOSE_TIMEOUT,
+                                old.close(200, "checked again".into()),
+                            )
+                            .await;
+                        });
+                        match self.renew_wire().await {
+                            None => return Recovered::DeadlinePassed,
+                            Some(Ok(())) => return Recovered::Yes,
+                            Some(Err(e @ PublishError::TlsRefused { .. })) => {
+                                return Recovered::Refused(e)
+                            }
+                            Some(Err(e)) if e.is_transient() => {
+                                tracing::debug!(error = %e, "cannot open the publishing connection; retrying");
+                                continue;
+                            }
+                            Some(Err(e)) => {
+                                tracing::warn!(error = %e, "rabbitmq refused the publishing connection; retrying");
+                                continue;
+                            }
+                        }
                     }
                     Err(e) if e.is_transient() => {
                         tracing::debug!(error = %e, "cannot open a channel; reconnecting");
@@ -193,13 +215,21 @@ impl Runner {
                 Ok(session) => {
                     let old = std::mem::replace(&mut self.session, session);
                     close_connection(old);
-                    self.report.reconnects += 1;
-                    self.status.add_reconnect();
+                    self.wire.abandon();
+                    match self.renew_wire().await {
+                        None => return Recovered::DeadlinePassed,
+                        Some(Ok(())) => {}
+                        Some(Err(e @ PublishError::TlsRefused { .. })) => {
+                            return Recovered::Refused(e)
+                        }
+                        Some(Err(e)) => {
+                            tracing::debug!(error = %e, "cannot open the publishing connection; retrying");
+                            continue;
+                        }
+                    }
                     tracing::info!(node = %redact_url(&self.config.urls[self.session.url_index]),
                         "reconnected to rabbitmq");
                     self.status.set_connected(true);
-                    self.blocked = self.session.connection.status().blocked();
-                    self.status.set_blocked(self.blocked);
                     return Recovered::Yes;
                 }
                 // The broker's certificate refused: only at start a configuration error,
@@ -214,6 +244,56 @@ impl Runner {
                 Err(e) => tracing::warn!(error = %e, "rabbitmq refused the reconnect; retrying"),
             }
         }
+    }
+
+    /// A fresh confirm-mode channel to publish on: on the publishing connection
+    /// while it lives, else on a new one to the session's node (a reconnect).
+    /// `None` when the shutdown deadline passed first.
+    async fn renew_wire(&mut self) -> Option<Result<(), PublishError>> {
+        if self.wire.is_alive() {
+            let opened = until_deadline(
+                self.deadline,
+                tokio::time::timeout(CLOSE_TIMEOUT * 5, self.wire.open_channel()),
+            )
+            .await?;
+            match opened {
+                Ok(Ok(())) => {
+                    self.after_renew();
+                    return Some(Ok(()));
+                }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "cannot open a publishing channel; reconnecting it")
+                }
+                Err(_) => {
+                    tracing::debug!("no answer to opening a publishing channel; reconnecting it")
+                }
+            }
+            self.wire.abandon();
+        }
+        let wire = until_deadline(
+            self.deadline,
+            Wire::connect(&self.config, &self.tls, self.session.url_index),
+        )
+        .await?;
+        let wire = match wire {
+            Ok(wire) => wire,
+            Err(e) => return Some(Err(e)),
+        };
+        let mut old = std::mem::replace(&mut self.wire, Box::new(wire));
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, old.close()).await;
+        });
+        self.report.reconnects += 1;
+        self.status.add_reconnect();
+        self.after_renew();
+        Some(Ok(()))
+    }
+
+    fn after_renew(&mut self) {
+        self.unconfirmed.reset();
+        self.returns.clear();
+        self.blocked = self.wire.blocked();
+        self.status.set_blocked(self.blocked);
     }
 
     /// Sleeps the backoff for `attempt` (1-based); false when the shutdown

@@ -115,7 +115,8 @@ async fn connection_closed_mid_stream_loses_nothing() {
     broker.cleanup().await;
 }
 
-/// The broker's pid of the connection whose client-provided name is `name`.
+/// The broker's pid of the publishing connection, whose client-provided name is
+/// `name`.
 fn connection_pid(name: &str) -> String {
     let out = std::process::Command::new("rabbitmqctl")
         .args(["-q", "list_connections", "pid", "client_properties"])
@@ -124,7 +125,8 @@ fn connection_pid(name: &str) -> String {
     let listing = String::from_utf8_lossy(&out.stdout);
     let pid = listing
         .lines()
-        .find(|l| l.contains(name))
+        // The publishing connection, not the session's `<name> (session)`.
+        .find(|l| l.contains(name) && !l.contains(&format!("{name} (session)")))
         .and_then(|l| l.split_whitespace().next())
         .unwrap_or_else(|| panic!("no connection named {name} in:\n{listing}"))
         .to_string();
