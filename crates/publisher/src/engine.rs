@@ -1,15 +1,18 @@
 //! The publishing state machine, without I/O: what to publish next, what a confirm
 //! or a return means, when a message is done, and what a failure leaves to resend.
 //!
-//! [`crate::run`] is the thin shell around it that talks to lapin; the seeded
-//! simulation in `sim.rs` drives the same engine against a scripted broker.
+//! [`crate::run`] is the thin shell around it that talks to the broker (over the
+//! publishing connection, `wire.rs`); the seeded simulation in `sim.rs` drives the
+//! same engine against a scripted broker.
 //!
-//! # Returns are matched by content, never by lapin's pairing
+//! # Returns are matched by content, never by the confirm they arrive with
 //!
-//! `basic.return` carries no delivery tag. lapin keeps returned messages in a FIFO
-//! and attaches the oldest to whichever confirm it completes next, and a `multiple`
-//! ack completes its tags in hash-map order, so the confirm a return arrives on says
-//! nothing about which publish was returned. The engine identifies the returned
+//! `basic.return` carries no delivery tag. The shell keeps returned messages in a
+//! FIFO and attaches the oldest to whichever confirm it completes next; the broker
+//! may confirm earlier publishes after it returned a later one, and a looser shell
+//! (lapin, which the relay used before, completes a `multiple` ack's tags in
+//! hash-map order) pairs them more freely still, so the confirm a return arrives on
+//! says nothing about which publish was returned. The engine identifies the returned
 //! publish by the message's own `commit_lsn` and `tx_index` headers (unique per
 //! event) and the exchange it was returned from (main or dead-letter).
 //!
@@ -20,18 +23,19 @@
 //!
 //! 1. The broker sends every message's `basic.return` before any confirm it sends
 //!    after routing that message, and it routes a channel's publishes in order. So
-//!    when lapin completes the confirm of publish *Z*, the returns of all publishes
-//!    up to *Z* are already in its FIFO.
-//! 2. lapin pops the FIFO at every completion. A completion that carries no returned
-//!    message (a *witness*) proves the FIFO was empty at that moment: every return of
-//!    a publish up to *Z* was attached to a completion that happened before it.
+//!    when the shell completes the confirm of publish *Z*, the returns of all
+//!    publishes up to *Z* are already in its FIFO.
+//! 2. The shell pops the FIFO at every completion. A completion that carries no
+//!    returned message (a *witness*) proves the FIFO was empty at that moment: every
+//!    return of a publish up to *Z* was attached to a completion that happened before
+//!    it.
 //!
-//! Completions that happened before the witness may still be in flight towards this
-//! task (lapin resolves confirms on its own thread), so a witness seen in one
-//! *round* of polling certifies publishes up to it at the end of the next round
-//! ([`Engine::end_round`]); the shell guarantees that a round sees every completion
-//! that happened before anything seen in the previous one. When every publish of
-//! the channel has its confirm seen, all of them are certified at once.
+//! A shell may hand over completions late (lapin resolved confirms on its own
+//! thread), so a witness seen in one *round* certifies publishes up to it at the end
+//! of the next round ([`Engine::end_round`]); the shell guarantees that a round sees
+//! every completion that happened before anything seen in the previous one (the
+//! relay's own shell reads them in order, so it holds trivially). When every publish
+//! of the channel has its confirm seen, all of them are certified at once.
 //!
 //! # Settling, in publish order
 //!
@@ -419,7 +423,7 @@ impl<M: Keyed + Clone> Engine<M> {
     }
 
     /// The broker confirmed publish `tag` (`ack` false: a nack); `returned` is the
-    /// returned message lapin attached to this confirm, which may be any publish's.
+    /// returned message the shell attached to this confirm, which may be any publish's.
     pub fn confirmed(&mut self, tag: Tag, ack: bool, returned: Option<Returned>) {
         match returned {
             Some(r) => self.returned(r),

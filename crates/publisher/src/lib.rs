@@ -5,25 +5,27 @@
 //! Inside this crate (the whole path of a row is docs/design.md §2):
 //!
 //! ```text
-//!  wal-reader ──mpsc<WalBatch>──▶ Publisher::run (one task owns the connection)
+//!  wal-reader ──mpsc<WalBatch>──▶ Publisher::run (one task owns the connections)
 //!                                   │ Event  → MessageBuilder → Window (buffer)
 //!                                   │ Commit / Keepalive → mark in the Window
 //!                                   ▼
-//!              publishing: basic.publish futures, polled front to back
+//!              Wire::publish: basic.publish frames into one write buffer
 //!                                   ▼
-//!              confirms: PublisherConfirm futures, handled in publish order
+//!              Wire::poll_io: writes; reads acks, returns, closes in order
 //!                                   ▼
-//!              Window::ack → watermark ──watch<Lsn>──▶ relay (standby status)
+//!              Engine::confirmed → Window::ack → watermark ──watch<Lsn>──▶ relay
 //! ```
 //!
 //! Events come in as [`outbox_event`] types, ready to send (the reader has already
 //! decoded the body and chosen the content type): this crate knows AMQP, not
 //! Postgres, and does not depend on the reader.
 //!
-//! One connection and one confirm-mode channel, owned by the task running
-//! [`Publisher::run`]. Publishing is pipelined: up to `max_in_flight` messages are
-//! published and unconfirmed at once, their confirms are awaited in publish order
-//! while publishing continues; there is no per-message round trip to the broker.
+//! Two connections to one node, owned by the task running [`Publisher::run`]: the
+//! session (lapin: login, exchange declarations) and the publishing connection
+//! (`wire.rs`, our own client) with one confirm-mode channel. Publishing is
+//! pipelined: up to `max_in_flight` messages are published and unconfirmed at once,
+//! their confirms are read as they come while publishing continues; there is no
+//! per-message round trip to the broker.
 //!
 //! # How progress is tracked
 //!

@@ -520,3 +520,36 @@ fn now_micros() -> i64 {
         .map(|d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Unconfirmed;
+
+    fn settled(u: &mut Unconfirmed, tag: u64, multiple: bool) -> Vec<u64> {
+        let mut tags = Vec::new();
+        u.settle(tag, multiple, |t| tags.push(t));
+        tags
+    }
+
+    #[test]
+    fn confirms_settle_each_tag_once_in_order() {
+        let mut u = Unconfirmed::default();
+        u.reset();
+        for tag in 1..=6 {
+            u.published(tag);
+        }
+        // A single ack out of order, then a multiple ack below and past it.
+        assert_eq!(settled(&mut u, 3, false), [3]);
+        assert_eq!(settled(&mut u, 4, true), [1, 2, 4]);
+        assert_eq!(u.first, 5, "the front moved past everything confirmed");
+        // Confirmed already, or never published: nothing.
+        assert_eq!(settled(&mut u, 4, false), Vec::<u64>::new());
+        assert_eq!(settled(&mut u, 9, true), Vec::<u64>::new());
+        assert_eq!(settled(&mut u, 6, true), [5, 6]);
+        assert!(u.done.is_empty());
+        // A new channel numbers from 1 again.
+        u.reset();
+        u.published(1);
+        assert_eq!(settled(&mut u, 1, true), [1]);
+    }
+}

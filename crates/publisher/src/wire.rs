@@ -299,17 +299,32 @@ impl Wire {
         events: &mut Vec<WireEvent>,
     ) -> Result<(), WireError> {
         self.poll_write(cx)?;
+        let mut waiting = false;
         for _ in 0..READS_PER_POLL {
             match self.poll_fill(cx)? {
                 Poll::Ready(()) => {
                     while let Some(frame) = self.next_frame()? {
-                        if let Some(event) = self.on_frame(frame)? {
-                            events.push(event);
+                        match self.on_frame(frame) {
+                            Ok(Some(event)) => events.push(event),
+                            Ok(None) => {}
+                            Err(e) => {
+                                // Send the close-ok it may have queued.
+                                let _ = self.poll_write(cx);
+                                return Err(e);
+                            }
                         }
                     }
                 }
-                Poll::Pending => break,
+                Poll::Pending => {
+                    waiting = true;
+                    break;
+                }
             }
+        }
+        if !waiting && events.is_empty() {
+            // More to read and nothing found yet: come back at once (no read is
+            // registered to wake us).
+            cx.waker().wake_by_ref();
         }
         // Replies the frames asked for (close-ok) go out at once.
         self.poll_write(cx)?;

@@ -4,6 +4,24 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_closed_mid_stream_loses_nothing() {
+    closed_mid_stream_loses_nothing(Closed::Publishing).await;
+}
+
+/// The session (lapin's connection, which declares and publishes nothing) closed by
+/// the broker: the publisher reconnects both and loses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_closed_mid_stream_loses_nothing() {
+    closed_mid_stream_loses_nothing(Closed::Session).await;
+}
+
+/// Which of the publisher's two connections the broker closes.
+#[derive(Clone, Copy)]
+enum Closed {
+    Publishing,
+    Session,
+}
+
+async fn closed_mid_stream_loses_nothing(which: Closed) {
     let _shared = BROKER.read().await;
     let mut broker = Broker::new().await;
     let (exchange, queue) = broker.topic_queue("pub_cut").await;
@@ -20,7 +38,10 @@ async fn connection_closed_mid_stream_loses_nothing() {
     for _ in 0..120 {
         transactions.push(stream.transaction(400));
     }
-    let pid = connection_pid(&name);
+    let pid = match which {
+        Closed::Publishing => connection_pid(&name),
+        Closed::Session => connection_pid(&format!("{name} (session)")),
+    };
     // Feed at a steady pace so the connection is closed mid-stream.
     let sender = running.input.clone().unwrap();
     let all = transactions.clone();
@@ -115,8 +136,7 @@ async fn connection_closed_mid_stream_loses_nothing() {
     broker.cleanup().await;
 }
 
-/// The broker's pid of the publishing connection, whose client-provided name is
-/// `name`.
+/// The broker's pid of the connection whose client-provided name is `name`.
 fn connection_pid(name: &str) -> String {
     let out = std::process::Command::new("rabbitmqctl")
         .args(["-q", "list_connections", "pid", "client_properties"])
@@ -125,8 +145,9 @@ fn connection_pid(name: &str) -> String {
     let listing = String::from_utf8_lossy(&out.stdout);
     let pid = listing
         .lines()
-        // The publishing connection, not the session's `<name> (session)`.
-        .find(|l| l.contains(name) && !l.contains(&format!("{name} (session)")))
+        // `name` exactly: the publishing connection `<name>` is not the session
+        // `<name> (session)`.
+        .find(|l| l.contains(&format!("\"{name}\"")))
         .and_then(|l| l.split_whitespace().next())
         .unwrap_or_else(|| panic!("no connection named {name} in:\n{listing}"))
         .to_string();
