@@ -270,6 +270,7 @@ impl Runner {
             }
             self.wire.abandon();
         }
+        self.status.set_connected(false);
         let wire = until_deadline(
             self.deadline,
             Wire::connect(&self.config, &self.tls, self.session.url_index),
@@ -285,6 +286,7 @@ impl Runner {
         });
         self.report.reconnects += 1;
         self.status.add_reconnect();
+        self.status.set_connected(true);
         self.after_renew();
         Some(Ok(()))
     }
