@@ -206,6 +206,8 @@ impl Runner {
             let want_input =
                 input_open && (!self.engine.window().has_unpublished() || input.is_closed());
             let step = {
+                // The sends stopped at a full buffer: come back once it has room.
+                let refill = self.wire.unwritten() >= MAX_UNWRITTEN;
                 let wire = &mut self.wire;
                 let events = &mut self.session.events;
                 let force = self.round_due;
@@ -216,7 +218,7 @@ impl Runner {
                 tokio::select! {
                     biased;
                     event = events.next() => Step::Event(event),
-                    io = poll_fn(|cx| poll_wire(wire, force, cx)) => Step::Wire(io),
+                    io = poll_fn(|cx| poll_wire(wire, force, refill, cx)) => Step::Wire(io),
                     changed = changed_lsn(flushed), if has_flushed => Step::Flushed(changed),
                     batch = input.recv(), if want_input => Step::Input(batch),
                     () = sleep_until_opt(deadline), if deadline.is_some() => Step::Deadline,
@@ -501,15 +503,19 @@ fn trace_published(message: &OutboundMessage) {
     );
 }
 
-/// Polls the publishing connection; at once with nothing when the engine asked for
-/// another round (`force`).
+/// Polls the publishing connection; ready with nothing when the engine asked for
+/// another round (`force`), or when the write buffer that stopped the sends
+/// (`refill`) is half empty, so that more are encoded while the socket takes these.
 fn poll_wire(
     wire: &mut Wire,
     force: bool,
+    refill: bool,
     cx: &mut Context<'_>,
 ) -> Poll<Result<Vec<WireEvent>, WireError>> {
     match wire.poll_io(cx) {
-        Poll::Pending if force => Poll::Ready(Ok(Vec::new())),
+        Poll::Pending if force || (refill && wire.unwritten() < MAX_UNWRITTEN / 2) => {
+            Poll::Ready(Ok(Vec::new()))
+        }
         other => other,
     }
 }
