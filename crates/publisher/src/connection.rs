@@ -16,7 +16,7 @@ use lapin::{
 use crate::error::{redact_url, scrub, PublishError};
 
 /// Bound on one connection attempt (TCP, TLS, AMQP handshake, channel setup).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 use crate::config::PublisherConfig;
 
 /// How AMQPS connections set up TLS.
@@ -86,20 +86,25 @@ pub(crate) async fn connect_any(
     }))
 }
 
-async fn connect_one(
-    config: &PublisherConfig,
-    tls: &Tls,
-    index: usize,
-) -> Result<Session, PublishError> {
-    // The password file is read at every connect (rotation needs no restart).
-    let url = match &config.auth.password_file {
+/// `config.urls[index]` with the password file's password when one is configured:
+/// the file is read at every connect (rotation needs no restart). Used by the
+/// session and the publishing connection alike.
+pub(crate) fn url_of(config: &PublisherConfig, index: usize) -> Result<String, PublishError> {
+    Ok(match &config.auth.password_file {
         Some(path) => crate::tls::with_password(
             &config.urls[index],
             &crate::tls::read_password(path, crate::tls::Keys::Amqp)?,
         ),
         None => config.urls[index].clone(),
-    };
-    let url = &url;
+    })
+}
+
+async fn connect_one(
+    config: &PublisherConfig,
+    tls: &Tls,
+    index: usize,
+) -> Result<Session, PublishError> {
+    let url = &url_of(config, index)?;
     match tokio::time::timeout(CONNECT_TIMEOUT, connect_one_inner(config, url, tls, index)).await {
         Ok(result) => result.map_err(|e| scrub_error(e, url)),
         Err(_) => Err(PublishError::Unreachable {

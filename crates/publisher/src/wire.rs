@@ -37,11 +37,9 @@ use tokio::net::TcpStream;
 use tokio::time::{Instant, Sleep};
 
 use crate::config::PublisherConfig;
-use crate::connection::Tls;
+use crate::connection::{Tls, CONNECT_TIMEOUT};
 use crate::error::{is_certificate_error, redact_url, scrub, PublishError};
 
-/// Bound on the connection and channel handshakes.
-const SETUP_TIMEOUT: Duration = Duration::from_secs(15);
 /// The frame size proposed when neither the URL nor the broker limits it.
 const DEFAULT_FRAME_MAX: u32 = 131_072;
 /// Frame header (type, channel, size) and frame-end octet.
@@ -153,13 +151,7 @@ impl Wire {
         tls: &Tls,
         index: usize,
     ) -> Result<Wire, PublishError> {
-        let url = match &config.auth.password_file {
-            Some(path) => crate::tls::with_password(
-                &config.urls[index],
-                &crate::tls::read_password(path, crate::tls::Keys::Amqp)?,
-            ),
-            None => config.urls[index].clone(),
-        };
+        let url = crate::connection::url_of(config, index)?;
         let redacted = redact_url(&url);
         let unreachable = |reason: String| PublishError::Unreachable {
             url: redacted.clone(),
@@ -175,12 +167,12 @@ impl Wire {
             wire.open_channel().await?;
             Ok::<_, SetupError>(wire)
         };
-        match tokio::time::timeout(SETUP_TIMEOUT, setup).await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {
             Ok(Ok(wire)) => Ok(wire),
             Ok(Err(SetupError::Config(e))) => Err(e),
             Ok(Err(SetupError::Wire(e))) => Err(classify(&redacted, &url, &e)),
             Err(_) => Err(unreachable(format!(
-                "the publishing connection gave no answer within {SETUP_TIMEOUT:?}"
+                "the publishing connection gave no answer within {CONNECT_TIMEOUT:?}"
             ))),
         }
     }

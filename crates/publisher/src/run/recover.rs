@@ -137,8 +137,6 @@ impl Runner {
         self.failures = self.failures.saturating_add(1);
         self.report.retries += 1;
         metrics::counter!(status::PUBLISH_RETRIES).increment(1);
-        self.unconfirmed.reset();
-        self.returns.clear();
         self.round_due = false;
         if self.wire.channel_open() {
             let closed = until_deadline(
