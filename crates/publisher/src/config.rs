@@ -6,7 +6,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::connection;
 use crate::error::{self, redact_url, PublishError};
 use crate::message;
 use crate::tls::{self, ClientAuth};
@@ -147,7 +146,7 @@ impl PublisherConfig {
                     reason: "a URL holds a space: percent-encode it (%20)".into(),
                 });
             }
-            match url.parse::<lapin::uri::AMQPUri>() {
+            match url.parse::<amq_protocol::uri::AMQPUri>() {
                 Err(e) => {
                     return Err(PublishError::InvalidConfig {
                         key: "url",
@@ -186,24 +185,24 @@ impl PublisherConfig {
         Ok(())
     }
 
-    /// How AMQPS connections verify the broker: lapin's own setup (the system's
-    /// roots) when nothing is configured, else ours: with `ca_file`, the certificates
+    /// How AMQPS connections verify the broker: the system's roots when nothing
+    /// is configured, else ours: with `ca_file`, the certificates
     /// of that file *instead of* the system's roots, so that a private CA can be
     /// enforced, and the client certificate (docs/security.md). The files are read
     /// here, to refuse unusable ones at once, and again at every connect.
-    pub(crate) fn tls(&self) -> Result<connection::Tls, PublishError> {
+    pub(crate) fn tls(&self) -> Result<crate::amqp::Tls, PublishError> {
         if self.ca_file.is_none() && self.auth.cert_file.is_none() && self.auth.key_file.is_none() {
-            return Ok(connection::Tls::SystemRoots);
+            return Ok(crate::amqp::Tls::SystemRoots);
         }
         tls::amqps_config(self.ca_file.as_deref(), &self.auth)?;
-        Ok(connection::Tls::Own)
+        Ok(crate::amqp::Tls::Own)
     }
 }
 
-/// Refuses a host the AMQP client would not connect to as written: lapin's URL
-/// parser reads an IPv6 literal (`amqps://[fd00::5]/`) as no host at all and
+/// Refuses a host the AMQP client would not connect to as written: the URL
+/// parser (amq-protocol's) reads an IPv6 literal (`amqps://[fd00::5]/`) as no host at all and
 /// connects to `localhost` instead (docs/security.md).
-fn check_host(url: &str, uri: &lapin::uri::AMQPUri) -> Result<(), PublishError> {
+fn check_host(url: &str, uri: &amq_protocol::uri::AMQPUri) -> Result<(), PublishError> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
     if rest.starts_with('[') {

@@ -21,6 +21,10 @@ pub enum PublishError {
     /// The virtual host is missing or the user may not use it.
     #[error("RabbitMQ at {url} refused the virtual host: {reason}; create the vhost or grant the user access to it (the vhost is the url path, %2f for /)")]
     VirtualHost { url: String, reason: String },
+    /// The user's or the virtual host's connection limit is reached (530): other
+    /// connections must close first, so it is retried.
+    #[error("RabbitMQ at {url} refused a connection: {reason}; the user's or the virtual host's connection limit is reached: raise it (rabbitmqctl set_user_limits / set_vhost_limits) or close other connections (the relay holds one connection per channel)")]
+    ConnectionLimit { url: String, reason: String },
     /// The exchange is missing, or exists with another type or durability.
     #[error("exchange {exchange:?} cannot be used: {reason}; declare it (or set [rabbitmq] declare_exchange = true) with the configured exchange_type, or fix [rabbitmq] exchange")]
     Exchange { exchange: String, reason: String },
@@ -51,7 +55,10 @@ pub enum PublishError {
 impl PublishError {
     /// True when retrying later may succeed without changing the configuration.
     pub fn is_transient(&self) -> bool {
-        matches!(self, PublishError::Unreachable { .. })
+        matches!(
+            self,
+            PublishError::Unreachable { .. } | PublishError::ConnectionLimit { .. }
+        )
     }
 
     /// True when the publisher stopped so as not to lose an event: no retry may
@@ -79,7 +86,7 @@ impl PublishError {
     pub fn specificity(&self) -> u8 {
         match self {
             PublishError::Unreachable { .. } => 0,
-            PublishError::VirtualHost { .. } => 1,
+            PublishError::VirtualHost { .. } | PublishError::ConnectionLimit { .. } => 1,
             PublishError::AuthenticationRefused { .. } | PublishError::TlsRefused { .. } => 2,
             PublishError::Exchange { .. } | PublishError::Stream { .. } => 3,
             PublishError::InvalidConfig { .. }
@@ -91,7 +98,7 @@ impl PublishError {
 }
 
 /// True when a connection error's text is a refused server certificate (the
-/// TLS libraries of lapin and the stream client both say it in rustls' words).
+/// TLS libraries of the AMQP client and the stream client both say it in rustls' words).
 pub(crate) fn is_certificate_error(reason: &str) -> bool {
     reason.contains("invalid peer certificate") || reason.contains("certificate verify failed")
 }
@@ -115,7 +122,7 @@ pub fn userinfo_is_ambiguous(url: &str) -> bool {
         .is_some_and(|at| rest[..at].contains(['/', '?', '#']))
 }
 
-/// Removes the URL and its password from an error text from a library (lapin's URL
+/// Removes the URL and its password from an error text from a library (a URL
 /// parser, for one, quotes the whole URL). If a fragment of 3 or more characters of
 /// the password (as written or percent-decoded) is still there, the whole text is
 /// withheld: a library may quote a piece of a mis-split URL (a "port", a "host").

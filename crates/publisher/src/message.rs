@@ -13,12 +13,12 @@ pub mod cloudevents;
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use amq_protocol::protocol::BasicProperties;
+use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
 use bytes::Bytes;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::BasicProperties;
 use outbox_event::{Lsn, OutboxEvent, OutboxTable};
 
-use crate::engine::{DeadLetterReason, EventKey, Keyed};
+use crate::amqp::engine::{DeadLetterReason, EventKey, Keyed};
 use crate::error::PublishError;
 use cloudevents::{CloudEvents, CloudEventsFormat};
 
@@ -210,7 +210,7 @@ fn push_text(out: &mut String, value: Option<&Bytes>) {
     }
 }
 
-fn truncate_at_char(s: &mut String, max: usize) {
+pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
     if s.len() > max {
         let mut end = max;
         while !s.is_char_boundary(end) {
@@ -236,8 +236,8 @@ fn long(value: Option<&Bytes>) -> AMQPValue {
 
 /// A message ready to publish (and to publish again after a failure).
 ///
-/// It keeps the event instead of its AMQP properties: lapin takes the properties by
-/// value, so a kept copy would be copied again (every header allocated twice) at
+/// It keeps the event instead of its AMQP properties: the connection takes the
+/// properties by value, so a kept copy would be copied again (every header allocated twice) at
 /// every publish; building them from the event at publish time
 /// ([`MessageBuilder::properties_of`]) costs one copy and gives the same bytes
 /// every time (the builder's output depends on the event alone).

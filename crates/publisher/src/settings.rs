@@ -122,7 +122,7 @@ pub struct RabbitMqConfig {
     pub dead_letter_exchange: String,
     /// PEM file of CA certificates trusted for `amqps://`; `""` = the system roots.
     pub ca_file: String,
-    /// AMQP heartbeat in seconds, added to every URL as `?heartbeat=N` (lapin honours
+    /// AMQP heartbeat in seconds, added to every URL as `?heartbeat=N` (the AMQP client honours
     /// that query parameter). 0 = keep the URL's own `heartbeat` or the broker's
     /// proposal (RabbitMQ: 60 s). Also the stream target's heartbeat and liveness
     /// interval (docs/design.md §4, *A silent broker*; 0 = 60 s).

@@ -10,6 +10,8 @@ pub const EVENTS_ACKED: &str = "outbox_relay_events_acked_total";
 pub const EVENTS_NACKED: &str = "outbox_relay_events_nacked_total";
 pub const EVENTS_RETURNED: &str = "outbox_relay_events_returned_total";
 pub const EVENTS_DEAD_LETTERED: &str = "outbox_relay_events_dead_lettered_total";
+/// Events AMQP cannot carry (a content header over the frame size): poison.
+pub const EVENTS_UNFIT: &str = "outbox_relay_events_unfit_total";
 pub const PUBLISH_RETRIES: &str = "outbox_relay_publish_retries_total";
 /// With label `side = "rabbitmq"`.
 pub const RECONNECTS: &str = "outbox_relay_reconnects_total";

@@ -349,7 +349,8 @@ mod tests {
         assert!(check_password_file_url("amqp://h/", Keys::Amqp).is_err());
         assert!(check_password_file_url("amqp://:x@h/", Keys::Amqp).is_err());
         assert!(check_password_file_url("rabbitmq-stream://u@h", Keys::Stream).is_ok());
-        let uri: lapin::uri::AMQPUri = with_password("amqp://u@h/", "a b%c").parse().unwrap();
+        let uri: amq_protocol::uri::AMQPUri =
+            with_password("amqp://u@h/", "a b%c").parse().unwrap();
         assert_eq!(uri.authority.userinfo.password, "a b%c");
     }
 }

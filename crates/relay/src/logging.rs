@@ -43,30 +43,9 @@ pub fn filter(value: Option<&str>) -> Result<EnvFilter, CliError> {
 }
 
 /// Installs the global subscriber. Call once, before anything logs.
-///
-/// `probing`: the command looks exchanges up passively (`check`), and the broker
-/// answers a missing one by closing the channel, which the AMQP library logs as an
-/// error of its own; the command says it in its own words, so those lines are left
-/// out (unless `RUST_LOG` names lapin).
-///
-/// Always (unless `RUST_LOG` names lapin): the AMQP library's own warning for a
-/// returned message is left out. It prints the whole message, headers and payload
-/// bytes, once per return; the relay logs each return itself, with its exchange and
-/// routing key and without the payload (docs/security.md).
-pub fn init(format: LogFormat, probing: bool) -> Result<(), CliError> {
+pub fn init(format: LogFormat) -> Result<(), CliError> {
     let value = std::env::var(LOG_FILTER_ENV).ok();
-    let mut filter = filter(value.as_deref())?;
-    if !value.as_deref().unwrap_or_default().contains("lapin") {
-        let mut quiet = vec!["lapin::returned_messages=off"];
-        if probing {
-            quiet.push("lapin::channel=off");
-        }
-        for directive in quiet {
-            if let Ok(d) = directive.parse() {
-                filter = filter.add_directive(d);
-            }
-        }
-    }
+    let filter = filter(value.as_deref())?;
     // Colours only on a terminal: log files and collectors get plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
@@ -86,12 +65,14 @@ pub fn init(format: LogFormat, probing: bool) -> Result<(), CliError> {
     result.map_err(|e| CliError::Runtime(format!("cannot install the logger: {e}")))
 }
 
-/// Drops the AMQP library's trace lines that carry credentials: lapin logs every
-/// frame it writes (`will write to buffer next_msg=…`), Connection.StartOk's SASL
-/// response (`\0user\0password`) as a decimal byte list among them; so do
-/// Connection.SecureOk and Connection.UpdateSecret. A line saying a frame was hidden
-/// takes its place. Only lapin's events enabled by the filter (trace level) are
-/// looked at, so this costs nothing at the usual levels (docs/security.md).
+/// Drops AMQP library trace lines that carry credentials. The relay's own AMQP
+/// client logs no frame; this guards against a library linked in that does (lapin,
+/// the benchmark's and tests' reference client, logs every frame it writes at trace
+/// level, Connection.StartOk's SASL response `\0user\0password` among them; so do
+/// Connection.SecureOk and Connection.UpdateSecret). A line saying a frame was
+/// hidden takes its place. Only those libraries' events enabled by the filter
+/// (trace level) are looked at, so this costs nothing at the usual levels
+/// (docs/security.md).
 struct HideCredentials;
 
 /// The AMQP methods whose frames carry a secret.

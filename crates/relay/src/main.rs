@@ -61,7 +61,7 @@ use crate::config::Config;
 use crate::error::CliError;
 
 /// jemalloc instead of the system allocator: the publish path allocates per message
-/// (lapin's frames, the header tables), and glibc's malloc, free and consolidation
+/// (the frames, the header tables), and glibc's malloc, free and consolidation
 /// were a quarter of the relay's CPU in the queue drain's profile; jemalloc cut the
 /// CPU per event by a fifth at the same peak RSS (mimalloc cut as much but took a
 /// quarter more memory). Measured in docs/performance.md.
@@ -82,13 +82,12 @@ fn main() -> ExitCode {
             Err(e) => e.report(),
         };
     }
-    let probing = matches!(cli.command, Command::Check(_));
-    if let Err(e) = logging::init(cli.log_format, probing) {
+    if let Err(e) = logging::init(cli.log_format) {
         return e.report();
     }
     // One thread for the relay's tasks: the reader and the publisher hand batches to
     // each other many thousand times a second, and on one thread that costs no
-    // cross-thread wake-ups (lapin runs its socket I/O on a thread of its own).
+    // cross-thread wake-ups (the AMQP client runs on this thread too).
     // Measured with outbox-bench: relay CPU per 10k single-row transactions fell from
     // ~0.8 to ~0.4 core-seconds compared with the multi-threaded runtime.
     let runtime = match tokio::runtime::Builder::new_current_thread()

@@ -8,7 +8,7 @@
 //! for confirms, asks for the stream's metadata once the connection has been silent
 //! for one heartbeat interval (a live broker answers at once, as it would send a
 //! heartbeat). Silent for two intervals with confirms outstanding: the connection is
-//! dead and the publisher reconnects to another node, as lapin does on the AMQP side
+//! dead and the publisher reconnects to another node, as the AMQP client does
 //! after two missed heartbeats. Pure bookkeeping: `run.rs` sends the probe and acts.
 
 use std::time::Duration;

@@ -1,24 +1,30 @@
 //! One lane of the simulation: a single-channel publisher (engine and window)
-//! against its own scripted channel of the broker and its own model of lapin, with
-//! the single-channel invariants (see the parent module for the argument).
+//! against its own scripted channel of the broker, read the way the connection
+//! reads it, with the single-channel invariants (see the parent module for the
+//! argument).
 //!
 //! The broker routes the channel's publishes in order; for an unroutable one it
 //! sends `basic.return` at once and its ack later; acks go out singly in any order or
 //! as `multiple` for a ready prefix; it nacks at random, closes the channel (406) on
-//! a message it refuses, drops the connection, and blocks publishers. The lapin model
-//! keeps returns in a FIFO, pops one at every completion, completes a `multiple`
-//! ack's tags in random order, and its completions reach the engine in rounds with
-//! the one ordering guarantee the shell provides: a round sees every completion that
-//! happened before anything the previous round saw.
+//! a message it refuses, drops the connection, and blocks publishers. The client
+//! side is the connection's model: frames are read in the order the broker sent
+//! them, a few at a time, and every confirm is expanded into one confirm per tag by
+//! the connection's own tag bookkeeping (`connection::Tags`) before the engine sees
+//! it. Messages whose content header cannot be framed are refused by the
+//! connection when the engine sends them.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use outbox_event::Lsn;
 use rand::rngs::StdRng;
 use rand::Rng;
 
+use crate::amqp::connection::Tags;
+
 use super::{Item, Msg, Shared};
-use crate::engine::{DeadLetterReason, Engine, Failure, Outgoing, Returned, Settled, Tag, Target};
+use crate::amqp::engine::{
+    DeadLetterReason, Engine, Failure, Outgoing, Returned, Settled, Tag, Target,
+};
 
 /// Batches a lane's input channel holds (`mpsc::channel(4)` in `lanes.rs`).
 pub(super) const INBOX: usize = 4;
@@ -31,28 +37,17 @@ enum Frame {
     Close(u16),
 }
 
-/// A completion: `Some((ack, returned))`, or `None` for a confirm rejected
-/// because the channel closed.
-type Outcome = Option<(bool, Option<Returned>)>;
-
 #[derive(Debug, Default)]
 struct Channel {
     /// Written by the client, not yet routed by the broker: (tag, event, target).
     inbound: VecDeque<(Tag, usize, Target)>,
     /// Confirms the broker decided and has not sent: tag → ack.
     ready: BTreeMap<Tag, bool>,
-    /// Highest tag routed so far + 1.
-    routed: Tag,
+    /// Tags whose confirm the broker has not sent.
+    unsent: BTreeSet<Tag>,
     frames: VecDeque<Frame>,
-    // ---- the lapin model
-    fifo: VecDeque<Returned>,
-    pending: Vec<Tag>,
-    /// Resolved completions not yet seen by the engine, by resolve index.
-    unseen: BTreeMap<usize, (Tag, Outcome)>,
-    /// How many completions were resolved (the next resolve index).
-    resolved: usize,
-    /// Completions resolved before this index must be seen by the end of the round.
-    must_see: usize,
+    /// The client's delivery tags (the connection's bookkeeping).
+    tags: Tags,
     closed: Option<u16>,
 }
 
@@ -78,8 +73,6 @@ pub(super) struct Lane {
     pub(super) reported: Lsn,
     pub(super) blocked: bool,
     ch: Channel,
-    /// Per channel generation: tag → (event, target).
-    tags: Vec<(usize, Target)>,
     restarted: bool,
     acked_since_restart: bool,
     // ---- what consumers saw of this lane (indexes into `events`)
@@ -102,7 +95,6 @@ impl Lane {
             reported: start,
             blocked: false,
             ch: Channel::default(),
-            tags: Vec::new(),
             restarted: false,
             acked_since_restart: false,
             order_low: 0,
@@ -144,12 +136,13 @@ impl Lane {
         }
     }
 
-    /// The shell starting publishes while the engine allows.
+    /// The shell starting publishes while the engine allows; the connection
+    /// refuses to frame an unfit event's message.
     pub(super) fn send(&mut self, s: &mut Shared) {
         if self.blocked || self.ch.closed.is_some() {
             return;
         }
-        while let Some(send) = self.engine.next_send() {
+        loop {
             if self.restarted && !self.acked_since_restart {
                 assert!(
                     self.engine.outstanding() <= 1,
@@ -157,25 +150,33 @@ impl Lane {
                     self.index
                 );
             }
-            let (tag, seq, target) = match send {
-                Outgoing::Main { tag, seq } => (tag, seq, Target::Exchange),
-                Outgoing::DeadLetter { tag, seq, reason } => {
-                    if let DeadLetterReason::Refused { .. } = reason {
-                        let e = self.engine.message(seq).map(|m| m.event);
-                        assert!(
-                            e.is_some_and(|e| s.events[e].poison),
-                            "a message that was never refused was diverted"
-                        );
+            let ch = &mut self.ch;
+            let sent = self.engine.send_next(|send, message| {
+                let event = message.event;
+                let target = match send {
+                    Outgoing::Main { .. } => Target::Exchange,
+                    Outgoing::DeadLetter { reason, .. } => {
+                        if let DeadLetterReason::Refused { .. } = reason {
+                            assert!(
+                                s.events[event].poison || s.events[event].unfit,
+                                "a message that was never refused was diverted"
+                            );
+                        }
+                        Target::DeadLetter
                     }
-                    (tag, seq, Target::DeadLetter)
+                };
+                if target == Target::Exchange && s.events[event].unfit {
+                    return Err("its content header does not fit a frame".into());
                 }
-            };
-            let event = self.engine.message(seq).map(|m| m.event).expect("buffered");
-            assert_eq!(tag as usize, self.tags.len(), "tags are dense");
-            self.tags.push((event, target));
-            s.published[event] = true;
-            self.ch.inbound.push_back((tag, event, target));
-            self.ch.pending.push(tag);
+                let tag = ch.tags.publish();
+                s.published[event] = true;
+                ch.inbound.push_back((tag, event, target));
+                ch.unsent.insert(tag);
+                Ok(tag)
+            });
+            if !sent {
+                break;
+            }
         }
     }
 
@@ -188,7 +189,6 @@ impl Lane {
             let Some((tag, event, target)) = self.ch.inbound.pop_front() else {
                 return;
             };
-            self.ch.routed = tag + 1;
             let info = s.events[event].clone();
             let returned = |target| Returned {
                 key: Some(info.key),
@@ -204,12 +204,15 @@ impl Lane {
             match target {
                 Target::DeadLetter => {
                     assert!(
-                        info.unroutable || info.poison,
+                        info.unroutable || info.poison || info.unfit,
                         "event {event} was routable but went to the dead-letter exchange"
                     );
                     s.dlx_deliveries += 1;
                     if !s.dlx_first[event] {
-                        let calm = s.p.p_nack == 0.0 && s.p.p_drop == 0.0 && s.p.p_poison == 0.0;
+                        let calm = s.p.p_nack == 0.0
+                            && s.p.p_drop == 0.0
+                            && s.p.p_poison == 0.0
+                            && s.p.p_unfit == 0.0;
                         if calm {
                             assert!(
                                 self.dlx_last.is_none_or(|l| l < event),
@@ -287,7 +290,7 @@ impl Lane {
             // multiple: the longest run of ready acks from the lowest unsent tag.
             let mut upto = None;
             let first = *self.ch.ready.keys().next().expect("not empty");
-            if self.lowest_unconfirmed() == first {
+            if self.ch.unsent.first() == Some(&first) {
                 let mut t = first;
                 while self.ch.ready.get(&t) == Some(&true) {
                     upto = Some(t);
@@ -298,6 +301,7 @@ impl Lane {
                 let upto = first + rng.gen_range(0..=(upto - first));
                 for t in first..=upto {
                     self.ch.ready.remove(&t);
+                    self.ch.unsent.remove(&t);
                 }
                 self.ch.frames.push_back(Frame::Confirm {
                     tag: upto,
@@ -312,6 +316,7 @@ impl Lane {
             let keys: Vec<Tag> = self.ch.ready.keys().copied().collect();
             let tag = keys[rng.gen_range(0..keys.len())];
             let ack = self.ch.ready.remove(&tag).expect("present");
+            self.ch.unsent.remove(&tag);
             self.ch.frames.push_back(Frame::Confirm {
                 tag,
                 multiple: false,
@@ -320,113 +325,42 @@ impl Lane {
         }
     }
 
-    /// The lowest tag whose confirm the broker has not sent.
-    fn lowest_unconfirmed(&self) -> Tag {
-        let sent: HashSet<Tag> = self
-            .ch
-            .frames
-            .iter()
-            .filter_map(|f| match f {
-                Frame::Confirm {
-                    tag,
-                    multiple: false,
-                    ..
-                } => Some(*tag),
-                _ => None,
-            })
-            .collect();
-        let mut t = self
-            .ch
-            .pending
-            .iter()
-            .copied()
-            .min()
-            .unwrap_or(self.ch.routed);
-        while sent.contains(&t) {
-            t += 1;
-        }
-        t
-    }
-
-    /// lapin reads frames: returns into the FIFO, confirms complete pending tags
-    /// (a `multiple` one in random order), each completion popping the FIFO.
-    pub(super) fn lapin_read(&mut self, rng: &mut StdRng, n: usize) {
+    /// The connection reads the next `n` frames, in the order the broker sent
+    /// them: a return goes to the engine as it is, a confirm as one confirm per tag
+    /// (the connection's expansion), a channel close ends the channel.
+    pub(super) fn read(&mut self, n: usize) {
         for _ in 0..n {
             let Some(frame) = self.ch.frames.pop_front() else {
                 return;
             };
             match frame {
-                Frame::Return(r) => self.ch.fifo.push_back(r),
+                Frame::Return(r) => self.engine.returned(r),
                 Frame::Confirm { tag, multiple, ack } => {
-                    let mut done: Vec<Tag> = if multiple {
-                        self.ch
-                            .pending
-                            .iter()
-                            .copied()
-                            .filter(|t| *t <= tag)
-                            .collect()
-                    } else {
-                        vec![tag]
-                    };
-                    // HashMap order.
-                    for i in (1..done.len()).rev() {
-                        let j = rng.gen_range(0..=i);
-                        done.swap(i, j);
-                    }
-                    for t in done {
-                        if let Some(pos) = self.ch.pending.iter().position(|p| *p == t) {
-                            self.ch.pending.swap_remove(pos);
-                            let returned = self.ch.fifo.pop_front();
-                            self.resolve(t, Some((ack, returned)));
-                        }
+                    let mut tags = Vec::new();
+                    self.ch
+                        .tags
+                        .settle(tag, multiple, |t| tags.push(t))
+                        .expect("the scripted broker confirms only tags it was sent, once");
+                    for t in tags {
+                        self.engine.confirmed(t, ack);
                     }
                 }
                 Frame::Close(code) => {
                     self.ch.closed = Some(code);
-                    for t in std::mem::take(&mut self.ch.pending) {
-                        self.resolve(t, None);
-                    }
+                    self.engine.channel_failed(Failure::Channel {
+                        code: Some(code),
+                        text: "closed".into(),
+                    });
                 }
             }
-        }
-    }
-
-    fn resolve(&mut self, tag: Tag, outcome: Outcome) {
-        self.ch.unseen.insert(self.ch.resolved, (tag, outcome));
-        self.ch.resolved += 1;
-    }
-
-    /// One round of the shell's polling: the completions the previous round's
-    /// guarantee requires, and a random choice of the others.
-    pub(super) fn round(&mut self, rng: &mut StdRng) {
-        let indexes: Vec<usize> = self.ch.unseen.keys().copied().collect();
-        let mut seen_max = None;
-        for index in indexes {
-            let must = index < self.ch.must_see;
-            if !must && !rng.gen_bool(0.6) {
-                continue;
+            if self
+                .engine
+                .take_settled()
+                .iter()
+                .any(|s| matches!(s, Settled::Acked { .. }))
+            {
+                self.acked_since_restart = true;
             }
-            let (tag, outcome) = self.ch.unseen.remove(&index).expect("present");
-            seen_max = Some(seen_max.map_or(index, |m: usize| m.max(index)));
-            match outcome {
-                Some((ack, returned)) => self.engine.confirmed(tag, ack, returned),
-                None => self.engine.channel_failed(Failure::Channel {
-                    code: self.ch.closed,
-                    text: "closed".into(),
-                }),
-            }
-        }
-        if let Some(m) = seen_max {
-            self.ch.must_see = self.ch.must_see.max(m + 1);
-        }
-        self.engine.end_round();
-        if self
-            .engine
-            .take_settled()
-            .iter()
-            .any(|s| matches!(s, Settled::Acked { .. }))
-        {
-            self.acked_since_restart = true;
         }
     }
 
@@ -456,7 +390,6 @@ impl Lane {
             self.route(s, n);
         }
         self.ch = Channel::default();
-        self.tags.clear();
         self.engine.restart();
         self.restarted = true;
         self.acked_since_restart = false;
@@ -526,7 +459,7 @@ impl Lane {
     /// What is stuck, for a drain that never finishes.
     pub(super) fn describe(&self) -> String {
         format!(
-            "lane {}: {} buffered, unpublished {}, inbox {}, solo {}, failed {}, blocked {}, watermark {}\n  channel: inbound {:?} ready {:?} frames {:?} pending {:?} unseen {:?}",
+            "lane {}: {} buffered, unpublished {}, inbox {}, solo {}, failed {}, blocked {}, watermark {}\n  channel: inbound {:?} ready {:?} frames {:?} unsent {:?}",
             self.index,
             self.engine.window().buffered(),
             self.engine.window().has_unpublished(),
@@ -538,8 +471,7 @@ impl Lane {
             self.ch.inbound,
             self.ch.ready,
             self.ch.frames,
-            self.ch.pending,
-            self.ch.unseen
+            self.ch.unsent
         )
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! A schedule runs N lanes (N = 1 is the single-channel publisher). Each lane
 //! ([`lane::Lane`]) is a whole single-channel publisher, engine and window, against
-//! its own channel of the scripted broker and its own model of lapin: its own nacks,
+//! its own channel of the scripted broker, read as the connection reads it: its own nacks,
 //! returns, 406 refusals, dropped connections and blocking. The reader's batches are
 //! split by the production code (`lanes::split_items`, events to
 //! `lanes::lane_of(aggregate_id)`, marks to every lane) and handed to the lanes the
@@ -53,7 +53,7 @@ use outbox_event::Lsn;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::engine::{EventKey, Keyed};
+use crate::amqp::engine::{EventKey, Keyed};
 use crate::lanes::{lane_of, lane_window, split_items, Gate, Route, Watermarks};
 use lane::{Lane, INBOX};
 
@@ -87,6 +87,9 @@ struct EventInfo {
     end: Lsn,
     unroutable: bool,
     poison: bool,
+    /// Its content header does not fit a frame (only with a dead-letter exchange:
+    /// without one it would hold the lane until an operator skipped it).
+    unfit: bool,
     aggregate: usize,
     /// Its index among its aggregate's events.
     in_aggregate: usize,
@@ -108,6 +111,7 @@ struct Params {
     p_unroutable: f64,
     p_nack: f64,
     p_poison: f64,
+    p_unfit: f64,
     p_drop: f64,
     p_block: f64,
     /// Per step, the chance that the shell's wait for the confirms before a nack
@@ -213,6 +217,7 @@ impl World {
             p_unroutable: [0.0, 0.05, 0.2, 0.6][rng.gen_range(0..4)],
             p_nack: [0.0, 0.02, 0.1][rng.gen_range(0..3)],
             p_poison: [0.0, 0.0, 0.03][rng.gen_range(0..3)],
+            p_unfit: [0.0, 0.0, 0.05][rng.gen_range(0..3)],
             p_drop: [0.0, 0.01, 0.03][rng.gen_range(0..3)],
             p_block: [0.0, 0.02][rng.gen_range(0..2)],
             p_nack_wait_over: [0.0, 0.05, 1.0][rng.gen_range(0..3)],
@@ -279,6 +284,7 @@ impl World {
             let aggregate = s.rng.gen_range(0..s.p.aggregates);
             let unroutable = s.rng.gen_bool(s.p.p_unroutable) && (s.faults || s.p.dead_letter);
             let poison = s.rng.gen_bool(s.p.p_poison);
+            let unfit = s.p.dead_letter && s.rng.gen_bool(s.p.p_unfit);
             s.events.push(EventInfo {
                 tx,
                 key: EventKey {
@@ -288,6 +294,7 @@ impl World {
                 end,
                 unroutable,
                 poison,
+                unfit,
                 aggregate,
                 in_aggregate: s.by_aggregate[aggregate].len(),
                 lane: None,
@@ -396,11 +403,10 @@ impl World {
                         lane.route(s, n);
                     }
                     48..=58 => lane.flush_confirms(&mut s.rng),
-                    59..=69 => {
+                    59..=84 => {
                         let n = s.rng.gen_range(1..4);
-                        lane.lapin_read(&mut s.rng, n);
+                        lane.read(n);
                     }
-                    70..=84 => lane.round(&mut s.rng),
                     85..=91 => lane.see_flushed(),
                     92..=94 => {
                         lane.blocked =
@@ -544,7 +550,7 @@ impl World {
                 info.lane
             );
             if s.dlx_first[e] {
-                assert!(info.unroutable || info.poison || s.refused[e]);
+                assert!(info.unroutable || info.poison || info.unfit || s.refused[e]);
             }
         }
         let reported: Vec<Lsn> = self.lanes.iter().map(|l| l.reported).collect();

@@ -1,41 +1,30 @@
 //! The publishing state machine, without I/O: what to publish next, what a confirm
 //! or a return means, when a message is done, and what a failure leaves to resend.
 //!
-//! [`crate::run`] is the thin shell around it that talks to the broker (over the
-//! publishing connection, `wire.rs`); the seeded simulation in `sim.rs` drives the
+//! [`crate::amqp::run`] is the thin shell around it that talks to the broker (over
+//! the connection, `connection/`); the seeded simulation in `sim.rs` drives the
 //! same engine against a scripted broker.
 //!
-//! # Returns are matched by content, never by the confirm they arrive with
+//! # Delivery tags
 //!
-//! `basic.return` carries no delivery tag. The shell keeps returned messages in a
-//! FIFO and attaches the oldest to whichever confirm it completes next; the broker
-//! may confirm earlier publishes after it returned a later one, and a looser shell
-//! (lapin, which the relay used before, completes a `multiple` ack's tags in
-//! hash-map order) pairs them more freely still, so the confirm a return arrives on
-//! says nothing about which publish was returned. The engine identifies the returned
+//! The connection numbers a channel's publishes as the broker does and hands over
+//! one confirm per tag (`connection/confirms.rs`); the engine records the tag the
+//! connection gave each publish and looks confirms up by it. It never computes a
+//! tag itself.
+//!
+//! # Returns are matched by content, and certified by order
+//!
+//! `basic.return` carries no delivery tag. The engine identifies the returned
 //! publish by the message's own `commit_lsn` and `tx_index` headers (unique per
 //! event) and the exchange it was returned from (main or dead-letter).
 //!
-//! That alone is not enough: a return can arrive on a confirm that completes *after*
-//! the returned message's own ack was seen. So an ack only *settles* a publish once
-//! the publish is *certified*: every return of it, if there was one, has been seen.
-//! Two facts make that decidable (docs/design.md, "Returns"):
-//!
-//! 1. The broker sends every message's `basic.return` before any confirm it sends
-//!    after routing that message, and it routes a channel's publishes in order. So
-//!    when the shell completes the confirm of publish *Z*, the returns of all
-//!    publishes up to *Z* are already in its FIFO.
-//! 2. The shell pops the FIFO at every completion. A completion that carries no
-//!    returned message (a *witness*) proves the FIFO was empty at that moment: every
-//!    return of a publish up to *Z* was attached to a completion that happened before
-//!    it.
-//!
-//! A shell may hand over completions late (lapin resolved confirms on its own
-//! thread), so a witness seen in one *round* certifies publishes up to it at the end
-//! of the next round ([`Engine::end_round`]); the shell guarantees that a round sees
-//! every completion that happened before anything seen in the previous one (the
-//! relay's own shell reads them in order, so it holds trivially). When every publish
-//! of the channel has its confirm seen, all of them are certified at once.
+//! An ack only *settles* a publish once the publish is *certified*: every return of
+//! it, if there was one, has been seen. The broker routes a channel's publishes in
+//! order and sends every message's `basic.return` before any confirm it sends after
+//! routing that message, and the connection hands frames over in the order they
+//! arrived (docs/design.md, "Returns"). So when the confirm of publish *Z* is handed
+//! over, the returns of every publish up to *Z* were handed over before it: the
+//! confirm certifies every publish up to *Z* at once.
 //!
 //! # Settling, in publish order
 //!
@@ -58,6 +47,14 @@
 //! marks it *poison*: with a dead-letter exchange a notice of it goes there instead
 //! (without the body, which is what was refused) and the relay moves on; without
 //! one it is retried with backoff and reported (log, metric, `/readyz`).
+//!
+//! # Messages AMQP cannot carry
+//!
+//! A message whose content header does not fit the connection's frame size is never
+//! sent ([`Engine::send_next`] learns it from the shell): with a dead-letter exchange
+//! its notice goes there in its place; without one the engine holds before it, as
+//! poison, and sends nothing more until a restart (the operator skips it); nothing
+//! is retried in a loop.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
@@ -68,7 +65,7 @@ use crate::window::Window;
 
 /// A window entry's sequence number.
 pub(crate) type Seq = u64;
-/// A publish's number on its channel (0-based, in `basic.publish` order).
+/// A publish's delivery tag on its channel, as the connection gave it.
 pub(crate) type Tag = u64;
 
 /// What identifies an event among everything the relay publishes: its transaction's
@@ -192,19 +189,31 @@ pub(crate) struct Poison {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Outgoing {
     /// The window entry `seq` to the configured exchange.
-    Main { tag: Tag, seq: Seq },
+    Main { seq: Seq },
     /// A copy (or, for a refused message, a notice) of `seq` to the dead-letter
     /// exchange.
-    DeadLetter {
-        tag: Tag,
-        seq: Seq,
-        reason: DeadLetterReason,
-    },
+    DeadLetter { seq: Seq, reason: DeadLetterReason },
+}
+
+impl Outgoing {
+    fn seq(&self) -> Seq {
+        match self {
+            Outgoing::Main { seq } | Outgoing::DeadLetter { seq, .. } => *seq,
+        }
+    }
+
+    fn target(&self) -> Target {
+        match self {
+            Outgoing::Main { .. } => Target::Exchange,
+            Outgoing::DeadLetter { .. } => Target::DeadLetter,
+        }
+    }
 }
 
 /// One publish on the current channel.
 #[derive(Debug)]
 struct Publish {
+    tag: Tag,
     seq: Seq,
     target: Target,
     /// The confirm, once seen: ack (true) or nack.
@@ -231,18 +240,11 @@ pub(crate) struct Engine<M> {
     window: Window<M>,
     dead_letter: bool,
     // ---- the current channel
-    /// Unsettled publishes, from `first_tag` on.
+    /// Unsettled publishes, in publish order (their tags increase).
     publishes: VecDeque<Publish>,
-    first_tag: Tag,
-    next_tag: Tag,
     by_key: HashMap<(EventKey, Target), Tag>,
-    /// Publishes whose confirm was not seen yet.
-    unconfirmed: usize,
-    /// Publishes with a tag below this are certified.
+    /// Publishes with a tag up to this one are certified.
     certified: Tag,
-    /// The highest witness seen in this round and in the previous one.
-    witness_now: Option<Tag>,
-    witness_prev: Option<Tag>,
     /// Copies to send to the dead-letter exchange, in order.
     dead_letters: VecDeque<(Seq, DeadLetterReason)>,
     /// Send only one publish until it is acked (after a failure).
@@ -255,6 +257,9 @@ pub(crate) struct Engine<M> {
     /// Refused messages whose notice goes to the dead-letter exchange instead.
     diverted: BTreeMap<Seq, String>,
     poison: Option<Poison>,
+    /// A message that cannot be framed holds the window before it (no dead-letter
+    /// exchange): nothing more is sent until a restart.
+    held: bool,
     /// Settled publishes not yet taken by the shell (for counters).
     settled: Vec<Settled<M>>,
 }
@@ -280,19 +285,15 @@ impl<M: Keyed + Clone> Engine<M> {
             window: Window::new(max_in_flight, watermark),
             dead_letter,
             publishes: VecDeque::new(),
-            first_tag: 0,
-            next_tag: 0,
             by_key: HashMap::new(),
-            unconfirmed: 0,
             certified: 0,
-            witness_now: None,
-            witness_prev: None,
             dead_letters: VecDeque::new(),
             solo: false,
             failure: None,
             nacked_tag: None,
             diverted: BTreeMap::new(),
             poison: None,
+            held: false,
             settled: Vec::new(),
         }
     }
@@ -354,7 +355,9 @@ impl<M: Keyed + Clone> Engine<M> {
     pub fn failure_ready(&self) -> bool {
         match &self.failure {
             None => false,
-            Some(Failure::Nack) => self.nacked_tag.is_none_or(|t| self.first_tag > t),
+            Some(Failure::Nack) => self
+                .nacked_tag
+                .is_none_or(|t| self.publishes.front().is_none_or(|p| p.tag > t)),
             Some(_) => true,
         }
     }
@@ -380,77 +383,115 @@ impl<M: Keyed + Clone> Engine<M> {
         std::mem::take(&mut self.settled)
     }
 
-    /// The next publish to make, if the window and the channel allow one.
-    pub fn next_send(&mut self) -> Option<Outgoing> {
-        if self.failure.is_some() || (self.solo && !self.publishes.is_empty()) {
+    /// Makes the next publish, if the window and the channel allow one: `publish`
+    /// sends it (the message of the entry it names is handed along) and returns the delivery tag the connection gave it, or why the
+    /// message cannot be framed at all ([`Engine`] module docs). False when there
+    /// was nothing to send.
+    pub fn send_next(
+        &mut self,
+        publish: impl FnOnce(&Outgoing, &M) -> Result<Tag, String>,
+    ) -> bool {
+        let Some(send) = self.next_send() else {
+            return false;
+        };
+        let Some(message) = self.window.get(send.seq()) else {
+            return false;
+        };
+        match publish(&send, message) {
+            Ok(tag) => self.record(tag, &send),
+            Err(reason) => self.unfit(send, reason),
+        }
+        true
+    }
+
+    fn next_send(&mut self) -> Option<Outgoing> {
+        if self.failure.is_some() || self.held || (self.solo && !self.publishes.is_empty()) {
             return None;
         }
         if let Some((seq, reason)) = self.dead_letters.pop_front() {
-            let tag = self.record(seq, Target::DeadLetter);
-            return Some(Outgoing::DeadLetter { tag, seq, reason });
+            return Some(Outgoing::DeadLetter { seq, reason });
         }
         let (seq, _) = self.window.next_to_publish()?;
         if let Some(reason) = self.diverted.get(&seq) {
             let reason = DeadLetterReason::Refused {
                 reason: reason.clone(),
             };
-            let tag = self.record(seq, Target::DeadLetter);
-            return Some(Outgoing::DeadLetter { tag, seq, reason });
+            return Some(Outgoing::DeadLetter { seq, reason });
         }
-        let tag = self.record(seq, Target::Exchange);
-        Some(Outgoing::Main { tag, seq })
+        Some(Outgoing::Main { seq })
     }
 
-    fn record(&mut self, seq: Seq, target: Target) -> Tag {
-        let tag = self.next_tag;
-        self.next_tag += 1;
+    fn record(&mut self, tag: Tag, send: &Outgoing) {
+        if let Some(last) = self.publishes.back() {
+            // The connection numbers a channel's publishes in order; anything else
+            // would pair confirms with the wrong messages: end the channel.
+            if tag <= last.tag {
+                self.failure.get_or_insert(Failure::Channel {
+                    code: None,
+                    text: format!("delivery tag {tag} after {}", last.tag),
+                });
+            }
+        }
+        let (seq, target) = (send.seq(), send.target());
         if let Some(message) = self.window.get(seq) {
             self.by_key.insert((message.key(), target), tag);
         }
         self.publishes.push_back(Publish {
+            tag,
             seq,
             target,
             confirm: None,
             returned: None,
         });
-        self.unconfirmed += 1;
-        tag
+    }
+
+    /// `send` cannot be framed: its notice goes to the dead-letter exchange in its
+    /// place (next), or, without one (or for a notice that cannot be framed
+    /// either), it is poison and the engine holds before it.
+    fn unfit(&mut self, send: Outgoing, reason: String) {
+        let seq = send.seq();
+        match send {
+            Outgoing::Main { .. } if self.dead_letter => {
+                self.diverted.insert(seq, reason.clone());
+                // After the copies of earlier messages waiting, before any later one.
+                self.dead_letters
+                    .push_back((seq, DeadLetterReason::Refused { reason }));
+            }
+            _ => {
+                self.poison = Some(Poison { seq, reason });
+                self.held = true;
+            }
+        }
     }
 
     fn publish_mut(&mut self, tag: Tag) -> Option<&mut Publish> {
-        let index = usize::try_from(tag.checked_sub(self.first_tag)?).ok()?;
+        let index = self.publishes.binary_search_by_key(&tag, |p| p.tag).ok()?;
         self.publishes.get_mut(index)
     }
 
-    /// The broker confirmed publish `tag` (`ack` false: a nack); `returned` is the
-    /// returned message the shell attached to this confirm, which may be any publish's.
-    pub fn confirmed(&mut self, tag: Tag, ack: bool, returned: Option<Returned>) {
-        match returned {
-            Some(r) => self.returned(r),
-            None => self.witness_now = Some(self.witness_now.map_or(tag, |w| w.max(tag))),
-        }
+    /// The broker confirmed publish `tag` (`ack` false: a nack). Every return
+    /// the connection read before this confirm was handed over already
+    /// ([`Engine::returned`]), so it certifies every publish up to `tag`.
+    pub fn confirmed(&mut self, tag: Tag, ack: bool) {
+        self.certified = self.certified.max(tag);
         let Some(publish) = self.publish_mut(tag) else {
+            self.settle();
             return;
         };
-        if publish.confirm.is_some() {
-            return;
-        }
-        publish.confirm = Some(ack);
-        self.unconfirmed -= 1;
-        if !ack {
-            self.nacked_tag = Some(self.nacked_tag.map_or(tag, |t| t.min(tag)));
-            if self.failure.is_none() {
-                self.failure = Some(Failure::Nack);
+        if publish.confirm.is_none() {
+            publish.confirm = Some(ack);
+            if !ack {
+                self.nacked_tag = Some(self.nacked_tag.map_or(tag, |t| t.min(tag)));
+                if self.failure.is_none() {
+                    self.failure = Some(Failure::Nack);
+                }
             }
-        }
-        if self.unconfirmed == 0 {
-            // Every completion of this channel is seen: so is every return.
-            self.certified = self.next_tag;
         }
         self.settle();
     }
 
-    fn returned(&mut self, r: Returned) {
+    /// The broker returned a message (before its confirm).
+    pub fn returned(&mut self, r: Returned) {
         let tag = r.key.and_then(|k| self.by_key.get(&(k, r.target)).copied());
         let Some(tag) = tag else {
             if self.failure.is_none() {
@@ -471,31 +512,18 @@ impl<M: Keyed + Clone> Engine<M> {
         }
     }
 
-    /// The end of one round of polling (see the module docs): the previous round's
-    /// witness certifies. Returns true when another round is needed promptly (a
-    /// witness waits for the next round).
-    pub fn end_round(&mut self) -> bool {
-        if let Some(w) = self.witness_prev.take() {
-            self.certified = self.certified.max(w + 1);
-        }
-        self.witness_prev = self.witness_now.take();
-        self.settle();
-        self.witness_prev.is_some_and(|w| w + 1 > self.certified)
-    }
-
     /// Settles certified publishes at the front, in publish order.
     fn settle(&mut self) {
-        while self.first_tag < self.certified {
-            let Some(front) = self.publishes.front() else {
+        while let Some(front) = self.publishes.front() {
+            if front.tag > self.certified {
                 break;
-            };
+            }
             let Some(ack) = front.confirm else {
                 break;
             };
             let Some(publish) = self.publishes.pop_front() else {
                 break;
             };
-            self.first_tag += 1;
             if let Some(message) = self.window.get(publish.seq) {
                 self.by_key.remove(&(message.key(), publish.target));
             }
@@ -569,12 +597,8 @@ impl<M: Keyed + Clone> Engine<M> {
     pub fn restart(&mut self) -> usize {
         self.publishes.clear();
         self.by_key.clear();
-        self.first_tag = 0;
-        self.next_tag = 0;
-        self.unconfirmed = 0;
         self.certified = 0;
-        self.witness_now = None;
-        self.witness_prev = None;
+        self.held = false;
         self.dead_letters.clear();
         self.failure = None;
         self.nacked_tag = None;

@@ -1,0 +1,222 @@
+//! The connection's requests: a method sent, then its reply awaited while the I/O
+//! loop keeps running (confirms and notices read meanwhile are kept for
+//! [`Connection::poll_io`]). Channel open and close, confirm select, exchange
+//! declarations and passive checks on the control channel, and the connection's
+//! own close.
+
+use std::future::poll_fn;
+use std::task::Poll;
+
+use amq_protocol::frame::AMQPFrame;
+use amq_protocol::protocol::{channel, confirm, connection, exchange, AMQPClass};
+use amq_protocol::types::{FieldTable, ShortString};
+
+use super::{ConnError, Connection, Event, Tags, CONTROL};
+
+/// What an exchange declaration asks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Declare {
+    /// Create it (durable) with this type if missing; an existing one must match.
+    Active,
+    /// Only check that it exists (404 when it does not).
+    Passive,
+}
+
+impl Connection {
+    /// Sends `method` on `ch` and waits for the reply `want` accepts. A channel
+    /// the broker closes meanwhile, or the connection ending, is the error.
+    pub(super) async fn call(
+        &mut self,
+        ch: u16,
+        method: AMQPClass,
+        want: impl Fn(&AMQPClass) -> bool,
+    ) -> Result<AMQPClass, ConnError> {
+        if let Some(e) = &self.dead {
+            return Err(e.clone());
+        }
+        self.reply = None;
+        self.closed = None;
+        self.push_frame(&AMQPFrame::Method(ch, method));
+        self.expect(ch, want).await
+    }
+
+    /// Runs the I/O loop until the reply `want` accepts arrives on `ch`.
+    pub(super) async fn expect(
+        &mut self,
+        ch: u16,
+        want: impl Fn(&AMQPClass) -> bool,
+    ) -> Result<AMQPClass, ConnError> {
+        poll_fn(|cx| {
+            loop {
+                if let Some((c, method)) = self.reply.take() {
+                    if c == ch && want(&method) {
+                        return Poll::Ready(Ok(method));
+                    }
+                    // Another reply (a late one of an abandoned request): dropped.
+                    continue;
+                }
+                if let Some((c, e)) = self.closed.take() {
+                    if c == ch {
+                        return Poll::Ready(Err(e));
+                    }
+                }
+                if let Some(e) = &self.dead {
+                    self.reported = true;
+                    return Poll::Ready(Err(e.clone()));
+                }
+                if let Err(e) = self.drive(cx) {
+                    self.fail(e);
+                    continue;
+                }
+                if self.reply.is_none() && self.closed.is_none() {
+                    return Poll::Pending;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Writes everything buffered.
+    pub(super) async fn flush(&mut self) -> Result<(), ConnError> {
+        poll_fn(|cx| {
+            if let Some(e) = &self.dead {
+                return Poll::Ready(Err(e.clone()));
+            }
+            if let Err(e) = self.poll_write(cx) {
+                return Poll::Ready(Err(e));
+            }
+            if self.unwritten() == 0 {
+                Poll::Ready(Ok(()))
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Opens the next publishing channel in confirm mode; its delivery tags start
+    /// at 1. Confirms and returns of the channel before it that were not handed out
+    /// are dropped: they belong to publishes the engine has rewound.
+    pub(crate) async fn open_channel(&mut self) -> Result<(), ConnError> {
+        let last = self.channel_max.max(2);
+        let ch = if self.channel < 2 || self.channel >= last {
+            2
+        } else {
+            self.channel + 1
+        };
+        self.channel = ch;
+        self.channel_open = false;
+        self.returning = None;
+        self.tags = Tags::default();
+        self.events
+            .retain(|e| matches!(e, Event::Blocked(_) | Event::Unblocked));
+        self.call(
+            ch,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            |m| matches!(m, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))),
+        )
+        .await?;
+        self.call(
+            ch,
+            AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
+                nowait: false,
+            })),
+            |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
+        )
+        .await?;
+        self.channel_open = true;
+        Ok(())
+    }
+
+    /// Closes the publishing channel and waits for the broker's close-ok: once it
+    /// is here, nothing published on the channel can still be routed.
+    pub(crate) async fn close_channel(&mut self) -> Result<(), ConnError> {
+        if !self.channel_open() {
+            return Ok(());
+        }
+        let ch = self.channel;
+        let closed = self
+            .call(
+                ch,
+                AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                    reply_code: 200,
+                    reply_text: ShortString::from("retrying"),
+                    class_id: 0,
+                    method_id: 0,
+                })),
+                |m| matches!(m, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))),
+            )
+            .await;
+        self.channel_open = false;
+        self.returning = None;
+        match closed {
+            // The broker closed it first (both sides sent close): it is closed.
+            Ok(_) | Err(ConnError::ChannelClosed { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Declares the exchange `name` on the control channel (opened when needed):
+    /// created durable with `kind` if missing ([`Declare::Active`]), or only
+    /// checked ([`Declare::Passive`]). The broker's refusal (404 missing, 406 another
+    /// type or durability, 403 no permission) is [`ConnError::ChannelClosed`].
+    pub(crate) async fn declare_exchange(
+        &mut self,
+        name: &str,
+        kind: &str,
+        declare: Declare,
+    ) -> Result<(), ConnError> {
+        self.open_control().await?;
+        self.call(
+            CONTROL,
+            AMQPClass::Exchange(exchange::AMQPMethod::Declare(exchange::Declare {
+                exchange: ShortString::from(name),
+                kind: ShortString::from(kind),
+                passive: declare == Declare::Passive,
+                durable: true,
+                auto_delete: false,
+                internal: false,
+                nowait: false,
+                arguments: FieldTable::default(),
+            })),
+            |m| matches!(m, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(_))),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Opens the control channel unless it is open.
+    async fn open_control(&mut self) -> Result<(), ConnError> {
+        if self.control_open {
+            return Ok(());
+        }
+        self.call(
+            CONTROL,
+            AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
+            |m| matches!(m, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))),
+        )
+        .await?;
+        self.control_open = true;
+        Ok(())
+    }
+
+    /// Closes the connection politely (waits for close-ok; the caller bounds it),
+    /// then the socket.
+    pub(crate) async fn close(&mut self) {
+        if self.dead.is_none() {
+            let _ = self
+                .call(
+                    0,
+                    AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+                        reply_code: 200,
+                        reply_text: ShortString::from("OK"),
+                        class_id: 0,
+                        method_id: 0,
+                    })),
+                    |m| matches!(m, AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))),
+                )
+                .await;
+        }
+        self.abandon();
+    }
+}

@@ -1,0 +1,262 @@
+//! Opening a connection: the socket, the protocol header, the login (PLAIN,
+//! AMQPLAIN, EXTERNAL or ANONYMOUS, as the URL's `auth_mechanism` says; a
+//! `connection.secure` challenge is answered), tune and the virtual host; and the
+//! sorting of what can go wrong into the errors an operator reads
+//! ([`PublishError`]: unreachable, TLS, login, virtual host, connection limit).
+
+use std::time::Duration;
+
+use amq_protocol::frame::{AMQPFrame, ProtocolVersion};
+use amq_protocol::protocol::{connection, AMQPClass};
+use amq_protocol::types::{AMQPValue, FieldTable, LongString, ShortString};
+use amq_protocol::uri::{AMQPUri, SASLMechanism};
+use tokio::time::Instant;
+
+use super::frame::negotiate_frame_max;
+use super::socket::{self, OpenError, Tls};
+use super::{frame, ConnError, Connection};
+use crate::config::PublisherConfig;
+use crate::error::{is_certificate_error, redact_url, scrub, PublishError};
+
+/// Bound on one connection attempt (TCP, TLS, AMQP handshake).
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A handshake failure, with how far the handshake got.
+enum Failed {
+    Config(PublishError),
+    /// Before the broker had the credentials.
+    BeforeLogin(ConnError),
+    /// After it had them.
+    AfterLogin(ConnError),
+}
+
+/// Opens a connection to `config.urls[index]` and logs in. Login, virtual host and
+/// TLS problems are definite errors; an unreachable broker, or one whose
+/// connection limit is reached, is transient ([`PublishError::is_transient`]).
+pub(crate) async fn connect(
+    config: &PublisherConfig,
+    tls: &Tls,
+    index: usize,
+) -> Result<Connection, PublishError> {
+    let url = crate::amqp::session::url_of(config, index)?;
+    let redacted = redact_url(&url);
+    let uri: AMQPUri = url
+        .parse()
+        .map_err(|e: String| PublishError::InvalidConfig {
+            key: "url",
+            reason: format!(
+                "{redacted} cannot be parsed ({}); fix the URL",
+                scrub(&e, &url)
+            ),
+        })?;
+    let setup = async {
+        let socket = socket::open(&url, &uri, config, tls)
+            .await
+            .map_err(|e| match e {
+                OpenError::Config(e) => Failed::Config(e),
+                OpenError::Io(text) => Failed::BeforeLogin(ConnError::Io(text)),
+            })?;
+        let mut connection = Connection::new(socket, index);
+        connection.handshake(&uri, &config.connection_name).await?;
+        Ok::<_, Failed>(connection)
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {
+        Ok(Ok(connection)) => Ok(connection),
+        Ok(Err(Failed::Config(e))) => Err(e),
+        Ok(Err(Failed::BeforeLogin(e))) => Err(classify(&redacted, &url, &e, false)),
+        Ok(Err(Failed::AfterLogin(e))) => Err(classify(&redacted, &url, &e, true)),
+        Err(_) => Err(PublishError::Unreachable {
+            url: redacted,
+            reason: format!("no answer within {CONNECT_TIMEOUT:?}"),
+        }),
+    }
+}
+
+impl Connection {
+    async fn handshake(&mut self, uri: &AMQPUri, name: &str) -> Result<(), Failed> {
+        self.push_frame(&AMQPFrame::ProtocolHeader(ProtocolVersion::amqp_0_9_1()));
+        self.flush().await.map_err(Failed::BeforeLogin)?;
+        let start = match self
+            .expect(0, |m| {
+                matches!(m, AMQPClass::Connection(connection::AMQPMethod::Start(_)))
+            })
+            .await
+        {
+            Ok(AMQPClass::Connection(connection::AMQPMethod::Start(s))) => s,
+            Ok(_) => unreachable_reply(),
+            Err(ConnError::Io(e)) => {
+                return Err(Failed::BeforeLogin(ConnError::Io(format!(
+                    "the broker did not start an AMQP 0-9-1 connection: {e}"
+                ))))
+            }
+            Err(e) => return Err(Failed::BeforeLogin(e)),
+        };
+        let mechanism = uri.query.auth_mechanism.unwrap_or(SASLMechanism::Plain);
+        let offered = start.mechanisms.to_string();
+        if !offered.split_whitespace().any(|m| m == mechanism.name()) {
+            return Err(Failed::AfterLogin(ConnError::Closed {
+                code: 403,
+                text: format!(
+                    "ACCESS_REFUSED - the broker does not offer {} (it offers {offered})",
+                    mechanism.name()
+                ),
+            }));
+        }
+        let credentials = amq_protocol::auth::Credentials::new(
+            uri.authority.userinfo.username.clone().into(),
+            uri.authority.userinfo.password.clone().into(),
+        );
+        let response = credentials.sasl_auth_string(mechanism);
+        self.push_frame(&AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::StartOk(connection::StartOk {
+                client_properties: client_properties(name),
+                mechanism: ShortString::from(mechanism.name()),
+                response: response.clone(),
+                locale: ShortString::from("en_US"),
+            })),
+        ));
+        let tune = loop {
+            self.flush().await.map_err(Failed::AfterLogin)?;
+            let reply = self
+                .expect(0, |m| {
+                    matches!(
+                        m,
+                        AMQPClass::Connection(
+                            connection::AMQPMethod::Tune(_) | connection::AMQPMethod::Secure(_)
+                        )
+                    )
+                })
+                .await
+                .map_err(Failed::AfterLogin)?;
+            match reply {
+                AMQPClass::Connection(connection::AMQPMethod::Tune(t)) => break t,
+                AMQPClass::Connection(connection::AMQPMethod::Secure(_)) => {
+                    let answer = match mechanism {
+                        SASLMechanism::RabbitCrDemo => LongString::from(format!(
+                            "My password is {}",
+                            uri.authority.userinfo.password
+                        )),
+                        _ => response.clone(),
+                    };
+                    self.push_frame(&AMQPFrame::Method(
+                        0,
+                        AMQPClass::Connection(connection::AMQPMethod::SecureOk(
+                            connection::SecureOk { response: answer },
+                        )),
+                    ));
+                }
+                _ => unreachable_reply(),
+            }
+        };
+        self.tune(uri, &tune);
+        self.call(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Open(connection::Open {
+                virtual_host: ShortString::from(uri.vhost.as_str()),
+            })),
+            |m| matches!(m, AMQPClass::Connection(connection::AMQPMethod::OpenOk(_))),
+        )
+        .await
+        .map_err(Failed::AfterLogin)?;
+        let now = Instant::now();
+        self.last_read = now;
+        self.last_write = now;
+        Ok(())
+    }
+
+    /// Settles the frame size, channels and heartbeat, and answers with tune-ok.
+    fn tune(&mut self, uri: &AMQPUri, tune: &connection::Tune) {
+        self.frame_max = negotiate_frame_max(uri.query.frame_max, tune.frame_max);
+        let heartbeat = uri.query.heartbeat.unwrap_or(tune.heartbeat);
+        self.heartbeat = (heartbeat > 0).then(|| Duration::from_secs(u64::from(heartbeat)));
+        let channel_max = frame::negotiate(
+            u32::from(uri.query.channel_max.unwrap_or(0)),
+            u32::from(tune.channel_max),
+        );
+        let channel_max = u16::try_from(channel_max).unwrap_or(u16::MAX);
+        self.channel_max = if channel_max == 0 {
+            u16::MAX
+        } else {
+            channel_max
+        };
+        self.push_frame(&AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::TuneOk(connection::TuneOk {
+                channel_max,
+                frame_max: self.frame_max,
+                heartbeat,
+            })),
+        ));
+    }
+}
+
+/// `expect` returned a method its filter does not accept: it cannot.
+fn unreachable_reply() -> ! {
+    unreachable!("expect returns only the methods its filter accepts")
+}
+
+fn client_properties(name: &str) -> FieldTable {
+    let mut capabilities = FieldTable::default();
+    for capability in [
+        "publisher_confirms",
+        "basic.nack",
+        "connection.blocked",
+        "authentication_failure_close",
+    ] {
+        capabilities.insert(capability.into(), AMQPValue::Boolean(true));
+    }
+    let mut properties = FieldTable::default();
+    let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+    properties.insert("product".into(), text("outbox-relay"));
+    properties.insert("version".into(), text(env!("CARGO_PKG_VERSION")));
+    properties.insert("platform".into(), text("rust"));
+    properties.insert("connection_name".into(), text(name));
+    properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
+    properties
+}
+
+/// Sorts a failed handshake into the publisher's errors, its text cleared of the
+/// URL. The broker refuses a login with `connection.close` 403 (the relay asks for
+/// `authentication_failure_close`), so a socket that ends after the credentials
+/// were sent is an outage, not a refusal.
+fn classify(redacted: &str, url: &str, error: &ConnError, after_login: bool) -> PublishError {
+    let url_shown = redacted.to_string();
+    let reason = scrub(&error.to_string(), url);
+    match error {
+        ConnError::Closed { code: 403, text } if text.contains("vhost") => {
+            PublishError::VirtualHost {
+                url: url_shown,
+                reason,
+            }
+        }
+        ConnError::Closed { code: 403, .. } => PublishError::AuthenticationRefused {
+            url: url_shown,
+            reason,
+        },
+        ConnError::Closed { code: 530, text } if text.contains("connection limit") => {
+            PublishError::ConnectionLimit {
+                url: url_shown,
+                reason,
+            }
+        }
+        ConnError::Closed {
+            code: 530 | 402, ..
+        } => PublishError::VirtualHost {
+            url: url_shown,
+            reason,
+        },
+        _ if is_certificate_error(&reason) => PublishError::TlsRefused {
+            url: url_shown,
+            reason,
+        },
+        ConnError::Io(_) if after_login => PublishError::Unreachable {
+            url: url_shown,
+            reason: format!("the connection ended during the login: {reason}"),
+        },
+        _ => PublishError::Unreachable {
+            url: url_shown,
+            reason,
+        },
+    }
+}

@@ -1,0 +1,537 @@
+//! The relay's AMQP 0-9-1 client: one connection carries everything the relay says
+//! to RabbitMQ (docs/design.md §4, "The AMQP client").
+//!
+//! - `frame.rs`: framing without I/O (split, check, encode);
+//! - `socket.rs`: TCP and TLS;
+//! - `handshake.rs`: protocol header, login (PLAIN, AMQPLAIN, EXTERNAL), tune, open;
+//! - `dispatch.rs`: what each frame from the broker means for the state;
+//! - `channels.rs`: the request/reply methods (channel open and close, confirm
+//!   select, exchange declarations on the control channel, connection close);
+//! - `confirms.rs`: delivery tags (their one owner);
+//! - this file: the state and the I/O loop the publisher's task drives.
+//!
+//! Two channels at a time: the *control* channel (1) for declarations and passive
+//! checks, opened when first needed and again after the broker closed it (a passive
+//! check of a missing exchange closes it); and the *publishing* channel, in confirm
+//! mode, numbered from 2 and renewed on a fresh number after every failure so that
+//! nothing of an old channel is mistaken for the new one's.
+//!
+//! Publishing never waits for the broker: `basic.publish` frames are encoded into one
+//! buffer and written with as few system calls as the socket takes; what the broker
+//! sends back is read in the same task and handed out as [`Event`]s in arrival
+//! order: a confirm per delivery tag, returns with their properties, a closed
+//! channel, blocked and unblocked. Heartbeats go out after half an interval with
+//! nothing written; a broker silent for two intervals is given up.
+
+mod channels;
+mod confirms;
+mod dispatch;
+pub(crate) mod frame;
+mod handshake;
+mod socket;
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use amq_protocol::frame::{AMQPContentHeader, AMQPFrame};
+use amq_protocol::protocol::{connection, AMQPClass, BasicProperties};
+use amq_protocol::types::ShortString;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::{Instant, Sleep};
+
+pub(crate) use channels::Declare;
+pub(crate) use confirms::Tags;
+pub(crate) use handshake::connect;
+pub(crate) use socket::{Socket, Tls};
+
+use frame::{FrameError, FRAME_MIN, FRAME_OVERHEAD};
+
+/// Reads per poll at most before other work gets a turn.
+const READS_PER_POLL: usize = 16;
+/// Size of the read buffer (grown for a larger frame).
+const READ_BUFFER: usize = 128 * 1024;
+/// Write-buffer capacity kept once the buffer is empty: one large message does not
+/// keep its size allocated for the life of the connection.
+const WRITE_KEEP: usize = 1024 * 1024;
+/// The control channel's number.
+const CONTROL: u16 = 1;
+
+/// Why the connection is gone, or why a request failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ConnError {
+    /// The broker closed the connection (`connection.close`).
+    Closed { code: u16, text: String },
+    /// The broker closed the channel of a request (`channel.close`).
+    ChannelClosed { code: u16, text: String },
+    /// The broker broke the protocol; the relay closed the connection with `code`.
+    Protocol { code: u16, text: String },
+    /// The socket failed, ended, or went silent.
+    Io(String),
+}
+
+impl fmt::Display for ConnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConnError::Closed { code, text } => {
+                write!(f, "the broker closed the connection ({code}): {text}")
+            }
+            ConnError::ChannelClosed { code, text } => {
+                write!(f, "the broker closed the channel ({code}): {text}")
+            }
+            ConnError::Protocol { code, text } => {
+                write!(f, "the broker broke the protocol ({code}): {text}")
+            }
+            ConnError::Io(text) => f.write_str(text),
+        }
+    }
+}
+
+impl From<FrameError> for ConnError {
+    fn from(e: FrameError) -> Self {
+        ConnError::Protocol {
+            code: e.code(),
+            text: e.to_string(),
+        }
+    }
+}
+
+/// What the broker sent on the publishing channel (and the connection's notices),
+/// in the order it arrived.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Event {
+    /// The publish with this delivery tag was acked (`ack`) or nacked. A `multiple`
+    /// confirm arrives as one event per tag, in ascending order.
+    Confirm {
+        tag: u64,
+        ack: bool,
+    },
+    /// `basic.return`, with its content header (the body is not kept). It arrives
+    /// before the confirm of the returned publish.
+    Return(Box<Returned>),
+    /// The broker closed the publishing channel (its close-ok is already sent).
+    ChannelClosed {
+        code: u16,
+        text: String,
+    },
+    Blocked(String),
+    Unblocked,
+}
+
+/// A returned message.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Returned {
+    pub reply_code: u16,
+    pub reply_text: String,
+    pub exchange: String,
+    pub routing_key: String,
+    pub properties: BasicProperties,
+}
+
+/// A message that cannot be sent in AMQP as it is: its content header does not fit
+/// one frame, or a name is longer than a short string. It is poison: no retry
+/// can send it (docs/design.md §4, "Messages that cannot be framed").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unfit(pub String);
+
+/// A `basic.return` waiting for its content header and body.
+struct Returning {
+    method: amq_protocol::protocol::basic::Return,
+    header: Option<AMQPContentHeader>,
+    body_left: u64,
+}
+
+/// One AMQP connection: see the module docs.
+pub(crate) struct Connection {
+    /// `None` once the connection was given up: dropping the socket closes it at
+    /// once, so it holds no connection slot of the broker.
+    socket: Option<Box<dyn Socket>>,
+    /// Index in `[rabbitmq] url` of the node this connection is to.
+    pub(crate) node: usize,
+    /// Received bytes not parsed yet are `read[rlo..rhi]`.
+    read: Vec<u8>,
+    rlo: usize,
+    rhi: usize,
+    /// Encoded frames not written yet are `write[wpos..]`.
+    write: Vec<u8>,
+    wpos: usize,
+    /// The agreed frame size ([`FRAME_MIN`] until `connection.tune`).
+    frame_max: u32,
+    channel_max: u16,
+    heartbeat: Option<Duration>,
+    last_read: Instant,
+    last_write: Instant,
+    timer: Pin<Box<Sleep>>,
+    blocked: bool,
+    /// Why the connection is gone; reported once what came before it is handed out.
+    dead: Option<ConnError>,
+    /// `dead` was reported by [`Connection::poll_io`] (it is reported once).
+    reported: bool,
+    /// Events read and not handed out yet (read while a request waited, or more
+    /// than one poll's worth).
+    events: VecDeque<Event>,
+    /// The reply a request waits for: a method on channel 0, the control channel or
+    /// a channel being opened.
+    reply: Option<(u16, AMQPClass)>,
+    /// A channel the broker closed while a request on it waited.
+    closed: Option<(u16, ConnError)>,
+    /// The publishing channel's number, whether it is open, its delivery tags and
+    /// the return being read.
+    channel: u16,
+    channel_open: bool,
+    tags: Tags,
+    returning: Option<Returning>,
+    control_open: bool,
+}
+
+impl Connection {
+    fn new(socket: Box<dyn Socket>, node: usize) -> Connection {
+        let now = Instant::now();
+        Connection {
+            socket: Some(socket),
+            node,
+            read: vec![0; READ_BUFFER],
+            rlo: 0,
+            rhi: 0,
+            write: Vec::with_capacity(64 * 1024),
+            wpos: 0,
+            frame_max: FRAME_MIN,
+            channel_max: u16::MAX,
+            heartbeat: None,
+            last_read: now,
+            last_write: now,
+            timer: Box::pin(tokio::time::sleep_until(now)),
+            blocked: false,
+            dead: None,
+            reported: false,
+            events: VecDeque::new(),
+            reply: None,
+            closed: None,
+            channel: CONTROL,
+            channel_open: false,
+            tags: Tags::default(),
+            returning: None,
+            control_open: false,
+        }
+    }
+
+    /// Whether the broker blocks publishing (`connection.blocked`).
+    pub(crate) fn blocked(&self) -> bool {
+        self.blocked
+    }
+
+    /// Whether the connection can still be used.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.dead.is_none()
+    }
+
+    /// Gives the connection up without a word: its socket is closed now.
+    pub(crate) fn abandon(&mut self) {
+        self.fail(ConnError::Io("the connection was given up".into()));
+        self.reported = true;
+        self.socket = None;
+    }
+
+    /// Whether the publishing channel is open (not closed by either side).
+    pub(crate) fn channel_open(&self) -> bool {
+        self.dead.is_none() && self.channel_open
+    }
+
+    /// Publishes on the publishing channel whose confirms are not read yet.
+    #[cfg(test)]
+    pub(crate) fn unconfirmed(&self) -> usize {
+        self.tags.unconfirmed()
+    }
+
+    /// The agreed frame size.
+    #[cfg(test)]
+    pub(crate) fn frame_max(&self) -> u32 {
+        self.frame_max
+    }
+
+    /// Bytes encoded but not yet written to the socket.
+    pub(crate) fn unwritten(&self) -> usize {
+        self.write.len() - self.wpos
+    }
+
+    /// Encodes one `basic.publish` (method, content header, body frames) on the
+    /// publishing channel into the write buffer; returns its delivery tag. Nothing
+    /// is written until [`Connection::poll_io`]. A message AMQP cannot carry is
+    /// left out, and its reason returned.
+    pub(crate) fn publish(
+        &mut self,
+        exchange: &str,
+        routing_key: &str,
+        properties: BasicProperties,
+        body: &[u8],
+    ) -> Result<u64, Unfit> {
+        for (what, name) in [("exchange", exchange), ("routing key", routing_key)] {
+            if name.len() > 255 {
+                return Err(Unfit(format!(
+                    "its {what} is {} bytes long, over AMQP's 255",
+                    name.len()
+                )));
+            }
+        }
+        let ch = self.channel;
+        let start = self.write.len();
+        frame::encode_publish(&mut self.write, ch, exchange, routing_key, true);
+        let header_at = self.write.len();
+        let header = AMQPFrame::Header(
+            ch,
+            AMQPContentHeader {
+                class_id: 60,
+                body_size: body.len() as u64,
+                properties,
+            },
+        );
+        if let Err(e) = frame::encode(&mut self.write, &header) {
+            self.write.truncate(start);
+            return Err(Unfit(e));
+        }
+        let header_size = self.write.len() - header_at;
+        if header_size > self.frame_max as usize {
+            self.write.truncate(start);
+            return Err(Unfit(format!(
+                "its properties and headers take a frame of {header_size} bytes, over the broker's frame size of {} (make the headers column smaller, or raise frame_max on the broker and in the [rabbitmq] url)",
+                self.frame_max
+            )));
+        }
+        let chunk = (self.frame_max as usize)
+            .saturating_sub(FRAME_OVERHEAD)
+            .max(1);
+        for piece in body.chunks(chunk) {
+            frame::encode_body(&mut self.write, ch, piece);
+        }
+        Ok(self.tags.publish())
+    }
+
+    /// Writes what is buffered, sends a heartbeat when due, and reads what the
+    /// broker sent. Ready with the events found (in arrival order), or with the error
+    /// that ended the connection once every event before it was handed out.
+    pub(crate) fn poll_io(&mut self, cx: &mut Context<'_>) -> Poll<Result<Vec<Event>, ConnError>> {
+        if self.dead.is_none() {
+            if let Err(e) = self.drive(cx) {
+                self.fail(e);
+            }
+        }
+        if !self.events.is_empty() {
+            return Poll::Ready(Ok(self.events.drain(..).collect()));
+        }
+        match &self.dead {
+            Some(e) if !self.reported => {
+                self.reported = true;
+                Poll::Ready(Err(e.clone()))
+            }
+            _ => Poll::Pending,
+        }
+    }
+
+    /// Records why the connection ended (the first reason wins).
+    fn fail(&mut self, e: ConnError) {
+        if self.dead.is_none() {
+            if let ConnError::Protocol { code, text } = &e {
+                self.send_close(*code, text);
+            }
+            // The close or close-ok queued goes out if the socket takes it now.
+            if self.socket.is_some() {
+                let _ = self.try_write();
+            }
+            self.dead = Some(e);
+        }
+    }
+
+    /// One round of I/O: write, then take every whole frame already buffered
+    /// before reading more (frames that came in the same read as a reply a
+    /// request took are not left waiting for the next read), then heartbeats.
+    fn drive(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        self.poll_write(cx)?;
+        let mut waiting = false;
+        for _ in 0..READS_PER_POLL {
+            self.take_frames()?;
+            match self.poll_fill(cx)? {
+                Poll::Ready(()) => {}
+                Poll::Pending => {
+                    waiting = true;
+                    break;
+                }
+            }
+        }
+        self.take_frames()?;
+        if !waiting && self.events.is_empty() {
+            // More to read and nothing found yet: come back at once (no read is
+            // registered to wake us).
+            cx.waker().wake_by_ref();
+        }
+        // Replies the frames asked for (close-ok) go out at once.
+        self.poll_write(cx)?;
+        self.poll_heartbeat(cx)
+    }
+
+    /// Dispatches every whole frame in the read buffer.
+    fn take_frames(&mut self) -> Result<(), ConnError> {
+        while self.dead.is_none() {
+            let Some((frame, used)) =
+                frame::split_frame(&self.read[self.rlo..self.rhi], self.frame_max)?
+            else {
+                break;
+            };
+            self.rlo += used;
+            self.on_frame(frame)?;
+        }
+        Ok(())
+    }
+
+    /// Sends a heartbeat when nothing was written for half the interval; fails when
+    /// nothing was read for two; arms the timer for whichever comes first. While
+    /// bytes wait for the socket (a broker that stopped reading), no heartbeat can
+    /// go out before them: only the read deadline is armed, and the socket's
+    /// readiness wakes the task.
+    fn poll_heartbeat(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        let Some(interval) = self.heartbeat else {
+            return Ok(());
+        };
+        for _ in 0..2 {
+            let now = Instant::now();
+            let read_deadline = self.last_read + interval * 2;
+            if now >= read_deadline {
+                return Err(ConnError::Io(format!(
+                    "the broker sent nothing for {:?} (two heartbeat intervals)",
+                    interval * 2
+                )));
+            }
+            let mut wake = read_deadline;
+            if self.unwritten() == 0 {
+                if now.duration_since(self.last_write) >= interval / 2 {
+                    self.push_frame(&AMQPFrame::Heartbeat);
+                    // Counts as written even if the socket did not take it yet.
+                    self.last_write = now;
+                    self.poll_write(cx)?;
+                }
+                if self.unwritten() == 0 {
+                    wake = wake.min(self.last_write + interval / 2);
+                }
+            }
+            self.timer.as_mut().reset(wake);
+            if self.timer.as_mut().poll(cx).is_pending() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes as much of the buffer as the socket takes now.
+    fn poll_write(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
+        let Some(socket) = self.socket.as_mut() else {
+            return Err(ConnError::Io("the connection was given up".into()));
+        };
+        while self.wpos < self.write.len() {
+            match Pin::new(&mut *socket).poll_write(cx, &self.write[self.wpos..]) {
+                Poll::Ready(Ok(0)) => return Err(ConnError::Io("the socket took no bytes".into())),
+                Poll::Ready(Ok(n)) => {
+                    self.wpos += n;
+                    self.last_write = Instant::now();
+                }
+                Poll::Ready(Err(e)) => {
+                    return Err(ConnError::Io(format!("writing to the broker: {e}")))
+                }
+                Poll::Pending => {
+                    // Give back what was written, once it is the larger part.
+                    if self.wpos >= self.write.len() / 2 {
+                        self.write.drain(..self.wpos);
+                        self.wpos = 0;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        self.write.clear();
+        self.wpos = 0;
+        if self.write.capacity() > WRITE_KEEP {
+            self.write.shrink_to(WRITE_KEEP);
+        }
+        match Pin::new(&mut *socket).poll_flush(cx) {
+            Poll::Ready(Err(e)) => Err(ConnError::Io(format!("writing to the broker: {e}"))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Writes what the socket takes without a task to wake (a close on the way out).
+    fn try_write(&mut self) -> Result<(), ConnError> {
+        let waker = std::task::Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        self.poll_write(&mut cx)
+    }
+
+    /// Reads once into the buffer: Ready when bytes arrived. Before
+    /// `connection.tune`, at most [`FRAME_MIN`] bytes are read.
+    fn poll_fill(&mut self, cx: &mut Context<'_>) -> Result<Poll<()>, ConnError> {
+        if self.rlo == self.rhi {
+            self.rlo = 0;
+            self.rhi = 0;
+        }
+        let want = self.frame_max as usize + FRAME_OVERHEAD;
+        if self.rhi == self.read.len() {
+            if self.rlo > 0 {
+                self.read.copy_within(self.rlo..self.rhi, 0);
+                self.rhi -= self.rlo;
+                self.rlo = 0;
+            } else if self.read.len() < want {
+                let len = (self.read.len() * 2).min(want.max(READ_BUFFER));
+                self.read.resize(len, 0);
+            }
+        }
+        let end = if self.frame_max <= FRAME_MIN {
+            (self.rhi + FRAME_MIN as usize).min(self.read.len())
+        } else {
+            self.read.len()
+        };
+        let Some(socket) = self.socket.as_mut() else {
+            return Err(ConnError::Io("the connection was given up".into()));
+        };
+        let mut buf = ReadBuf::new(&mut self.read[self.rhi..end]);
+        match Pin::new(socket).poll_read(cx, &mut buf) {
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                if n == 0 {
+                    return Err(ConnError::Io("the broker closed the socket".into()));
+                }
+                self.rhi += n;
+                self.last_read = Instant::now();
+                Ok(Poll::Ready(()))
+            }
+            Poll::Ready(Err(e)) => Err(ConnError::Io(format!("reading from the broker: {e}"))),
+            Poll::Pending => Ok(Poll::Pending),
+        }
+    }
+
+    fn push_frame(&mut self, frame: &AMQPFrame) {
+        if let Err(e) = frame::encode(&mut self.write, frame) {
+            // Writing into a Vec cannot run out of room; a frame that does not encode
+            // is a bug: end the connection rather than send half of it.
+            self.dead.get_or_insert(ConnError::Io(e));
+        }
+    }
+
+    /// Queues `connection.close` with a reply code (the relay's own close, or the
+    /// answer to a protocol error).
+    fn send_close(&mut self, code: u16, text: &str) {
+        let mut text = text.to_string();
+        crate::message::truncate_at_char(&mut text, 255);
+        self.push_frame(&AMQPFrame::Method(
+            0,
+            AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {
+                reply_code: code,
+                reply_text: ShortString::from(text),
+                class_id: 0,
+                method_id: 0,
+            })),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests;

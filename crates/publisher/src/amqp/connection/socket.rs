@@ -1,0 +1,67 @@
+//! The connection's byte stream: TCP, and TLS for `amqps://` (rustls, with the
+//! roots and client certificate of docs/security.md, "AMQPS").
+
+use std::sync::Arc;
+
+use amq_protocol::uri::{AMQPScheme, AMQPUri};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+
+use crate::config::PublisherConfig;
+use crate::error::PublishError;
+
+/// What the connection reads and writes: a TCP stream, plain or under TLS (or,
+/// in tests, any in-process stream).
+pub(crate) trait Socket: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Socket for T {}
+
+/// How AMQPS connections set up TLS.
+#[derive(Clone, Debug)]
+pub(crate) enum Tls {
+    /// The operating system's roots, no client certificate.
+    SystemRoots,
+    /// Built at every connect from the files (`crate::tls::amqps_config`): only the
+    /// certificates of `[rabbitmq] ca_file` when it is set (the system's roots are
+    /// then not trusted, so a private CA is enforced), and the client certificate
+    /// when one is configured (docs/security.md).
+    Own,
+}
+
+/// Why the socket could not be opened: a local configuration problem (a TLS file)
+/// or the network.
+pub(crate) enum OpenError {
+    Config(PublishError),
+    Io(String),
+}
+
+/// Connects TCP and, for `amqps`, TLS. A plain `amqp://` URL to a host other than
+/// this one is warned about (once per URL).
+pub(crate) async fn open(
+    url: &str,
+    uri: &AMQPUri,
+    config: &PublisherConfig,
+    tls: &Tls,
+) -> Result<Box<dyn Socket>, OpenError> {
+    let host = uri.authority.host.as_str();
+    let secure = uri.scheme == AMQPScheme::AMQPS;
+    crate::tls::warn_if_plaintext_beyond_loopback(url, host, secure);
+    let tcp = TcpStream::connect((host, uri.authority.port))
+        .await
+        .map_err(|e| OpenError::Io(format!("connecting to {host}:{}: {e}", uri.authority.port)))?;
+    let _ = tcp.set_nodelay(true);
+    if !secure {
+        return Ok(Box::new(tcp));
+    }
+    let rustls = match tls {
+        Tls::Own => crate::tls::amqps_config(config.ca_file.as_deref(), &config.auth),
+        Tls::SystemRoots => crate::tls::amqps_config(None, &crate::tls::ClientAuth::default()),
+    }
+    .map_err(OpenError::Config)?;
+    let name = rustls::pki_types::ServerName::try_from(host.to_string())
+        .map_err(|e| OpenError::Io(format!("the host {host} is not a TLS server name: {e}")))?;
+    let stream = tokio_rustls::TlsConnector::from(Arc::new(rustls))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| OpenError::Io(format!("the TLS handshake: {e}")))?;
+    Ok(Box::new(stream))
+}

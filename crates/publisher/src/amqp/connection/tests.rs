@@ -1,0 +1,1 @@
+//! The connection against a scripted broker on a real socket.

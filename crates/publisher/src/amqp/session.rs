@@ -1,0 +1,112 @@
+//! Getting a connection to publish on: the URL list tried in order, the password
+//! file read at every connect, and the exchanges declared (or checked) on the
+//! control channel, as at start so after every failure.
+
+use crate::amqp::connection::{self, ConnError, Connection, Declare, Tls};
+use crate::config::PublisherConfig;
+use crate::error::{scrub, PublishError};
+
+/// Connects to the URLs in order starting at `start`: the first node that answers
+/// wins. Every URL is tried, whatever the others answered: a node that refuses the
+/// virtual host (530 while it boots, 403 while the vhost is being re-created) or the
+/// login may be the only bad one of a cluster. When every node failed, the most
+/// meaningful error is returned ([`PublishError::specificity`]): a refusal names what
+/// to fix, an unreachable node does not. The exchanges of `config` are declared on
+/// the connection that answered.
+pub(crate) async fn connect_any(
+    config: &PublisherConfig,
+    tls: &Tls,
+    start: usize,
+) -> Result<Connection, PublishError> {
+    let count = config.urls.len();
+    let mut best: Option<PublishError> = None;
+    for offset in 0..count {
+        let index = (start + offset) % count;
+        let connected: Result<Connection, PublishError> =
+            match connection::connect(config, tls, index).await {
+                Ok(mut conn) => match declare(&mut conn, config).await {
+                    Ok(()) => return Ok(conn),
+                    Err(e) => {
+                        conn.close().await;
+                        Err(e)
+                    }
+                },
+                Err(e) => Err(e),
+            };
+        let Err(e) = connected else { continue };
+        if e.is_transient() {
+            tracing::debug!(error = %e, "broker node unreachable; trying the next");
+        } else {
+            tracing::debug!(error = %e, "broker node refused the connection; trying the next");
+        }
+        // The first of the most specific errors wins; among unreachable nodes the
+        // last one.
+        if best.as_ref().is_none_or(|b| {
+            e.specificity() > b.specificity() || (b.is_transient() && e.is_transient())
+        }) {
+            best = Some(e);
+        }
+    }
+    Err(best.unwrap_or_else(|| PublishError::InvalidConfig {
+        key: "url",
+        reason: "no URL configured; set at least one amqp:// or amqps:// URL".into(),
+    }))
+}
+
+/// `config.urls[index]` with the password file's password when one is configured:
+/// the file is read at every connect (rotation needs no restart).
+pub(crate) fn url_of(config: &PublisherConfig, index: usize) -> Result<String, PublishError> {
+    Ok(match &config.auth.password_file {
+        Some(path) => crate::tls::with_password(
+            &config.urls[index],
+            &crate::tls::read_password(path, crate::tls::Keys::Amqp)?,
+        ),
+        None => config.urls[index].clone(),
+    })
+}
+
+/// Declares the exchange (or checks it passively when `declare_exchange` is off)
+/// and checks the dead-letter exchange, which is the operator's, on the control
+/// channel. A refusal is [`PublishError::Exchange`]; a connection that ends
+/// meanwhile is an outage.
+pub(crate) async fn declare(
+    conn: &mut Connection,
+    config: &PublisherConfig,
+) -> Result<(), PublishError> {
+    if !config.exchange.is_empty() {
+        let how = if config.declare_exchange {
+            Declare::Active
+        } else {
+            Declare::Passive
+        };
+        conn.declare_exchange(&config.exchange, &config.exchange_type, how)
+            .await
+            .map_err(|e| refused(config, conn.node, &config.exchange, e))?;
+    }
+    if let Some(dlx) = &config.dead_letter_exchange {
+        conn.declare_exchange(dlx, "fanout", Declare::Passive)
+            .await
+            .map_err(|e| refused(config, conn.node, dlx, e))?;
+    }
+    Ok(())
+}
+
+/// A declaration's failure: the broker's refusal of the exchange, or an outage.
+pub(crate) fn refused(
+    config: &PublisherConfig,
+    node: usize,
+    exchange: &str,
+    e: ConnError,
+) -> PublishError {
+    let url = &config.urls[node];
+    match e {
+        ConnError::ChannelClosed { code, text } => PublishError::Exchange {
+            exchange: exchange.to_string(),
+            reason: scrub(&format!("({code}) {text}"), url),
+        },
+        other => PublishError::Unreachable {
+            url: crate::error::redact_url(url),
+            reason: scrub(&other.to_string(), url),
+        },
+    }
+}
