@@ -4,24 +4,10 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_closed_mid_stream_loses_nothing() {
-    closed_mid_stream_loses_nothing(Closed::Publishing).await;
+    closed_mid_stream_loses_nothing().await;
 }
 
-/// The session (lapin's connection, which declares and publishes nothing) closed by
-/// the broker: the publisher reconnects both and loses nothing.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_closed_mid_stream_loses_nothing() {
-    closed_mid_stream_loses_nothing(Closed::Session).await;
-}
-
-/// Which of the publisher's two connections the broker closes.
-#[derive(Clone, Copy)]
-enum Closed {
-    Publishing,
-    Session,
-}
-
-async fn closed_mid_stream_loses_nothing(which: Closed) {
+async fn closed_mid_stream_loses_nothing() {
     let _shared = BROKER.read().await;
     let mut broker = Broker::new().await;
     let (exchange, queue) = broker.topic_queue("pub_cut").await;
@@ -38,10 +24,7 @@ async fn closed_mid_stream_loses_nothing(which: Closed) {
     for _ in 0..120 {
         transactions.push(stream.transaction(400));
     }
-    let pid = match which {
-        Closed::Publishing => connection_pid(&name),
-        Closed::Session => connection_pid(&format!("{name} (session)")),
-    };
+    let pid = connection_pid(&name);
     // Feed at a steady pace so the connection is closed mid-stream.
     let sender = running.input.clone().unwrap();
     let all = transactions.clone();
@@ -145,8 +128,6 @@ fn connection_pid(name: &str) -> String {
     let listing = String::from_utf8_lossy(&out.stdout);
     let pid = listing
         .lines()
-        // `name` exactly: the publishing connection `<name>` is not the session
-        // `<name> (session)`.
         .find(|l| l.contains(&format!("\"{name}\"")))
         .and_then(|l| l.split_whitespace().next())
         .unwrap_or_else(|| panic!("no connection named {name} in:\n{listing}"))
