@@ -79,9 +79,9 @@ fn parse(text: &str) -> Vec<BrokerConnection> {
 }
 
 /// The `connection_name` entry of a client-properties column
-/// (`[{"connection_name","longstr","…"},…]`).
+/// (`[…,{"connection_name","…"},…]`).
 fn connection_name(props: &str) -> Option<String> {
-    const KEY: &str = "{\"connection_name\",\"longstr\",\"";
+    const KEY: &str = "{\"connection_name\",\"";
     let start = props.find(KEY)? + KEY.len();
     let rest = &props[start..];
     let end = rest.find("\"}")?;
@@ -94,7 +94,8 @@ mod tests {
 
     #[test]
     fn parses_list_connections() {
-        let text = "<rabbit@vm.1.2.0>\tguest\tfalse\t[{\"product\",\"longstr\",\"lapin\"},{\"connection_name\",\"longstr\",\"outbox-relay s channel 1/4\"}]\n\
+        let text = "pid\tuser\tssl\tclient_properties\n\
+                    <rabbit@vm.1.2.0>\tguest\tfalse\t[{\"capabilities\",[{\"publisher_confirms\",true}]},{\"connection_name\",\"outbox-relay s channel 1/4\"},{\"product\",\"lapin\"}]\n\
                     <rabbit@vm.1.3.0>\tx\ttrue\t[]\n";
         let c = parse(text);
         assert_eq!(c.len(), 2);
