@@ -38,7 +38,11 @@ async fn poison_held_then_skipped(w: World, header_bytes: usize) {
         "while {poison} is held exactly rows 1-10 are delivered"
     );
     let (code, log) = relay.terminate();
-    assert_eq!(code, Some(0), "the relay stops cleanly while holding poison:\n{log}");
+    assert_eq!(
+        code,
+        Some(0),
+        "the relay stops cleanly while holding poison:\n{log}"
+    );
 
     let out = cli(&w, &["slot", "skip", &poison, "--yes"], &[]);
     assert_eq!(

@@ -103,14 +103,7 @@ impl World {
         max_in_flight: usize,
         keys: &[&str],
     ) -> World {
-        Self::with_binding_on(
-            &testkit::amqp_url(),
-            cluster,
-            proxies,
-            max_in_flight,
-            keys,
-        )
-        .await
+        Self::with_binding_on(&testkit::amqp_url(), cluster, proxies, max_in_flight, keys).await
     }
 
     /// [`World::new`] on the broker at `broker_url` (e.g. the node with small frames
