@@ -16,8 +16,15 @@
 # notices a dead peer within about 10 s (net_ticktime = 10). guest may log in over the
 # bridge (loopback_users = none): test credentials only.
 #
+# Node 4 (orc-n4, rabbit@10.77.0.14, AMQP 10.77.0.14:5672) is a standalone node on the
+# same bridge, never joined to the cluster, whose only difference is a lowered
+# `frame_max = 16384` (the AMQP 0-9-1 frame size it negotiates; the default is 131072):
+# the broker with small frames of the tests of oversized and split frames
+# (tests/faults/amqp_edges). `start-small-frames` starts it; `stop` stops it too.
+#
 # Commands:
 #   start               start (and, the first time, join) the three nodes; idempotent
+#   start-small-frames  start node 4 (standalone, frame_max = 16384); idempotent
 #   stop [--purge]      stop every node, remove the namespaces and bridge (--purge: data too)
 #   status              each node's state and the running cluster members
 #   env                 the test environment (OUTBOX_TEST_CLUSTER_*), as NAME=value lines
@@ -37,6 +44,10 @@ BRIDGE=orc-br0
 SUBNET_PREFIX=10.77.0
 HOST_IP="$SUBNET_PREFIX.1"
 NODES=(1 2 3)
+# The standalone node with a lowered frame_max (not a cluster member).
+SMALL_NODE=4
+SMALL_FRAME_MAX=16384
+ALL_NODES=(1 2 3 "$SMALL_NODE")
 RMQ_BIN=/usr/lib/rabbitmq/bin
 AMQP_PORT=5672
 STREAM_PORT=5552
@@ -51,6 +62,11 @@ command -v ip >/dev/null 2>&1 || die "the ip command (iproute2) is missing"
 
 check_n() {
   case "${1:-}" in 1|2|3) ;; *) die "node number must be 1, 2 or 3 (got '${1:-}')" ;; esac
+}
+# Node numbers that `ctl`, `kill`, `pause`, `resume`, `restart` and `start-node` also
+# accept: node 4 too.
+check_any() {
+  case "${1:-}" in 1|2|3|"$SMALL_NODE") ;; *) die "node number must be 1 to $SMALL_NODE (got '${1:-}')" ;; esac
 }
 ns() { printf 'orc-n%s' "$1"; }
 node_ip() { printf '%s.1%s' "$SUBNET_PREFIX" "$1"; }
@@ -113,7 +129,7 @@ setup_network() {
   case "$(ip addr show dev "$BRIDGE")" in *"inet $HOST_IP/24"*) ;; *) ip addr add "$HOST_IP/24" dev "$BRIDGE" ;; esac
   ip link set "$BRIDGE" up
   local n
-  for n in "${NODES[@]}"; do
+  for n in "${ALL_NODES[@]}"; do
     local name veth
     name="$(ns "$n")"
     veth="orc-v$n"
@@ -134,7 +150,7 @@ setup_network() {
 
 teardown_network() {
   local n
-  for n in "${NODES[@]}"; do
+  for n in "${ALL_NODES[@]}"; do
     ip link del "orc-v$n" >/dev/null 2>&1 || true
     ip netns del "$(ns "$n")" >/dev/null 2>&1 || true
   done
@@ -160,6 +176,9 @@ disk_free_limit.absolute = 50MB
 log.console = false
 log.file.level = info
 EOF
+  if [ "$n" = "$SMALL_NODE" ]; then
+    printf 'frame_max = %s\n' "$SMALL_FRAME_MAX" >> "$d/rabbitmq.conf"
+  fi
   cat > "$d/advanced.config" <<'EOF'
 [{kernel, [{net_ticktime, 10}]}].
 EOF
@@ -232,6 +251,25 @@ cmd_start() {
   log "3 nodes running ($(( $(date +%s) - started )) s)"
 }
 
+# start-small-frames: node 4, standalone, frame_max lowered; idempotent. A node that
+# runs with another frame_max (an older configuration) is restarted with this one.
+cmd_start_small_frames() {
+  local n="$SMALL_NODE" cur
+  mkdir -p "$STATE"
+  write_cookie
+  setup_network
+  if [ -n "$(beam_pid "$n")" ]; then
+    cur="$(CTL_TIMEOUT=15 ctl "$n" eval 'application:get_env(rabbit, frame_max).' 2>/dev/null || true)"
+    if [ "$cur" != "{ok,$SMALL_FRAME_MAX}" ]; then
+      log "node $n runs with frame_max $cur: restarting it with $SMALL_FRAME_MAX"
+      stop_node "$n"
+    fi
+  fi
+  launch_node "$n"
+  wait_node "$n"
+  log "node $n (standalone, frame_max $SMALL_FRAME_MAX) running"
+}
+
 stop_node() {
   local n="$1" pid i
   pid="$(beam_pid "$n")"
@@ -251,10 +289,10 @@ cmd_stop() {
   if [ -n "$purge" ] && [ "$purge" != --purge ]; then die "usage: stop [--purge]"; fi
   cmd_heal >/dev/null 2>&1 || true
   # Stop the three in parallel (a clustered node's stop waits for nothing of its peers).
-  for n in "${NODES[@]}"; do stop_node "$n" & done
+  for n in "${ALL_NODES[@]}"; do stop_node "$n" & done
   wait
   # What else runs in the namespaces (epmd, the VM's port programs).
-  for n in "${NODES[@]}"; do
+  for n in "${ALL_NODES[@]}"; do
     if [ -e "/run/netns/$(ns "$n")" ]; then
       for pid in $(ip netns pids "$(ns "$n")" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null || true; done
     fi
@@ -301,12 +339,14 @@ cmd_env() {
   done
   echo "OUTBOX_TEST_CLUSTER_AMQP_URLS=$amqp"
   echo "OUTBOX_TEST_CLUSTER_STREAM_URLS=$stream"
+  echo "OUTBOX_TEST_SMALL_FRAME_AMQP=amqp://guest:guest@$(node_ip "$SMALL_NODE"):$AMQP_PORT/%2f"
+  echo "OUTBOX_TEST_SMALL_FRAME_MAX=$SMALL_FRAME_MAX"
   echo "OUTBOX_TEST_CLUSTER_SCRIPT=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/rabbitmq-cluster.sh"
 }
 
 signal_node() {
   local sig="$1" n="$2" pid
-  check_n "$n"
+  check_any "$n"
   pid="$(beam_pid "$n")"
   [ -n "$pid" ] || die "node $n is not running"
   kill "-$sig" "$pid"
@@ -314,14 +354,14 @@ signal_node() {
 
 cmd_start_node() {
   local n="$1"
-  check_n "$n"
+  check_any "$n"
   launch_node "$n"
   wait_node "$n"
 }
 
 cmd_restart() {
   local n="$1"
-  check_n "$n"
+  check_any "$n"
   stop_node "$n"
   cmd_start_node "$n"
 }
@@ -389,6 +429,7 @@ cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
   start) cmd_start ;;
+  start-small-frames) cmd_start_small_frames ;;
   stop) cmd_stop "${1:-}" ;;
   status) cmd_status ;;
   env) cmd_env ;;
@@ -400,7 +441,7 @@ case "$cmd" in
   partition) cmd_partition "${1:-}" ;;
   heal) cmd_heal ;;
   leader) [ $# -ge 1 ] || die "usage: leader QUEUE_OR_STREAM"; cmd_leader "$1" ;;
-  ctl) n="${1:-}"; check_n "$n"; shift; ctl "$n" "$@" ;;
+  ctl) n="${1:-}"; check_any "$n"; shift; ctl "$n" "$@" ;;
   rss) cmd_rss ;;
-  *) die "usage: $0 start|stop [--purge]|status|env|kill N|pause N|resume N|restart N|start-node N|partition N|heal|leader NAME|ctl N ARGS...|rss" ;;
+  *) die "usage: $0 start|start-small-frames|stop [--purge]|status|env|kill N|pause N|resume N|restart N|start-node N|partition N|heal|leader NAME|ctl N ARGS...|rss" ;;
 esac

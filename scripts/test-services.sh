@@ -7,6 +7,9 @@
 #   * the machine's RabbitMQ on 127.0.0.1:5672 (guest/guest); started if stopped;
 #   * a 3-node RabbitMQ cluster in network namespaces (scripts/rabbitmq-cluster.sh,
 #     OUTBOX_TEST_CLUSTER_*), for tests/cluster/;
+#   * beside it, a standalone RabbitMQ node with frame_max = 16384 (node 4 of
+#     scripts/rabbitmq-cluster.sh, OUTBOX_TEST_SMALL_FRAME_AMQP), for
+#     tests/faults/amqp_edges;
 #   * the build tools and the checks' tools (installed from Debian when missing).
 # Prints the environment the tests read (OUTBOX_TEST_PG_*), and writes it to
 # target/test-services.env as well.
@@ -301,6 +304,7 @@ ENVEOF
 # The 3-node RabbitMQ cluster of tests/cluster/, beside the broker above (which it does
 # not touch): started (joined the first time), and its URLs added to the environment.
 bash "$ROOT/scripts/rabbitmq-cluster.sh" start
+bash "$ROOT/scripts/rabbitmq-cluster.sh" start-small-frames
 bash "$ROOT/scripts/rabbitmq-cluster.sh" env >> "$ROOT/target/test-services.env"
 cat "$ROOT/target/test-services.env"
 log "ready"

@@ -8,6 +8,9 @@
 //! `testkit::BROKER` (re-exported as `harness::BROKER`) for writing; all others hold
 //! it for reading. Tests that restart or crash Postgres use the fault cluster (55433)
 //! and hold `harness::FAULT_PG`.
+//! `amqp_edges` (issue 40) follows the same rule: its memory alarm holds `BROKER` for
+//! writing, its other tests (own users, exchanges and queues; the node with small
+//! frames of scripts/rabbitmq-cluster.sh) for reading.
 //! docs/reliability.md maps each guarantee to the test that proves it.
 #![allow(clippy::unwrap_used)]
 
@@ -34,3 +37,6 @@ mod stream;
 
 #[path = "faults/aggregate.rs"]
 mod aggregate;
+
+#[path = "faults/amqp_edges.rs"]
+mod amqp_edges;

@@ -116,9 +116,14 @@ pub struct TestBroker {
 impl TestBroker {
     /// Connects to the test broker.
     pub async fn connect() -> TestBroker {
-        let connection = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        Self::connect_to(&amqp_url()).await
+    }
+
+    /// Connects to the broker at `url` (e.g. another node than the test broker).
+    pub async fn connect_to(url: &str) -> TestBroker {
+        let connection = Connection::connect(url, ConnectionProperties::default())
             .await
-            .expect("connect to the test RabbitMQ");
+            .unwrap_or_else(|e| panic!("connect to RabbitMQ at {url}: {e}"));
         let channel = connection.create_channel().await.expect("open a channel");
         TestBroker {
             connection,

@@ -141,6 +141,16 @@ impl BrokerUser {
         BrokerUser(name)
     }
 
+    /// Limits this user to `n` connections (`rabbitmqctl set_user_limits`); the
+    /// limit goes with the user when it is deleted on drop.
+    pub fn set_max_connections(&self, n: u32) {
+        rabbitmqctl(&[
+            "set_user_limits",
+            &self.0,
+            &format!("{{\"max-connections\": {n}}}"),
+        ]);
+    }
+
     /// Closes every connection of this user, so that its client reconnects.
     pub fn close_connections(&self) {
         for line in rabbitmqctl(&["list_connections", "user", "pid"]).lines() {

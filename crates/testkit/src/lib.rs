@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 pub mod amqp;
+pub mod connections;
 pub mod hostile;
 pub mod proxy;
 pub mod recording;

@@ -81,6 +81,11 @@ pub struct World {
     pub max_in_flight: usize,
     /// Extra lines for the `[rabbitmq]` section.
     pub rabbitmq_extra: String,
+    /// The broker of the exchange, the queue, the consumer and the sampler, and the
+    /// relay's unless `relay_amqp_url` says otherwise (the test broker by default).
+    pub broker_url: String,
+    /// The relay's `[rabbitmq] url` when it is not `broker_url` (another user, TLS).
+    pub relay_amqp_url: Option<String>,
     pub consumer: Consumer,
     pub sampler: Option<Sampler>,
 }
@@ -98,6 +103,30 @@ impl World {
         max_in_flight: usize,
         keys: &[&str],
     ) -> World {
+        Self::with_binding_on(&testkit::amqp_url(), cluster, proxies, max_in_flight, keys).await
+    }
+
+    /// [`World::new`] on the broker at `broker_url` (e.g. the node with small frames
+    /// of scripts/rabbitmq-cluster.sh): exchange, queue, consumer, sampler and relay
+    /// all use it. No proxies.
+    pub async fn on_broker(broker_url: &str, cluster: Cluster, max_in_flight: usize) -> World {
+        Self::with_binding_on(
+            broker_url,
+            cluster,
+            Proxies::default(),
+            max_in_flight,
+            &["#"],
+        )
+        .await
+    }
+
+    async fn with_binding_on(
+        broker_url: &str,
+        cluster: Cluster,
+        proxies: Proxies,
+        max_in_flight: usize,
+        keys: &[&str],
+    ) -> World {
         // Build the binary before any connection is open (see support::bin).
         bin();
         let db = match cluster {
@@ -106,7 +135,7 @@ impl World {
             Cluster::Version(major) => TestDb::new_at(version_port(major), "fault"),
         };
         db.psql(OUTBOX_DDL);
-        let mut broker = testkit::amqp::TestBroker::connect().await;
+        let mut broker = testkit::amqp::TestBroker::connect_to(broker_url).await;
         let exchange = broker.exchange_name("ex");
         broker.declare_exchange(&exchange, "topic").await;
         let queue = broker.queue_bound(&exchange, keys[0]).await;
@@ -135,7 +164,7 @@ impl World {
             extra: String::new(),
             tables: vec!["public.outbox".into()],
         };
-        let consumer = Consumer::start(queue.clone());
+        let consumer = Consumer::start_on(queue.clone(), vec![broker_url.to_string()]);
         let mut w = World {
             env,
             queue,
@@ -143,14 +172,17 @@ impl World {
             amqp_proxy,
             max_in_flight,
             rabbitmq_extra: String::new(),
+            broker_url: broker_url.to_string(),
+            relay_amqp_url: None,
             consumer,
             sampler: None,
         };
         w.create_slot();
-        w.sampler = Some(Sampler::start(
+        w.sampler = Some(Sampler::start_on(
             w.env.db.conninfo(),
             w.env.slot.clone(),
             w.queue.clone(),
+            vec![broker_url.to_string()],
         ));
         w
     }
@@ -169,8 +201,13 @@ impl World {
     }
 
     fn amqp_url(&self) -> String {
-        let port = self.amqp_proxy.as_ref().map_or(5672, Proxy::port);
-        format!("amqp://guest:guest@127.0.0.1:{port}/%2f")
+        if let Some(url) = &self.relay_amqp_url {
+            return url.clone();
+        }
+        match &self.amqp_proxy {
+            Some(p) => format!("amqp://guest:guest@127.0.0.1:{}/%2f", p.port()),
+            None => self.broker_url.clone(),
+        }
     }
 
     /// Writes the relay's config file.
@@ -208,6 +245,12 @@ impl World {
 
     /// Starts `outbox-relay run`.
     pub fn start(&self) -> Relay {
+        self.start_env(&[])
+    }
+
+    /// [`World::start`] with extra environment variables (e.g.
+    /// `OUTBOX_RELAY_RELAY_METRICS_LISTEN`).
+    pub fn start_env(&self, vars: &[(&str, &str)]) -> Relay {
         let config = self.config();
         let log = self.env.dir.join(format!("{}.log", unique_name("relay")));
         let child = Command::new(bin())
@@ -216,6 +259,7 @@ impl World {
             .arg("run")
             .current_dir(&self.env.dir)
             .env("RUST_LOG", "info")
+            .envs(vars.iter().copied())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
