@@ -126,8 +126,11 @@ impl Runner {
             );
         }
         metrics::counter!(status::EVENTS_UNFIT).increment(1);
-        self.poison_logged = None;
-        self.report_poison();
+        if self.engine.poison().is_some_and(|p| p.seq == seq) {
+            // Named above: the report without a second line.
+            self.poison_logged = Some((seq, Instant::now()));
+            self.report_poison();
+        }
     }
 
     /// Ends the failure episode once everything buffered at its start is acked.
