@@ -252,6 +252,18 @@ impl Connection {
         self.frame_max
     }
 
+    /// The write buffer's allocation (the simulation checks it is given back).
+    #[cfg(test)]
+    pub(crate) fn write_capacity(&self) -> usize {
+        self.write.capacity()
+    }
+
+    /// The read buffer's size (the simulation checks it stays bounded).
+    #[cfg(test)]
+    pub(crate) fn read_buffer_len(&self) -> usize {
+        self.read.len()
+    }
+
     /// Bytes encoded but not yet written to the socket.
     pub(crate) fn unwritten(&self) -> usize {
         self.write.len() - self.wpos
@@ -533,5 +545,7 @@ impl Connection {
     }
 }
 
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;
