@@ -116,6 +116,9 @@ impl Connection {
             |m| matches!(m, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))),
         )
         .await?;
+        if self.closed_at_once(ch) {
+            return Ok(());
+        }
         self.call(
             ch,
             AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
@@ -124,8 +127,24 @@ impl Connection {
             |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
         )
         .await?;
+        if self.closed_at_once(ch) {
+            return Ok(());
+        }
         self.channel_open = true;
         Ok(())
+    }
+
+    /// Whether the broker closed channel `ch` right after the reply a request took,
+    /// in the same read (its close-ok is already sent): the channel is then not
+    /// open, and its close is its first event, as if it came a moment later.
+    fn closed_at_once(&mut self, ch: u16) -> bool {
+        match self.closed.take() {
+            Some((c, ConnError::ChannelClosed { code, text })) if c == ch => {
+                self.events.push_back(Event::ChannelClosed { code, text });
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Closes the publishing channel and waits for the broker's close-ok: once it

@@ -305,3 +305,13 @@ fn run_schedules(test: &str, base: u64, default: u64) {
 fn the_connection_against_a_scripted_broker() {
     run_schedules("the_connection_against_a_scripted_broker", 0xc0_0000, 2000);
 }
+
+/// Schedules that found a defect, run whatever `OUTBOX_SIM_SCHEDULES` says (seeds of
+/// this version of the simulation: a change to it changes what a seed does).
+#[test]
+fn regressions() {
+    // `channel.close` in the same read as `confirm.select-ok`: `open_channel`
+    // answered close-ok yet said the channel was open, and the relay published on
+    // a channel the broker had closed.
+    run_schedule(0xc0_005b);
+}
