@@ -314,4 +314,8 @@ fn regressions() {
     // answered close-ok yet said the channel was open, and the relay published on
     // a channel the broker had closed.
     run_schedule(0xc0_005b);
+    // The broker's close in the same read as the control channel's open-ok: the
+    // declaration after it returned the end without marking it reported, and
+    // `poll_io` reported it a second time.
+    run_schedule(0xc0_00fb);
 }
