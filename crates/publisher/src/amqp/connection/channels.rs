@@ -225,6 +225,7 @@ impl Connection {
     /// then the socket.
     pub(crate) async fn close(&mut self) {
         if self.dead.is_none() {
+            self.closing = true;
             let _ = self
                 .call(
                     0,

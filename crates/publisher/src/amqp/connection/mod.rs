@@ -185,6 +185,9 @@ pub(crate) struct Connection {
     tags: Tags,
     returning: Option<Returning>,
     control_open: bool,
+    /// The relay sent `connection.close`: until close-ok, every other frame is
+    /// discarded (AMQP 0-9-1, `connection.close`).
+    closing: bool,
 }
 
 impl Connection {
@@ -215,6 +218,7 @@ impl Connection {
             tags: Tags::default(),
             returning: None,
             control_open: false,
+            closing: false,
         }
     }
 

@@ -318,4 +318,8 @@ fn regressions() {
     // declaration after it returned the end without marking it reported, and
     // `poll_io` reported it a second time.
     run_schedule(0xc0_00fb);
+    // A confirm of a tag never published, read while the relay's own
+    // `connection.close` waited for close-ok: the relay sent a second close (406)
+    // instead of discarding the frame.
+    run_schedule(0xc0_0550);
 }
