@@ -32,6 +32,8 @@ impl Connection {
         want: impl Fn(&AMQPClass) -> bool,
     ) -> Result<AMQPClass, ConnError> {
         if let Some(e) = &self.dead {
+            // The end is reported once: here, not again by `poll_io`.
+            self.reported = true;
             return Err(e.clone());
         }
         self.reply = None;
@@ -116,6 +118,9 @@ impl Connection {
             |m| matches!(m, AMQPClass::Channel(channel::AMQPMethod::OpenOk(_))),
         )
         .await?;
+        if self.closed_at_once(ch) {
+            return Ok(());
+        }
         self.call(
             ch,
             AMQPClass::Confirm(confirm::AMQPMethod::Select(confirm::Select {
@@ -124,8 +129,24 @@ impl Connection {
             |m| matches!(m, AMQPClass::Confirm(confirm::AMQPMethod::SelectOk(_))),
         )
         .await?;
+        if self.closed_at_once(ch) {
+            return Ok(());
+        }
         self.channel_open = true;
         Ok(())
+    }
+
+    /// Whether the broker closed channel `ch` right after the reply a request took,
+    /// in the same read (its close-ok is already sent): the channel is then not
+    /// open, and its close is its first event, as if it came a moment later.
+    fn closed_at_once(&mut self, ch: u16) -> bool {
+        match self.closed.take() {
+            Some((c, ConnError::ChannelClosed { code, text })) if c == ch => {
+                self.events.push_back(Event::ChannelClosed { code, text });
+                true
+            }
+            _ => false,
+        }
     }
 
     /// Closes the publishing channel and waits for the broker's close-ok: once it
@@ -204,6 +225,7 @@ impl Connection {
     /// then the socket.
     pub(crate) async fn close(&mut self) {
         if self.dead.is_none() {
+            self.closing = true;
             let _ = self
                 .call(
                     0,

@@ -19,6 +19,20 @@ fn unexpected(text: impl Into<String>) -> ConnError {
 impl Connection {
     /// Takes one frame into the state.
     pub(super) fn on_frame(&mut self, frame: AMQPFrame) -> Result<(), ConnError> {
+        if self.closing
+            && !matches!(
+                frame,
+                AMQPFrame::Method(
+                    0,
+                    AMQPClass::Connection(
+                        connection::AMQPMethod::Close(_) | connection::AMQPMethod::CloseOk(_)
+                    )
+                )
+            )
+        {
+            // Closing: a confirm (even a wrong one) no longer matters.
+            return Ok(());
+        }
         match frame {
             AMQPFrame::Heartbeat => Ok(()),
             AMQPFrame::Method(0, AMQPClass::Connection(method)) => self.on_connection(method),

@@ -191,6 +191,18 @@ impl Connection {
     }
 }
 
+#[cfg(test)]
+impl Connection {
+    /// The handshake alone, on a socket a test made (the simulation's): what went
+    /// wrong as the connection's error.
+    pub(super) async fn handshake_on(&mut self, uri: &AMQPUri) -> Result<(), ConnError> {
+        self.handshake(uri, "sim").await.map_err(|e| match e {
+            Failed::Config(e) => ConnError::Io(e.to_string()),
+            Failed::BeforeLogin(e) | Failed::AfterLogin(e) => e,
+        })
+    }
+}
+
 /// `expect` returned a method its filter does not accept: it cannot.
 fn unreachable_reply() -> ! {
     unreachable!("expect returns only the methods its filter accepts")

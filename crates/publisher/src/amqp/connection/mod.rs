@@ -185,6 +185,9 @@ pub(crate) struct Connection {
     tags: Tags,
     returning: Option<Returning>,
     control_open: bool,
+    /// The relay sent `connection.close`: until close-ok, every other frame is
+    /// discarded (AMQP 0-9-1, `connection.close`).
+    closing: bool,
 }
 
 impl Connection {
@@ -215,6 +218,7 @@ impl Connection {
             tags: Tags::default(),
             returning: None,
             control_open: false,
+            closing: false,
         }
     }
 
@@ -250,6 +254,18 @@ impl Connection {
     #[cfg(test)]
     pub(crate) fn frame_max(&self) -> u32 {
         self.frame_max
+    }
+
+    /// The write buffer's allocation (the simulation checks it is given back).
+    #[cfg(test)]
+    pub(crate) fn write_capacity(&self) -> usize {
+        self.write.capacity()
+    }
+
+    /// The read buffer's size (the simulation checks it stays bounded).
+    #[cfg(test)]
+    pub(crate) fn read_buffer_len(&self) -> usize {
+        self.read.len()
     }
 
     /// Bytes encoded but not yet written to the socket.
@@ -533,5 +549,7 @@ impl Connection {
     }
 }
 
+#[cfg(test)]
+mod sim;
 #[cfg(test)]
 mod tests;
