@@ -252,6 +252,12 @@ impl Connection {
         self.frame_max
     }
 
+    /// The write buffer's allocated size.
+    #[cfg(test)]
+    pub(crate) fn write_capacity(&self) -> usize {
+        self.write.capacity()
+    }
+
     /// Bytes encoded but not yet written to the socket.
     pub(crate) fn unwritten(&self) -> usize {
         self.write.len() - self.wpos
