@@ -32,6 +32,8 @@ impl Connection {
         want: impl Fn(&AMQPClass) -> bool,
     ) -> Result<AMQPClass, ConnError> {
         if let Some(e) = &self.dead {
+            // The end is reported once: here, not again by `poll_io`.
+            self.reported = true;
             return Err(e.clone());
         }
         self.reply = None;

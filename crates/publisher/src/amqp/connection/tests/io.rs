@@ -6,7 +6,7 @@ use std::future::poll_fn;
 use std::time::Duration;
 
 use amq_protocol::frame::AMQPFrame;
-use amq_protocol::protocol::{connection, AMQPClass};
+use amq_protocol::protocol::{channel, connection, AMQPClass};
 use tokio::io::AsyncReadExt;
 
 use super::super::{ConnError, Event};
@@ -192,4 +192,56 @@ async fn blocked_and_unblocked_behind_awaited_replies_are_handed_out_without_ano
     );
     let (_, sent) = broker.done().await;
     assert_eq!(sent, None, "the client sent {sent:?}");
+}
+
+/// Defect 5. `connection.close` in the same write as `channel.open-ok`: the
+/// channel's opening fails with the close (its confirm.select is never sent), the
+/// broker gets close-ok, and the end is reported once: `poll_io` stays quiet after.
+#[tokio::test]
+async fn a_close_behind_channel_open_ok_ends_the_opening_and_is_reported_once() {
+    let broker = broker(None, |mut socket| async move {
+        accept(&mut socket, 4096, 0).await;
+        assert!(matches!(
+            expect_method(&mut socket, 2).await,
+            AMQPClass::Channel(channel::AMQPMethod::Open(_))
+        ));
+        let open_ok = method(
+            2,
+            AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+        );
+        let close = connection_close(320, "CONNECTION_FORCED - broker shutdown");
+        send(&mut socket, &[open_ok, close]).await;
+        read_frame_within(&mut socket, Duration::from_secs(2)).await
+    });
+    let mut conn = tokio::time::timeout(EVENT_LIMIT, connect_to(broker.port))
+        .await
+        .expect("the handshake did not end in time")
+        .expect("the handshake failed");
+    let opened = tokio::time::timeout(Duration::from_secs(1), conn.open_channel())
+        .await
+        .expect("the channel's opening did not end within 1 s");
+    assert_eq!(
+        opened,
+        Err(ConnError::Closed {
+            code: 320,
+            text: "CONNECTION_FORCED - broker shutdown".into()
+        })
+    );
+    assert!(!conn.channel_open());
+    let again = events_within(&mut conn, Duration::from_millis(200)).await;
+    assert!(
+        again.is_none(),
+        "the end was reported a second time: {again:?}"
+    );
+    let answer = broker.done().await;
+    assert!(
+        matches!(
+            answer,
+            Some(AMQPFrame::Method(
+                0,
+                AMQPClass::Connection(connection::AMQPMethod::CloseOk(_))
+            ))
+        ),
+        "the broker got {answer:?}, not close-ok"
+    );
 }
