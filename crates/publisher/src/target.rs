@@ -40,6 +40,9 @@ impl TargetConfig {
 }
 
 /// A connected publisher of either kind.
+// One value per process, never moved in a loop: boxing the larger variant would
+// save nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Target {
     Exchange(Publisher),
     /// The exchange on N channels, each aggregate on one (`ordering = "aggregate"`).

@@ -256,7 +256,7 @@ impl Connection {
         self.frame_max
     }
 
-    /// The write buffer's allocation (the simulation checks it is given back).
+    /// The write buffer's allocation (the tests check it is given back).
     #[cfg(test)]
     pub(crate) fn write_capacity(&self) -> usize {
         self.write.capacity()
