@@ -102,6 +102,15 @@ impl Publisher {
         })
     }
 
+    /// Closes the connection politely (`connection.close`, its close-ok awaited at
+    /// most 2 s), without publishing: for `check --declare`.
+    pub async fn close(mut self) {
+        let closing = tokio::time::timeout(std::time::Duration::from_secs(2), self.conn.close());
+        if closing.await.is_err() {
+            self.conn.abandon();
+        }
+    }
+
     /// A handle on the publisher's live state (for `/readyz` and metrics).
     pub fn status(&self) -> PublisherStatus {
         self.status.clone()

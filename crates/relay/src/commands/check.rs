@@ -148,7 +148,7 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
                     &name,
                     "exists or was declared (check --declare)",
                 );
-                drop(p);
+                p.close().await;
                 Ok(())
             }
             Err(e) => {
