@@ -10,60 +10,58 @@ use support::*;
 
 /// The planted functions: same names as the catalog's, with `text` where the
 /// catalog has `name` (Postgres prefers `text` for an untyped argument), each
-/// recording its name and `current_user` in `public.hijack`, then calling the real
-/// one. Postgres 15+ lets only the database owner create in `public`: the test's
-/// role owns the database, as an application often does.
+/// calling the real one, then recording its name and `current_user` in
+/// `public.hijack` (a slot cannot be created after a write in its transaction).
+/// Postgres 15+ lets only the database owner create in `public`: the test's role
+/// owns the database, as an application often does.
 const PLANT: &str = r#"
 CREATE TABLE public.hijack (fn text, who text);
 GRANT INSERT ON public.hijack TO PUBLIC;
 CREATE FUNCTION public.pg_create_logical_replication_slot(s text, p text,
     OUT slot_name name, OUT lsn pg_lsn) LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO public.hijack VALUES ('pg_create_logical_replication_slot', current_user);
   SELECT r.slot_name, r.lsn INTO slot_name, lsn
     FROM pg_catalog.pg_create_logical_replication_slot(s::name, p::name) r;
+  INSERT INTO public.hijack VALUES ('pg_create_logical_replication_slot', current_user);
 END $$;
 CREATE FUNCTION public.pg_create_logical_replication_slot(s text, p text, t boolean,
     tp boolean, f boolean, OUT slot_name name, OUT lsn pg_lsn) LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO public.hijack VALUES ('pg_create_logical_replication_slot/5', current_user);
   SELECT r.slot_name, r.lsn INTO slot_name, lsn
     FROM pg_catalog.pg_create_logical_replication_slot(s::name, p::name, t, tp, f) r;
+  INSERT INTO public.hijack VALUES ('pg_create_logical_replication_slot/5', current_user);
 END $$;
 CREATE FUNCTION public.pg_drop_replication_slot(s text) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO public.hijack VALUES ('pg_drop_replication_slot', current_user);
   PERFORM pg_catalog.pg_drop_replication_slot(s::name);
+  INSERT INTO public.hijack VALUES ('pg_drop_replication_slot', current_user);
 END $$;
 CREATE FUNCTION public.pg_replication_slot_advance(s text, l pg_lsn,
     OUT slot_name name, OUT end_lsn pg_lsn) LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO public.hijack VALUES ('pg_replication_slot_advance', current_user);
   SELECT r.slot_name, r.end_lsn INTO slot_name, end_lsn
     FROM pg_catalog.pg_replication_slot_advance(s::name, l) r;
+  INSERT INTO public.hijack VALUES ('pg_replication_slot_advance', current_user);
 END $$;
 CREATE FUNCTION public.pg_copy_logical_replication_slot(a text, b text,
     OUT slot_name name, OUT lsn pg_lsn) LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO public.hijack VALUES ('pg_copy_logical_replication_slot', current_user);
   SELECT r.slot_name, r.lsn INTO slot_name, lsn
     FROM pg_catalog.pg_copy_logical_replication_slot(a::name, b::name) r;
+  INSERT INTO public.hijack VALUES ('pg_copy_logical_replication_slot', current_user);
 END $$;
 CREATE FUNCTION public.pg_logical_slot_peek_binary_changes(s text, l pg_lsn, n integer,
     VARIADIC o text[]) RETURNS TABLE (lsn pg_lsn, xid xid, data bytea) LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO public.hijack VALUES ('pg_logical_slot_peek_binary_changes', current_user);
   RETURN QUERY SELECT * FROM pg_catalog.pg_logical_slot_peek_binary_changes(s::name, l, n, VARIADIC o);
+  INSERT INTO public.hijack VALUES ('pg_logical_slot_peek_binary_changes', current_user);
 END $$;
 CREATE FUNCTION public.format_type(t oid, m text) RETURNS text LANGUAGE plpgsql AS $$
+DECLARE r text;
 BEGIN
+  r := pg_catalog.format_type(t, m::integer);
   INSERT INTO public.hijack VALUES ('format_type', current_user);
-  RETURN pg_catalog.format_type(t, m::integer);
-END $$;
-CREATE FUNCTION public.current_setting(s text) RETURNS text LANGUAGE plpgsql AS $$
-BEGIN
-  INSERT INTO public.hijack VALUES ('current_setting', current_user);
-  RETURN pg_catalog.current_setting(s);
+  RETURN r;
 END $$;
 "#;
 
