@@ -114,8 +114,8 @@ pub(crate) async fn read_pending_until(
     routing: &RoutingKeyTemplate,
     enough: impl Fn(&[Pending]) -> bool,
 ) -> Result<Vec<Pending>, CliError> {
-    let sql = "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
-                 'proto_version', '1', 'publication_names', $3)";
+    let sql = "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes($1::name, NULL::pg_lsn, \
+                 $2::integer, 'proto_version'::text, '1'::text, 'publication_names'::text, $3::text)";
     let publication = quote_ident(&cfg.postgres.publication);
     let mut changes = first.min(MAX_CHANGES);
     loop {
