@@ -1,5 +1,5 @@
 //! What an operator reads during an incident (docs/security.md, "Text a server
-//! sends"): outbox text holding terminal escapes, carriage returns and Unicode
+//! sends"), with an event RabbitMQ refuses holding the relay: outbox text holding terminal escapes, carriage returns and Unicode
 //! bidirectional controls reaches `peek`, the list `slot skip` asks to confirm,
 //! `status`'s stuck message and the relay's log only escaped; and `status` asks the
 //! running relay for its stuck message with the endpoint's credentials and TLS, or
@@ -46,17 +46,31 @@ fn assert_clean(what: &str, bytes: &[u8]) {
     assert!(bidi.is_empty(), "{what}: raw {bidi:?} in\n{text}");
 }
 
-/// A database whose one pending event is unroutable (no queue is bound), with
-/// `aggregate_type` from `aggregate_type_sql`; the exchange exists.
+/// The broker's message size limit the stuck event exceeds.
+const LIMIT: usize = 4 << 20;
+
+/// A database whose one pending event RabbitMQ refuses (406, over the message size
+/// limit [`refusing`] sets), with `aggregate_type` from `aggregate_type_sql`.
 async fn stuck_event(aggregate_type_sql: &str) -> Env {
-    let mut env = Env::new().await;
+    let env = Env::new().await;
     env.create_slot();
-    env.broker.declare_exchange(&env.exchange, "topic").await;
     env.db.psql(&format!(
         "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload) \
-         VALUES ('{ID}', {aggregate_type_sql}, {aggregate_type_sql}, 'e', '{{}}')"
+         VALUES ('{ID}', {aggregate_type_sql}, {aggregate_type_sql}, 'e', \
+                 jsonb_build_object('pad', repeat('x', {})))",
+        LIMIT + (LIMIT >> 3)
     ));
     env
+}
+
+/// Lowers the broker's `max_message_size` to [`LIMIT`] (restored on drop), holding
+/// the broker lock: it is broker-wide, though only messages over 4 MiB notice it.
+async fn refusing() -> (
+    tokio::sync::RwLockWriteGuard<'static, ()>,
+    testkit::amqp::MaxMessageSize,
+) {
+    let lock = testkit::BROKER.write().await;
+    (lock, testkit::amqp::MaxMessageSize::set(LIMIT))
 }
 
 /// Runs `status` (with `vars`) until its output holds `needle`; the last output.
@@ -72,7 +86,7 @@ async fn status_until(env: &Env, vars: &[(&str, &str)], needle: &str) -> std::pr
 }
 
 /// `peek` (text and JSON), `slot skip` without a terminal, `status` (text and JSON)
-/// while the relay is stuck on the event, and the relay's log: no raw control byte
+/// while the relay is stuck on the event, and the relay's JSON log: no raw control byte
 /// but the line breaks, no bidirectional control; the text is there, escaped, and
 /// the JSON forms give back the exact value.
 #[tokio::test]
@@ -101,7 +115,8 @@ async fn outbox_text_reaches_terminals_and_logs_escaped() {
 
     let listen = testkit::free_addr();
     let vars = [("OUTBOX_RELAY_RELAY_METRICS_LISTEN", listen.as_str())];
-    let relay = env.start_env(&[], &vars);
+    let limit = refusing().await;
+    let relay = env.start_env(&["--log-format", "json"], &vars);
     let out = status_until(&env, &vars, "stuck_message:").await;
     assert!(
         stdout(&out).contains("stuck_message:"),
@@ -121,9 +136,20 @@ async fn outbox_text_reaches_terminals_and_logs_escaped() {
     );
 
     let (code, log) = relay.terminate();
+    drop(limit);
     assert_eq!(code, Some(0), "{log}");
+    // JSON lines: escaped (`\u202e`), and the field gives back the exact value.
     assert_clean("the relay's log", log.as_bytes());
-    assert!(log.contains("\\u{202e}gpj.exe"), "{log}");
+    let line = log
+        .lines()
+        .find(|l| l.contains("rabbitmq refuses this message"))
+        .unwrap_or_else(|| panic!("no ERROR line for the refused message:\n{log}"));
+    let v: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(
+        v["routing_key"].as_str(),
+        Some(format!("{hostile}.e").as_str()),
+        "{line}"
+    );
     env.cleanup().await;
 }
 
@@ -185,6 +211,7 @@ async fn status_asks_for_the_stuck_message_with_the_endpoints_credentials_and_tl
         ("OUTBOX_RELAY_RELAY_METRICS_TLS_CERT_FILE", cert.as_str()),
         ("OUTBOX_RELAY_RELAY_METRICS_TLS_KEY_FILE", key.as_str()),
     ];
+    let limit = refusing().await;
     let relay = env.start_env(&[], &vars);
     let out = status_until(&env, &vars, "stuck_message:").await;
     let text = stdout(&out);
