@@ -231,6 +231,7 @@ async fn status_asks_for_the_stuck_message_with_the_endpoints_credentials_and_tl
         "{text}"
     );
     let (code, log) = relay.terminate();
+    drop(limit);
     assert_eq!(code, Some(0), "{log}");
     env.cleanup().await;
 }

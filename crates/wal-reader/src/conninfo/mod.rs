@@ -527,7 +527,7 @@ impl PgConnectOptions {
             .user(&self.user)
             .dbname(&self.dbname)
             .application_name(&self.application_name)
-            .options(&self.startup_options())
+            .options(self.startup_options())
             // libpq ignores sslmode on a Unix socket, as the replication connection
             // does: no TLS request there.
             .ssl_mode(match self.sslmode {
