@@ -478,6 +478,18 @@ if relay:
     if listen.startswith("127.") or listen.startswith("localhost") or listen == "":
         err(CF, f"relay: metrics listen on {listen!r}, unreachable by Prometheus")
 
+# Published ports only on loopback: the demo's passwords are public (postgres/postgres,
+# admin/admin), so no service is reachable from other machines.
+for name, svc in services.items():
+    for p in (svc or {}).get("ports") or []:
+        if isinstance(p, dict):
+            host_ip = str(p.get("host_ip", ""))
+        else:
+            parts = str(p).split(":")
+            host_ip = ":".join(parts[:-2]) if len(parts) >= 3 else ""
+        if host_ip != "127.0.0.1":
+            err(CF, f"{name}: port {p} is published on every interface: bind it to 127.0.0.1 (\"127.0.0.1:HOST:CONTAINER\")")
+
 # The relay's Postgres URL matches the database the postgres service creates.
 for name, e in relay_envs.items():
     u = e.get("OUTBOX_RELAY_POSTGRES_URL")
@@ -545,6 +557,24 @@ if defs is not None:
         if name != "relay":
             continue
         xname = e.get("OUTBOX_RELAY_RABBITMQ_EXCHANGE", example.get("rabbitmq", {}).get("exchange"))
+        # Least privilege (docs/security.md, "Privileges"): no tags, no read, and
+        # configure/write on the relay's exchange only.
+        DEFS = "docker/rabbitmq/definitions.json"
+        if (users.get(user) or {}).get("tags"):
+            err(DEFS, f"the relay's user {user} has tags {users[user]['tags']}: it needs none (no management, no administrator)")
+        perms = [x for x in defs.get("permissions", []) if x.get("user") == user and x.get("vhost") == vhost]
+        for x in perms:
+            def matches(kind, target):
+                pat = x.get(kind, "")
+                return pat != "" and re.search(pat, target) is not None
+            if matches("read", xname) or matches("read", "outbox.demo") or matches("read", "any.queue"):
+                err(DEFS, f"the relay's user {user} may read ({x.get('read')!r}): it consumes nothing, give it read \"^$\"")
+            for kind in ("configure", "write"):
+                if not matches(kind, xname):
+                    err(DEFS, f"the relay's user {user} may not {kind} exchange {xname}, which it publishes to (and declares)")
+                for other in ("outbox.demo", "amq.topic", "another-exchange", f"{xname}.x", f"x{xname}"):
+                    if matches(kind, other):
+                        err(DEFS, f"the relay's user {user} may {kind} {other!r} ({x.get(kind)!r}): limit it to ^{xname}$")
         xtype = e.get("OUTBOX_RELAY_RABBITMQ_EXCHANGE_TYPE", example.get("rabbitmq", {}).get("exchange_type"))
         xs = [x for x in defs.get("exchanges", []) if x.get("name") == xname and x.get("vhost") == vhost]
         if xs and (xs[0].get("type") != xtype or not xs[0].get("durable") or xs[0].get("auto_delete") or xs[0].get("internal") or xs[0].get("arguments")):

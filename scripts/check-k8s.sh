@@ -10,7 +10,10 @@
 #      crates/relay/src/config/env.rs, the probe paths are routes of
 #      crates/relay/src/metrics.rs, the probe port is the metrics_listen port, the
 #      selectors match, the Secret and ConfigMap references resolve, the pod runs as
-#      the image's non-root user, and so on;
+#      the image's non-root user, secrets are files of a Secret volume the relay
+#      (uid 10001, fsGroup) may read and its mode check accepts, never environment
+#      variables, metrics beyond loopback need the bearer token (which the
+#      ServiceMonitor sends), a NetworkPolicy admits only the metrics port, and so on;
 #   3. the ConfigMap's outbox-relay.toml is loaded by the relay itself (`outbox-relay
 #      check`, with the URLs pointed at a closed local port: it prints `ok config`
 #      once the configuration is valid, then fails to connect, which is expected).
@@ -193,6 +196,19 @@ for name, text in cm_data.items():
 if config_file is None:
     err(cm_rel, "holds no .toml configuration file")
 
+# The secret files the configuration names: passfile= of [postgres] url,
+# [rabbitmq] password_file / stream_password_file, [relay] metrics_*_file.
+SECRET_KEYS = {("rabbitmq", "password_file"), ("rabbitmq", "stream_password_file"),
+               ("relay", "metrics_bearer_token_file"), ("relay", "metrics_basic_auth_password_file"),
+               ("relay", "metrics_tls_key_file")}
+secret_paths = [str(v) for sct, t in config.items() if isinstance(t, dict)
+                for k, v in t.items() if (sct, k) in SECRET_KEYS and v]
+pg_url = str((config.get("postgres") or {}).get("url", ""))
+secret_paths += re.findall(r"[?&]passfile=([^&]+)", pg_url)
+for path in secret_paths:
+    if os.path.basename(path) not in sec_keys:
+        err(cm_rel, f"{config_file} names {path}, but Secret {sec_name} has no key {os.path.basename(path)}")
+
 pods = []  # (where, pod spec, labels)
 if dep:
     pods.append((dep_rel, ((dep.get("spec") or {}).get("template") or {}).get("spec") or {},
@@ -207,6 +223,17 @@ for where, spec, _ in pods:
     if spec.get("automountServiceAccountToken") is not False:
         err(where, "automountServiceAccountToken should be false (the relay never talks to the API server)")
     volumes = {v.get("name"): v for v in spec.get("volumes") or []}
+    # The Secret's files: root's, readable by the relay through fsGroup, and within
+    # the relay's rule for secret files (0640 or less when root owns them).
+    for v in volumes.values():
+        sv = v.get("secret") or {}
+        if sv.get("secretName") != sec_name:
+            continue
+        mode = sv.get("defaultMode", 0o644)
+        if mode & 0o037:
+            err(where, f"volume {v.get('name')}: defaultMode {mode:o} gives the Secret's files group write or access to others: the relay refuses them; use 0440 with fsGroup")
+        if psc.get("fsGroup") != IMAGE_UID or not mode & 0o040:
+            err(where, f"volume {v.get('name')}: the relay (uid {IMAGE_UID}) cannot read the Secret's files, which root owns: set securityContext.fsGroup: {IMAGE_UID} and defaultMode 0440")
     for c in (spec.get("initContainers") or []) + (spec.get("containers") or []):
         cw = f"{where}: container {c.get('name')}"
         csc = c.get("securityContext") or {}
@@ -241,9 +268,18 @@ for where, spec, _ in pods:
                 env[name] = ("secret", ref.get("key"))
             elif "value" in e:
                 env[name] = ("value", str(e["value"]))
-        for name in ("OUTBOX_RELAY_POSTGRES_URL", "OUTBOX_RELAY_RABBITMQ_URL"):
-            if env.get(name, ("",))[0] != "secret":
-                err(cw, f"{name} (it holds a password) should come from the Secret")
+        # Secrets are files (a Secret volume), never environment variables: every
+        # process of the pod and `kubectl describe` see those.
+        for name, (kind, value) in env.items():
+            if kind == "secret":
+                err(cw, f"{name} comes from the Secret as an environment variable: mount the Secret as files and name them (passfile=, password_file, *_file)")
+            elif "://" in value and urlsplit(value).password:
+                err(cw, f"{name} holds a password: put it in the Secret, mounted as a file")
+        secret_mounts = [m.get("mountPath", "").rstrip("/") for m in c.get("volumeMounts") or []
+                         if ((volumes.get(m.get("name")) or {}).get("secret") or {}).get("secretName") == sec_name]
+        for path in secret_paths:
+            if not any(path.startswith(mp + "/") for mp in secret_mounts):
+                err(cw, f"{path}, named by {config_file}, is not in a mount of Secret {sec_name}")
         if c.get("envFrom"):
             err(cw, "envFrom: name each variable (an unknown OUTBOX_RELAY_* key in the source would stop the relay)")
         args = c.get("args") or []
@@ -296,6 +332,26 @@ if dep:
             err(dep_rel, f"{probe} port {pp} is not the metrics_listen port {port}")
     if (relay.get("livenessProbe") or {}).get("httpGet", {}).get("path") != "/healthz":
         err(dep_rel, "livenessProbe must be /healthz (alive), never /readyz (a relay waiting for the broker must not be restarted)")
+    relay_cfg = config.get("relay") or {}
+    token_file = relay_cfg.get("metrics_bearer_token_file")
+    if host.strip("[]") not in ("127.0.0.1", "localhost", "::1") and not (
+            token_file or relay_cfg.get("metrics_basic_auth_password_file")):
+        err(cm_rel, f"metrics_listen {listen} is beyond loopback without credentials: anyone who reaches the pod reads /metrics and /poison; set [relay] metrics_bearer_token_file")
+    policies = [(rel, d) for rel, d in by_kind.get("NetworkPolicy", [])
+                if labels_match((d.get("spec") or {}).get("podSelector"), pod_labels)]
+    if not policies:
+        err(K8S, "no NetworkPolicy selects the relay's pods: the metrics port is open to every pod of the cluster")
+    for rel, d in policies:
+        ns = d.get("spec") or {}
+        if "Ingress" not in (ns.get("policyTypes") or []):
+            err(rel, "policyTypes lacks Ingress: it does not restrict who reaches the relay")
+        for rule in ns.get("ingress") or []:
+            if not rule.get("from"):
+                err(rel, "an ingress rule admits every source: name Prometheus's pods")
+            rule_ports = [p.get("port") for p in rule.get("ports") or []]
+            if not rule_ports or any(ports.get(p, p) != int(port or 0) for p in rule_ports):
+                err(rel, f"an ingress rule admits ports {rule_ports or 'all'}: only the metrics port {port} takes traffic")
+
     shutdown_ms = (config.get("relay") or {}).get("shutdown_timeout_ms", DEFAULT_SHUTDOWN_MS)
     grace = pod_spec.get("terminationGracePeriodSeconds", 30)
     if grace * 1000 <= shutdown_ms:
@@ -342,6 +398,12 @@ if sm and svc:
             err(sm_rel, f"endpoint port {ep.get('port')} is not a port name of the Service ({sorted(svc_port_names)})")
         if ep.get("path", "/metrics") not in ROUTES:
             err(sm_rel, f"endpoint path {ep.get('path')} is not a route of the relay")
+        token_file = (config.get("relay") or {}).get("metrics_bearer_token_file")
+        if token_file:
+            cred = ((ep.get("authorization") or {}).get("credentials") or {})
+            if (ep.get("authorization") or {}).get("type", "Bearer") != "Bearer" or \
+                    cred.get("name") != sec_name or cred.get("key") != os.path.basename(token_file):
+                err(sm_rel, f"endpoint {ep.get('port')}: the relay requires the bearer token of {token_file}; scrape with authorization credentials {{name: {sec_name}, key: {os.path.basename(token_file)}}}")
     allowed = {"selector", "endpoints", "jobLabel", "namespaceSelector", "podTargetLabels",
                "targetLabels", "sampleLimit", "scrapeProtocols", "attachMetadata", "labelLimit"}
     for k in ss:
@@ -360,17 +422,30 @@ if config_file and relay_bin and os.path.exists(relay_bin):
         return urlunsplit((p.scheme, f"{creds}127.0.0.1:1", p.path, p.query, p.fragment))
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("OUTBOX_RELAY_")}
-    secret_values = dict(sec.get("stringData") or {})
     for name, (kind, value) in relay_env.items():
-        if kind == "secret":
-            value = closed_port(secret_values.get(value, ""))
         env[name] = value
     env["OUTBOX_RELAY_RELAY_METRICS_LISTEN"] = "127.0.0.1:0"
     env["RUST_LOG"] = "error"
     with tempfile.TemporaryDirectory() as tmp:
+        # The Secret's files as the pod has them (owner-only here), at a path of the
+        # temporary directory instead of the mount's.
+        text = cm_data[config_file]
+        secret_dir = os.path.join(tmp, "secrets")
+        os.makedirs(secret_dir)
+        for key, value in (sec.get("stringData") or {}).items():
+            with open(os.path.join(secret_dir, key), "w", encoding="utf-8") as f:
+                f.write(value)
+            os.chmod(os.path.join(secret_dir, key), 0o600)
+        for path in secret_paths:
+            text = text.replace(os.path.dirname(path) + "/", secret_dir + "/")
+        reloaded = tomllib.loads(text)
+        for section, var in (("postgres", "OUTBOX_RELAY_POSTGRES_URL"), ("rabbitmq", "OUTBOX_RELAY_RABBITMQ_URL")):
+            url = (reloaded.get(section) or {}).get("url")
+            if url and var not in env:
+                env[var] = closed_port(url)
         path = os.path.join(tmp, config_file)
         with open(path, "w", encoding="utf-8") as f:
-            f.write(cm_data[config_file])
+            f.write(text)
         try:
             out = subprocess.run([relay_bin, "--config", path, "check"], env=env, cwd=tmp,
                                  capture_output=True, text=True, timeout=60)

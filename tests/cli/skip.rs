@@ -191,3 +191,89 @@ async fn run_skip_through_unblocks_a_stream_target() {
     delete_stream(&stream).await;
     env.cleanup().await;
 }
+
+/// An outbox whose ids are text with no unique key: an id may look like an LSN, and
+/// the same id may occur twice.
+const TEXT_IDS: &str = "CREATE TABLE outbox (
+    id text NOT NULL,
+    aggregate_type text NOT NULL,
+    aggregate_id text NOT NULL,
+    event_type text NOT NULL,
+    payload jsonb NOT NULL,
+    headers jsonb,
+    created_at timestamptz NOT NULL DEFAULT now());";
+
+/// The pending events' message ids, oldest first, and their commit LSNs (`peek --json`).
+fn pending(env: &Env) -> Vec<(String, String)> {
+    let out = env.cli(&["peek", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let field = |k: &str| e[k].as_str().unwrap().to_string();
+            (field("message_id"), field("commit_lsn"))
+        })
+        .collect()
+}
+
+/// `slot skip ID` takes ID as a message id even when it reads as an LSN, and skips
+/// through its first occurrence only; an id that occurs in several pending
+/// transactions is refused with the list of them, and an LSN is taken only with
+/// `--lsn`.
+#[tokio::test]
+async fn slot_skip_takes_the_first_match_and_an_lsn_only_with_dash_dash_lsn() {
+    let env = Env::with_ddl(TEXT_IDS, &["public.outbox"]).await;
+    env.create_slot();
+    for id in ["cafe/0001", "dup", "x", "dup", "y"] {
+        insert(&env, id, "order", "'{}'");
+    }
+    let ids = |env: &Env| {
+        pending(env)
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&env), ["cafe/0001", "dup", "x", "dup", "y"]);
+
+    // Shaped like an LSN (CAFE/1, far ahead), yet an id: one event is skipped.
+    let out = env.cli(&["slot", "skip", "cafe/0001", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("1 event pending"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(ids(&env), ["dup", "x", "dup", "y"]);
+
+    // Twice pending: refused, naming both occurrences; nothing moves.
+    let lsns: Vec<String> = pending(&env).into_iter().map(|(_, l)| l).collect();
+    let before = confirmed(&env, &env.slot);
+    let out = env.cli(&["slot", "skip", "dup", "--yes"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("message_id \"dup\" occurs in 2 pending transactions")
+            && err.contains(&format!("commit_lsn {}", lsns[0]))
+            && err.contains(&format!("commit_lsn {}", lsns[2]))
+            && err.contains("--lsn"),
+        "{err}"
+    );
+    assert_eq!(confirmed(&env, &env.slot), before);
+
+    // --lsn: every pending transaction committed at or before it.
+    let out = env.cli(&["slot", "skip", "--lsn", &lsns[1], "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).starts_with("2 events pending"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(ids(&env), ["dup", "y"]);
+    // Now once pending: the id is enough, and only its transaction goes.
+    let out = env.cli(&["slot", "skip", "dup", "--yes"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(ids(&env), ["y"]);
+    env.cleanup().await;
+}

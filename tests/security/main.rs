@@ -1,7 +1,9 @@
 //! The binary against hostile input and with secrets (docs/security.md), one module
 //! per topic: hostile passwords (`secrets`), secrets from files (`secret_files`),
-//! hostile servers (`hostile_peers`), the broker over TLS (`broker_tls`) and the
-//! metrics endpoint against hostile clients (`metrics_endpoint`).
+//! hostile servers (`hostile_peers`), the broker over TLS (`broker_tls`), the
+//! metrics endpoint against hostile clients (`metrics_endpoint`), functions
+//! planted in the database (`search_path`) and outbox text on the operator's
+//! terminal (`operator_output`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: the
 //! RabbitMQ users they add, change the password of and close the connections of
@@ -13,5 +15,7 @@
 mod broker_tls;
 mod hostile_peers;
 mod metrics_endpoint;
+mod operator_output;
+mod search_path;
 mod secret_files;
 mod secrets;

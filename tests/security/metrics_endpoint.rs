@@ -12,6 +12,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -49,7 +50,9 @@ fn spawn(extra: &str, files: &[(&str, &str)], up: &dyn Fn(u16) -> bool) -> Relay
     let dir = std::env::temp_dir().join(unique_name("metrics"));
     std::fs::create_dir_all(&dir).unwrap();
     for (name, content) in files {
+        // Secret files: readable by their owner only (the rule the relay checks).
         std::fs::write(dir.join(name), content).unwrap();
+        std::fs::set_permissions(dir.join(name), std::fs::Permissions::from_mode(0o600)).unwrap();
     }
     let port = free_port();
     let extra = extra.replace("{dir}", &dir.display().to_string());
@@ -314,6 +317,7 @@ fn the_endpoint_serves_https_with_a_certificate() {
         "{}",
         String::from_utf8_lossy(&ok.stderr)
     );
+    std::fs::set_permissions(dir.join("key.pem"), std::fs::Permissions::from_mode(0o600)).unwrap();
     let d = dir.display().to_string();
     let relay = start_tls(&format!(
         "metrics_tls_cert_file = \"{d}/cert.pem\"\nmetrics_tls_key_file = \"{d}/key.pem\"\n\

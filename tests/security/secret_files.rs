@@ -151,3 +151,119 @@ async fn the_postgres_passfile_logs_every_command_in() {
     }
     env.cleanup().await;
 }
+
+/// Every secret file the relay reads is held to the key files' rule (libpq's for
+/// `sslkey`): readable by its owner only (0600), or also by its group when root owns
+/// it (0640). A file others may read is refused at load, by every command, with
+/// exit 2 and a sentence naming the key and the chmod.
+#[test]
+fn secret_files_others_may_read_are_refused_naming_the_key() {
+    use std::os::unix::fs::chown;
+    let dir = support::cli::TempDir::new();
+    let cfg = dir.file(
+        "relay.toml",
+        "[postgres]\nurl = \"postgresql://relay@127.0.0.1:1/app\"\n\
+         [rabbitmq]\nurl = \"amqp://relay@127.0.0.1:1/%2f\"\n\
+         [relay]\nmetrics_listen = \"127.0.0.1:0\"\n",
+    );
+    let cert = dir.file("cert.pem", "not read before the mode check\n");
+    let keys = [
+        ("rabbitmq", "password_file", vec![]),
+        ("rabbitmq", "stream_password_file", vec![]),
+        ("relay", "metrics_bearer_token_file", vec![]),
+        (
+            "relay",
+            "metrics_basic_auth_password_file",
+            vec![("OUTBOX_RELAY_RELAY_METRICS_BASIC_AUTH_USER", "prometheus")],
+        ),
+        (
+            "relay",
+            "metrics_tls_key_file",
+            vec![(
+                "OUTBOX_RELAY_RELAY_METRICS_TLS_CERT_FILE",
+                cert.to_str().unwrap(),
+            )],
+        ),
+    ];
+    for (section, key, extra) in keys {
+        let secret = dir.file(key, "S3cret-value-0123\n");
+        let var = format!("OUTBOX_RELAY_{}_{}", section, key).to_uppercase();
+        let check = |mode: u32, owner: u32| {
+            chown(&secret, Some(owner), Some(owner)).unwrap();
+            std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(mode)).unwrap();
+            let out = Command::new(bin())
+                .arg("--config")
+                .arg(&cfg)
+                .arg("check")
+                .env(&var, &secret)
+                .envs(extra.iter().copied())
+                .env("RUST_LOG", "warn")
+                .current_dir(&dir.0)
+                .output()
+                .unwrap();
+            (
+                out.status.code(),
+                format!("{}{}", stdout(&out), stderr(&out)),
+            )
+        };
+        for (mode, owner, refused) in [
+            (0o644, 0, true),
+            (0o604, 0, true),
+            (0o640, 65534, true),
+            (0o640, 0, false),
+            (0o600, 65534, false),
+        ] {
+            let (code, text) = check(mode, owner);
+            let named = text.contains(&format!("{section}.{key}"))
+                && text.contains("group or world access")
+                && text.contains("chmod 600");
+            assert_eq!(
+                named, refused,
+                "{section}.{key} mode {mode:o} owner {owner}:\n{text}"
+            );
+            if refused {
+                assert_eq!(code, Some(2), "{text}");
+            }
+            assert!(!text.contains("S3cret-value"), "{text}");
+        }
+    }
+}
+
+/// A password file that passes the mode check but cannot be read (a Kubernetes
+/// secret volume's file, owned by root with mode 0600, read by the relay's own
+/// user) is not dropped without a word: the relay says it cannot read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_passfile_is_reported() {
+    use std::os::unix::process::CommandExt;
+    let env = Env::new().await;
+    let passfile = secret_file(&env, "pgpass", "*:*:*:*:Pf-unread-7Qx\n");
+    let url = format!(
+        "postgresql://outbox_nobody@127.0.0.1:{}/{}?passfile={passfile}",
+        testkit::pg_port(),
+        env.db.name
+    );
+    let cfg = env.config_with(&url);
+    // The relay runs as nobody: it may read the directory and the configuration,
+    // not the password file.
+    for p in [&env.dir, &cfg] {
+        let mode = if p.is_dir() { 0o755 } else { 0o644 };
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let out = Command::new(bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("check")
+        .env("HOME", &env.dir)
+        .env("RUST_LOG", "warn")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let text = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        text.contains(&format!("the password file {passfile} cannot be read")),
+        "{text}"
+    );
+    assert!(!text.contains("Pf-unread"), "{text}");
+    env.cleanup().await;
+}

@@ -356,11 +356,23 @@ fn world_readable_config_with_a_password_warns_once() {
     use std::os::unix::fs::PermissionsExt;
     let dir = TempDir::new();
     let cfg = config(&dir.0, "perm", "Qxjz-zXq", Failure::Unreachable);
-    for (mode, warns) in [(0o644, true), (0o640, true), (0o600, false)] {
+    // The .deb's layout, root:outbox-relay 0640, is accepted (root owns it: the
+    // key files' rule); the same mode for another owner is not.
+    for (mode, owner, warns) in [
+        (0o644, 0, true),
+        (0o640, 65534, true),
+        (0o640, 0, false),
+        (0o600, 0, false),
+    ] {
+        std::os::unix::fs::chown(&cfg, Some(owner), Some(owner)).unwrap();
         std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(mode)).unwrap();
         let (_, out) = relay(&cfg, "text", &["check"], Duration::from_secs(10));
         let n = out.matches("readable by").count();
-        assert_eq!(n, usize::from(warns), "mode {mode:o}:\n{out}");
+        assert_eq!(
+            n,
+            usize::from(warns),
+            "mode {mode:o}, owner {owner}:\n{out}"
+        );
     }
     // No password in the file: no warning.
     let plain = dir.0.join("nopw.toml");

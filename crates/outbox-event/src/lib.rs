@@ -19,6 +19,7 @@
 
 pub mod history;
 pub mod redact;
+pub mod secret_file;
 pub mod setting;
 pub mod suggest;
 

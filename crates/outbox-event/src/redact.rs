@@ -105,26 +105,70 @@ fn redact_password_params(text: &str) -> String {
 
 /// `text` as one printable line: every control character (line breaks, carriage
 /// returns, tabs, escape sequences, C1 codes) and every Unicode line separator or
-/// bidirectional override is written as an escape (`\n`, `\u{1b}`). Text a server
-/// sends (an error message, a broker's close reason) goes through it before the relay
-/// prints it, so it can neither forge a log line nor drive the terminal
-/// (docs/security.md).
+/// bidirectional control is written as an escape (`\n`, `\u{1b}`). Text a server
+/// sends (an error message, a broker's close reason) and outbox data (ids, routing
+/// keys) go through it before the relay prints it, so it can neither forge a log line
+/// nor drive the terminal nor reorder what the operator reads (docs/security.md).
 pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    fn unsafe_char(c: char) -> bool {
-        c.is_control()
-            || matches!(c, '\u{2028}' | '\u{2029}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    }
-    if !text.chars().any(unsafe_char) {
+    escape_unsafe(text, |_| false, Escape::Rust)
+}
+
+/// JSON text (serde_json's output, pretty or not) with the characters serde_json
+/// leaves raw inside strings (DEL, C1 controls, line separators, bidirectional
+/// controls) written as JSON escapes (`\u202e`): the document parses back to the
+/// same values, and no raw control reaches a terminal. Line breaks between values
+/// (pretty printing) stay.
+pub fn printable_json(json: &str) -> std::borrow::Cow<'_, str> {
+    escape_unsafe(json, |c| c == '\n', Escape::Json)
+}
+
+/// What must never reach a terminal or a log raw: control characters (C0, DEL, C1),
+/// the Unicode line and paragraph separators, and the bidirectional controls
+/// (embeddings, overrides, isolates, marks) that make a line read other than it is.
+pub fn is_unsafe_char(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200e}'
+                | '\u{200f}'
+                | '\u{2028}'
+                | '\u{2029}'
+                | '\u{202a}'..='\u{202e}'
+                | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// How [`escape_unsafe`] writes a character it escapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Escape {
+    /// `\n`, `\r`, `\t`, else Rust's `\u{1b}`: for text.
+    Rust,
+    /// `\n`, `\r`, `\t`, else JSON's `\u001b`: inside JSON strings.
+    Json,
+}
+
+/// `text` with every [`is_unsafe_char`] but those `keep` accepts escaped in `style`
+/// (the one escaping of the program: [`printable`], [`printable_json`], and the
+/// logger's writer, which keeps its own colours).
+pub fn escape_unsafe(
+    text: &str,
+    keep: impl Fn(char) -> bool,
+    style: Escape,
+) -> std::borrow::Cow<'_, str> {
+    let escaped = |c: char| is_unsafe_char(c) && !keep(c);
+    if !text.chars().any(escaped) {
         return std::borrow::Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
         match c {
+            c if !escaped(c) => out.push(c),
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
+            c if style == Escape::Json => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
         }
     }
     std::borrow::Cow::Owned(out)
@@ -213,6 +257,31 @@ mod tests {
         assert_eq!(
             printable("a\n2026-01-01 INFO forged\r\x1b[2J\u{9b}\u{202e}\t"),
             "a\\n2026-01-01 INFO forged\\r\\u{1b}[2J\\u{9b}\\u{202e}\\t"
+        );
+        let every =
+            "\u{7f}\u{9b}\u{61c}\u{200e}\u{200f}\u{2028}\u{2029}\u{202a}\u{202e}\u{2066}\u{2069}";
+        assert_eq!(
+            printable(every),
+            "\\u{7f}\\u{9b}\\u{61c}\\u{200e}\\u{200f}\\u{2028}\\u{2029}\\u{202a}\\u{202e}\\u{2066}\\u{2069}"
+        );
+    }
+
+    #[test]
+    fn printable_json_keeps_the_values_and_escapes_what_serde_json_leaves_raw() {
+        let value = serde_json::json!({"k": "a\u{1b}]0;t\u{7}\u{202e}b\u{2028}c\u{9b}"});
+        let pretty = serde_json::to_string_pretty(&value).unwrap();
+        let shown = printable_json(&pretty);
+        assert!(
+            shown.contains("\\u202e") && shown.contains("\\u2028") && shown.contains("\\u009b"),
+            "{shown}"
+        );
+        assert!(
+            shown.chars().all(|c| c == '\n' || !is_unsafe_char(c)),
+            "{shown}"
+        );
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(&shown).unwrap(),
+            value
         );
     }
 }

@@ -2,10 +2,10 @@
 //!
 //! ```text
 //! outbox-relay [--config FILE] [--log-format text|json] <COMMAND>
-//!   run [--start-lsn LSN | --skip-through MESSAGE_ID|LSN [--yes]]
+//!   run [--start-lsn LSN | --skip-through MESSAGE_ID [--yes]]
 //!   slot create [--if-not-exists] [--failover]
 //!   slot drop [--if-exists] [--force]
-//!   slot skip <MESSAGE_ID | LSN> [--yes]
+//!   slot skip <MESSAGE_ID | --lsn LSN> [--yes]
 //!   status [--json]
 //!   peek [--limit N] [--json]
 //!   replay --from-lsn LSN [--to-lsn LSN]         [filters and overrides]
@@ -118,9 +118,9 @@ pub struct RunArgs {
     #[arg(long, value_name = "LSN", conflicts_with = "skip_through")]
     pub start_lsn: Option<Lsn>,
     /// Before starting, skip a poison event as `slot skip` does: the transaction of
-    /// this message id (or every pending one committed at or before this LSN) is never
-    /// published. Logged, and counted in outbox_relay_skipped_events_total.
-    #[arg(long, value_name = "MESSAGE_ID|LSN")]
+    /// this message id is never published (to skip by position, use `slot skip
+    /// --lsn`). Logged, and counted in outbox_relay_skipped_events_total.
+    #[arg(long, value_name = "MESSAGE_ID")]
     pub skip_through: Option<String>,
     /// Skip without asking (with --skip-through).
     #[arg(long, requires = "skip_through")]
@@ -142,12 +142,17 @@ pub enum SlotCommand {
 
 /// `slot skip`.
 #[derive(Debug, Args)]
+#[command(group = ArgGroup::new("target").required(true).args(["message_id", "lsn"]))]
 pub struct SlotSkipArgs {
     /// The event's message_id (the `message_id` property, as `status` and the relay's
-    /// log name it), or a commit LSN X/Y (the `commit_lsn` header): everything pending
-    /// that committed at or before it is skipped.
-    #[arg(value_name = "MESSAGE_ID|LSN")]
-    pub target: String,
+    /// log name it): its transaction, and every pending one before it, is skipped.
+    /// Always a message id, even when it reads like an LSN.
+    #[arg(value_name = "MESSAGE_ID")]
+    pub message_id: Option<String>,
+    /// Skip every pending transaction committed at or before this commit LSN X/Y (the
+    /// `commit_lsn` header) instead of naming a message id.
+    #[arg(long, value_name = "LSN")]
+    pub lsn: Option<Lsn>,
     /// Skip without asking (for scripts); otherwise the events are listed and a
     /// terminal is asked to confirm.
     #[arg(long)]

@@ -52,6 +52,7 @@ mod de;
 mod env;
 mod error;
 mod load;
+mod secret_files;
 mod validate;
 
 pub use error::ConfigError;

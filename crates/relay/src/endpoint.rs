@@ -119,7 +119,7 @@ impl Credentials {
 
 /// A secret file's content without surrounding whitespace (a trailing newline is
 /// common); an empty one is an error.
-fn read_secret(path: &std::path::Path) -> Result<String, String> {
+pub(crate) fn read_secret(path: &std::path::Path) -> Result<String, String> {
     let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
     let text = text.trim();
     if text.is_empty() {

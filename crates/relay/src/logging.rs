@@ -12,7 +12,10 @@
 //! and carriage return inside an event, and tracing-subscriber escapes terminal
 //! escape sequences in field values.
 
+use std::borrow::Cow;
 use std::io::Write;
+
+use outbox_event::redact::{escape_unsafe, Escape};
 
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
@@ -50,7 +53,10 @@ pub fn init(format: LogFormat) -> Result<(), CliError> {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(OneLine { ansi })
+        .with_writer(OneLine {
+            ansi,
+            json: format == LogFormat::Json,
+        })
         .with_ansi(ansi);
     let result = match format {
         LogFormat::Text => builder.finish().with(HideCredentials).try_init(),
@@ -107,13 +113,17 @@ impl Visit for FindCredentials {
     }
 }
 
-/// stderr, with every control character inside an event escaped (`\\n`, `\\r`,
-/// `\\u{..}`) except the event's final line break, tabs, and, on a terminal, the
-/// escape character of the colours tracing-subscriber writes itself. tracing-subscriber
-/// writes each event with one `write_all`, so one call is one event.
+/// stderr, with every control character, line separator and bidirectional control
+/// inside an event escaped (`\\n`, `\\u{202e}`; `\\u202e` in JSON lines, where it
+/// stays valid JSON) except the event's final line break, tabs, and, on a terminal,
+/// the escape character of the colours tracing-subscriber writes itself
+/// (`outbox_event::redact::escape_unsafe`, the one escaping of the program).
+/// tracing-subscriber writes each event with one `write_all`, so one call is one
+/// event.
 #[derive(Debug, Clone, Copy)]
 pub struct OneLine {
     pub ansi: bool,
+    pub json: bool,
 }
 
 impl<'a> MakeWriter<'a> for OneLine {
@@ -123,6 +133,7 @@ impl<'a> MakeWriter<'a> for OneLine {
         OneLineWriter {
             inner: std::io::stderr(),
             ansi: self.ansi,
+            json: self.json,
         }
     }
 }
@@ -131,6 +142,7 @@ impl<'a> MakeWriter<'a> for OneLine {
 pub struct OneLineWriter<W> {
     inner: W,
     ansi: bool,
+    json: bool,
 }
 
 impl<W: Write> Write for OneLineWriter<W> {
@@ -139,22 +151,22 @@ impl<W: Write> Write for OneLineWriter<W> {
             Some(body) => (body, &b"\n"[..]),
             None => (buf, &b""[..]),
         };
-        let keep = |b: u8| b == b'\t' || (self.ansi && b == 0x1b) || !(b < 0x20 || b == 0x7f);
-        if body.iter().all(|b| keep(*b)) {
-            self.inner.write_all(buf)?;
-            return Ok(buf.len());
-        }
-        let mut out = Vec::with_capacity(buf.len() + 16);
-        for &b in body {
-            match b {
-                b'\n' => out.extend_from_slice(b"\\n"),
-                b'\r' => out.extend_from_slice(b"\\r"),
-                b if keep(b) => out.push(b),
-                b => out.extend_from_slice(format!("\\u{{{b:x}}}").as_bytes()),
+        let text = String::from_utf8_lossy(body);
+        let ansi = self.ansi;
+        let keep = |c: char| c == '\t' || (ansi && c == '\x1b');
+        let style = if self.json {
+            Escape::Json
+        } else {
+            Escape::Rust
+        };
+        match escape_unsafe(&text, keep, style) {
+            Cow::Borrowed(_) => self.inner.write_all(buf)?,
+            Cow::Owned(escaped) => {
+                let mut out = escaped.into_bytes();
+                out.extend_from_slice(end);
+                self.inner.write_all(&out)?;
             }
         }
-        out.extend_from_slice(end);
-        self.inner.write_all(&out)?;
         Ok(buf.len())
     }
 
@@ -190,6 +202,7 @@ mod tests {
         let mut w = OneLineWriter {
             inner: Vec::new(),
             ansi: false,
+            json: false,
         };
         w.write_all(b"ts WARN x: refused\n2026-01-01 INFO forged\r\x1b[2J\x07\n")
             .unwrap();
@@ -197,6 +210,29 @@ mod tests {
             String::from_utf8(w.inner).unwrap(),
             "ts WARN x: refused\\n2026-01-01 INFO forged\\r\\u{1b}[2J\\u{7}\n"
         );
+    }
+
+    #[test]
+    fn bidirectional_controls_and_separators_are_escaped_in_text_and_json_lines() {
+        let event = "ts WARN x: routing_key=a\u{202e}b\u{2066}c\u{2028}d\u{2029}\u{9b}\u{7f}\n";
+        for (json, expected) in [
+            (
+                false,
+                "ts WARN x: routing_key=a\\u{202e}b\\u{2066}c\\u{2028}d\\u{2029}\\u{9b}\\u{7f}\n",
+            ),
+            (
+                true,
+                "ts WARN x: routing_key=a\\u202eb\\u2066c\\u2028d\\u2029\\u009b\\u007f\n",
+            ),
+        ] {
+            let mut w = OneLineWriter {
+                inner: Vec::new(),
+                ansi: true,
+                json,
+            };
+            w.write_all(event.as_bytes()).unwrap();
+            assert_eq!(String::from_utf8(w.inner).unwrap(), expected);
+        }
     }
 
     #[test]

@@ -41,6 +41,7 @@ mod cli;
 mod commands;
 mod config;
 mod endpoint;
+mod endpoint_client;
 mod error;
 mod health;
 mod logging;

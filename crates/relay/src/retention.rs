@@ -129,10 +129,10 @@ pub async fn preflight(cfg: &Config, client: &Client) -> Result<(), CliError> {
     for table in cfg.tables() {
         let row = client
             .query_opt(
-                "SELECT format_type(a.atttypid, a.atttypmod), \
-                        has_table_privilege(c.oid, 'DELETE'), current_user::text \
-                   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                   LEFT JOIN pg_attribute a ON a.attrelid = c.oid AND a.attname = $3 \
+                "SELECT pg_catalog.format_type(a.atttypid, a.atttypmod), \
+                        pg_catalog.has_table_privilege(c.oid, 'DELETE'::text), current_user::text \
+                   FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+                   LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attname = $3 \
                                             AND a.attnum > 0 AND NOT a.attisdropped \
                   WHERE n.nspname = $1 AND c.relname = $2",
                 &[&table.schema, &table.name, &CREATED_AT],
@@ -357,8 +357,8 @@ impl Retention {
 async fn take_marker(client: &Client) -> Result<Marker, tokio_postgres::Error> {
     let row = client
         .query_one(
-            "SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint, \
-                    pg_current_wal_insert_lsn()::text",
+            "SELECT pg_catalog.pg_snapshot_xmin(pg_catalog.pg_current_snapshot())::text::bigint, \
+                    pg_catalog.pg_current_wal_insert_lsn()::text",
             &[],
         )
         .await?;
@@ -401,7 +401,7 @@ async fn row_filter(
 ) -> Result<Option<String>, tokio_postgres::Error> {
     let filters = if client
         .query_one(
-            "SELECT current_setting('server_version_num')::int >= 150000",
+            "SELECT pg_catalog.current_setting('server_version_num'::text)::int >= 150000",
             &[],
         )
         .await?
@@ -439,7 +439,7 @@ async fn delete_batch(
     let t = quote_table(table);
     let partitioned: bool = client
         .query_one(
-            "SELECT c.relkind = 'p' FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+            "SELECT c.relkind = 'p' FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
               WHERE n.nspname = $1 AND c.relname = $2",
             &[&table.schema, &table.name],
         )
@@ -450,7 +450,7 @@ async fn delete_batch(
     let sql = format!(
         "DELETE FROM {only}{t} WHERE (tableoid, ctid) IN (\
             SELECT tableoid, ctid FROM {only}{t} \
-             WHERE {CREATED_AT} < now() - $1::float8 * interval '1 second' \
+             WHERE {CREATED_AT} < pg_catalog.now() - $1::float8 * interval '1 second' \
                AND (($2::bigint - xmin::text::bigint) % 4294967296 + 4294967296) % 4294967296 \
                    BETWEEN 1 AND 2147483647 \
                {published} \

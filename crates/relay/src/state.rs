@@ -39,7 +39,7 @@ const CREATE: &str = "CREATE TABLE IF NOT EXISTS public.outbox_relay_state (
     acked_lsn         pg_lsn      NOT NULL,
     slot_restart_lsn  pg_lsn,
     slot_created_at   timestamptz,
-    updated_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT pg_catalog.now(),
     system_identifier text,
     timeline          integer,
     halted            text
@@ -143,9 +143,9 @@ pub async fn ensure_table(c: &Client) -> Result<Columns, StateError> {
     // only use an existing table (sql/role.sql) is not refused.
     let row = c
         .query_one(
-            "SELECT to_regclass($1) IS NOT NULL, \
-                    (SELECT count(*) FROM pg_attribute \
-                      WHERE attrelid = to_regclass($1) AND NOT attisdropped \
+            "SELECT pg_catalog.to_regclass($1::text) IS NOT NULL, \
+                    (SELECT pg_catalog.count(*) FROM pg_catalog.pg_attribute \
+                      WHERE attrelid = pg_catalog.to_regclass($1::text) AND NOT attisdropped \
                         AND attname IN ('system_identifier', 'timeline', 'halted'))",
             &[&TABLE],
         )
@@ -182,8 +182,8 @@ pub async fn read(c: &Client, slot: &str) -> Result<Option<Stored>, StateError> 
     let row = c
         .query_opt(
             "SELECT acked_lsn::text, slot_restart_lsn::text, updated_at::text, \
-                    to_jsonb(s)->>'system_identifier', to_jsonb(s)->>'timeline', \
-                    to_jsonb(s)->>'halted' \
+                    pg_catalog.to_jsonb(s)->>'system_identifier', pg_catalog.to_jsonb(s)->>'timeline', \
+                    pg_catalog.to_jsonb(s)->>'halted' \
                FROM public.outbox_relay_state s WHERE slot_name = $1",
             &[&slot],
         )
@@ -212,8 +212,8 @@ pub async fn read(c: &Client, slot: &str) -> Result<Option<Stored>, StateError> 
 pub async fn halt(c: &Client, slot: &str, reason: &str) -> Result<(), StateError> {
     c.execute(
         "INSERT INTO public.outbox_relay_state (slot_name, acked_lsn, updated_at, halted) \
-         VALUES ($1, '0/0', now(), $2) \
-         ON CONFLICT (slot_name) DO UPDATE SET halted = EXCLUDED.halted, updated_at = now()",
+         VALUES ($1, '0/0', pg_catalog.now(), $2) \
+         ON CONFLICT (slot_name) DO UPDATE SET halted = EXCLUDED.halted, updated_at = pg_catalog.now()",
         &[&slot, &reason],
     )
     .await?;
@@ -231,7 +231,7 @@ pub async fn record_new_slot(
     c.execute(
         "INSERT INTO public.outbox_relay_state \
                 (slot_name, acked_lsn, slot_restart_lsn, slot_created_at, updated_at) \
-         VALUES ($1, $2::text::pg_lsn, $3::text::pg_lsn, now(), now()) \
+         VALUES ($1, $2::text::pg_lsn, $3::text::pg_lsn, pg_catalog.now(), pg_catalog.now()) \
          ON CONFLICT (slot_name) DO UPDATE \
             SET acked_lsn = EXCLUDED.acked_lsn, slot_restart_lsn = EXCLUDED.slot_restart_lsn, \
                 slot_created_at = EXCLUDED.slot_created_at, updated_at = EXCLUDED.updated_at",
@@ -259,10 +259,10 @@ pub async fn save(
             c.execute(
                 "INSERT INTO public.outbox_relay_state \
                         (slot_name, acked_lsn, updated_at, system_identifier, timeline) \
-                 VALUES ($1, $2::text::pg_lsn, now(), $3, $4) \
+                 VALUES ($1, $2::text::pg_lsn, pg_catalog.now(), $3, $4) \
                  ON CONFLICT (slot_name) DO UPDATE \
                     SET acked_lsn = GREATEST(outbox_relay_state.acked_lsn, EXCLUDED.acked_lsn), \
-                        updated_at = now(), system_identifier = EXCLUDED.system_identifier, \
+                        updated_at = pg_catalog.now(), system_identifier = EXCLUDED.system_identifier, \
                         timeline = EXCLUDED.timeline \
                   WHERE outbox_relay_state.acked_lsn < EXCLUDED.acked_lsn",
                 &[
@@ -277,10 +277,10 @@ pub async fn save(
         None => {
             c.execute(
                 "INSERT INTO public.outbox_relay_state (slot_name, acked_lsn, updated_at) \
-                 VALUES ($1, $2::text::pg_lsn, now()) \
+                 VALUES ($1, $2::text::pg_lsn, pg_catalog.now()) \
                  ON CONFLICT (slot_name) DO UPDATE \
                     SET acked_lsn = GREATEST(outbox_relay_state.acked_lsn, EXCLUDED.acked_lsn), \
-                        updated_at = now() \
+                        updated_at = pg_catalog.now() \
                   WHERE outbox_relay_state.acked_lsn < EXCLUDED.acked_lsn",
                 &[&slot, &acked.to_string()],
             )
@@ -303,7 +303,7 @@ pub async fn set(
         Some(o) => {
             c.execute(
                 "UPDATE public.outbox_relay_state \
-                    SET acked_lsn = $2::text::pg_lsn, updated_at = now(), \
+                    SET acked_lsn = $2::text::pg_lsn, updated_at = pg_catalog.now(), \
                         system_identifier = $3, timeline = $4 \
                   WHERE slot_name = $1",
                 &[&slot, &lsn.to_string(), &o.system_id.to_string(), &(o.timeline as i32)],
@@ -312,7 +312,7 @@ pub async fn set(
         }
         None => {
             c.execute(
-                "UPDATE public.outbox_relay_state SET acked_lsn = $2::text::pg_lsn, updated_at = now() \
+                "UPDATE public.outbox_relay_state SET acked_lsn = $2::text::pg_lsn, updated_at = pg_catalog.now() \
                   WHERE slot_name = $1",
                 &[&slot, &lsn.to_string()],
             )

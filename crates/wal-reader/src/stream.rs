@@ -185,7 +185,7 @@ impl WalReader {
         let mut conn = ReplicationConnection::connect(&cfg.conn).await?;
         let settings = conn
             .simple_query(
-                "SELECT current_setting('wal_sender_timeout'), current_setting('server_version_num')",
+                "SELECT pg_catalog.current_setting('wal_sender_timeout'::text), pg_catalog.current_setting('server_version_num'::text)",
             )
             .await?;
         let setting = |i: usize| settings.first().and_then(|r| r.get(i).cloned().flatten());

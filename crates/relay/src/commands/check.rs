@@ -113,7 +113,7 @@ async fn postgres(cfg: &Config, declare: bool) -> Result<(), CliError> {
 async fn superuser_line(client: &tokio_postgres::Client) {
     let superuser = client
         .query_one(
-            "SELECT current_user::text, current_setting('is_superuser') = 'on'",
+            "SELECT current_user::text, pg_catalog.current_setting('is_superuser'::text) = 'on'",
             &[],
         )
         .await;

@@ -18,6 +18,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
+use outbox_event::redact::{printable, printable_json};
 use outbox_event::{Lsn, OutboxEvent, WalItem};
 use publisher::message::cloudevents::{self, CloudEvents};
 use publisher::message::{MessageFormat, RoutingKeyTemplate};
@@ -69,10 +70,8 @@ pub async fn peek(cfg: &Config, args: &PeekArgs) -> Result<(), CliError> {
             .iter()
             .map(|p| with_cloudevents(for_target(to_json(p), cfg.stream()), p, ce.as_mut()))
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&list).unwrap_or_else(|_| "[]".into())
-        );
+        let text = serde_json::to_string_pretty(&list).unwrap_or_else(|_| "[]".into());
+        println!("{}", printable_json(&text));
     } else if events.is_empty() {
         println!("no pending events");
     } else {
@@ -114,8 +113,8 @@ pub(crate) async fn read_pending_until(
     routing: &RoutingKeyTemplate,
     enough: impl Fn(&[Pending]) -> bool,
 ) -> Result<Vec<Pending>, CliError> {
-    let sql = "SELECT data FROM pg_logical_slot_peek_binary_changes($1, NULL, $2, \
-                 'proto_version', '1', 'publication_names', $3)";
+    let sql = "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes($1::name, NULL::pg_lsn, \
+                 $2::integer, 'proto_version'::text, '1'::text, 'publication_names'::text, $3::text)";
     let publication = quote_ident(&cfg.postgres.publication);
     let mut changes = first.min(MAX_CHANGES);
     loop {
@@ -208,7 +207,7 @@ fn commit_time(micros: i64) -> String {
 pub(crate) fn line_for_target(line: String, p: &Pending, stream: Option<&str>) -> String {
     match stream {
         Some(name) => line.replacen(
-            &format!(" routing_key={} ", p.routing_key),
+            &format!(" routing_key={} ", printable(&p.routing_key)),
             &format!(" stream={name} "),
             1,
         ),
@@ -251,10 +250,15 @@ fn with_cloudevents(
 }
 
 /// One line: commit LSN, xid, table, id, event type, aggregate, routing key, payload.
+/// Every field from the outbox is escaped (`printable`): a terminal shows what the
+/// row holds and obeys nothing in it (docs/security.md).
 pub(crate) fn to_line(p: &Pending) -> String {
     let e = &p.event;
-    let or_null = |v: Option<&Bytes>| text(v).unwrap_or_else(|| "NULL".into());
-    let payload = or_null(e.payload.as_ref());
+    let or_null = |v: Option<&Bytes>| {
+        let text = text(v).unwrap_or_else(|| "NULL".into());
+        printable(&text).into_owned()
+    };
+    let payload = text(e.payload.as_ref()).unwrap_or_else(|| "NULL".into());
     let shown: String = payload.chars().take(TEXT_PAYLOAD_CHARS).collect();
     let ellipsis = if shown.len() < payload.len() {
         "…"
@@ -262,15 +266,16 @@ pub(crate) fn to_line(p: &Pending) -> String {
         ""
     };
     format!(
-        "{} xid={} {} id={} type={} aggregate={}/{} routing_key={} payload={shown}{ellipsis}",
+        "{} xid={} {} id={} type={} aggregate={}/{} routing_key={} payload={}{ellipsis}",
         e.commit_lsn,
         e.xid,
-        e.table,
+        printable(&e.table.qualified_name),
         or_null(e.id.as_ref()),
         or_null(e.event_type.as_ref()),
         or_null(e.aggregate_type.as_ref()),
         or_null(e.aggregate_id.as_ref()),
-        p.routing_key,
+        printable(&p.routing_key),
+        printable(&shown),
     )
 }
 

@@ -1,4 +1,4 @@
-//! `run [--start-lsn LSN | --skip-through MESSAGE_ID|LSN]`: the relay until
+//! `run [--start-lsn LSN | --skip-through MESSAGE_ID]`: the relay until
 //! SIGTERM/SIGINT.
 
 use std::time::Duration;
@@ -28,7 +28,7 @@ pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
     // A poison event to skip first (docs/recovery.md): before any session reads the
     // slot, which must be idle for it.
     if let Some(target) = &args.skip_through {
-        let target = crate::commands::skip::Target::parse(target);
+        let target = crate::commands::skip::Target::MessageId(target.trim().to_string());
         let skipped = crate::commands::skip::perform(cfg, &target, args.yes).await?;
         metrics::counter!(crate::commands::skip::SKIPPED_EVENTS).increment(skipped.events as u64);
     }

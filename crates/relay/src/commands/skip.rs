@@ -1,12 +1,13 @@
 //! Skipping a poison event by its message id (docs/recovery.md, "A poison message"):
-//! `slot skip <MESSAGE_ID | LSN> [--yes]`, and `run --skip-through` which does the
-//! same before it starts.
+//! `slot skip <MESSAGE_ID | --lsn LSN> [--yes]`, and `run --skip-through MESSAGE_ID`
+//! which does the same before it starts.
 //!
 //! ```text
 //!   the slot must be idle (Postgres moves a slot only while nobody streams from it)
 //!   pending events: the slot's changes, read without consuming them (as `peek`),
 //!                   after max(slot's confirmed_flush_lsn, stored position)
-//!   target: the transaction holding MESSAGE_ID, or every one committed at or before LSN
+//!   target: the first transaction holding MESSAGE_ID (refused when several pending
+//!           transactions hold it), or every one committed at or before --lsn LSN
 //!   list what is skipped ─► confirm (a terminal, or --yes)
 //!   pg_replication_slot_advance(slot, E)     E = end of the target transaction's commit
 //!   outbox_relay_state: acked_lsn = E        (forward only, with the server's origin)
@@ -21,6 +22,7 @@
 use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
 
+use outbox_event::redact::printable;
 use outbox_event::Lsn;
 use publisher::message::RoutingKeyTemplate;
 use tracing::warn;
@@ -49,11 +51,15 @@ pub enum Target {
 }
 
 impl Target {
-    /// An LSN (`X/Y`) if it reads as one, else a message id.
-    pub fn parse(text: &str) -> Target {
-        match text.trim().parse::<Lsn>() {
-            Ok(lsn) if text.contains('/') => Target::Lsn(lsn),
-            _ => Target::MessageId(text.trim().to_string()),
+    /// The target `slot skip` names: a message id as given (even one that reads like
+    /// an LSN), or `--lsn`.
+    pub fn of(args: &SlotSkipArgs) -> Result<Target, CliError> {
+        match (&args.message_id, args.lsn) {
+            (_, Some(lsn)) => Ok(Target::Lsn(lsn)),
+            (Some(id), None) => Ok(Target::MessageId(id.trim().to_string())),
+            (None, None) => Err(CliError::Usage(
+                "name the event to skip: slot skip MESSAGE_ID, or slot skip --lsn LSN".into(),
+            )),
         }
     }
 
@@ -63,6 +69,43 @@ impl Target {
             Target::Lsn(lsn) => p.event.commit_lsn <= *lsn,
         }
     }
+
+    /// The end of the last transaction to skip: the first one holding the message id
+    /// (refused when several pending transactions hold it: which one is meant is not
+    /// the relay's guess), or the last one committed at or before the LSN.
+    fn through(&self, pending: &[Pending], slot: &str) -> Result<Lsn, CliError> {
+        let matching = pending.iter().filter(|p| self.matches(p));
+        let through = match self {
+            Target::MessageId(_) => matching.map(|p| p.end_lsn).min(),
+            Target::Lsn(_) => matching.map(|p| p.end_lsn).max(),
+        };
+        let through = through.ok_or_else(|| not_found(self, slot))?;
+        if let Target::MessageId(id) = self {
+            let commits: BTreeSet<(Lsn, Lsn)> = pending
+                .iter()
+                .filter(|p| self.matches(p))
+                .map(|p| (p.end_lsn, p.event.commit_lsn))
+                .collect();
+            if commits.len() > 1 {
+                return Err(ambiguous(id, &commits));
+            }
+        }
+        Ok(through)
+    }
+}
+
+/// The refusal of a message id that several pending transactions hold.
+fn ambiguous(id: &str, commits: &BTreeSet<(Lsn, Lsn)>) -> CliError {
+    let list: Vec<String> = commits
+        .iter()
+        .map(|(_, commit)| format!("commit_lsn {commit}"))
+        .collect();
+    CliError::Precondition(format!(
+        "nothing was skipped: message_id {:?} occurs in {} pending transactions ({}); to skip through one of them, pass --lsn with its commit_lsn (every pending transaction committed at or before it is skipped)",
+        printable(id),
+        commits.len(),
+        list.join(", ")
+    ))
 }
 
 /// What a skip did.
@@ -76,7 +119,7 @@ pub struct Skipped {
 
 /// `slot skip`.
 pub async fn skip(cfg: &Config, args: &SlotSkipArgs) -> Result<(), CliError> {
-    perform(cfg, &Target::parse(&args.target), args.yes).await?;
+    perform(cfg, &Target::of(args)?, args.yes).await?;
     Ok(())
 }
 
@@ -99,7 +142,8 @@ pub async fn perform(cfg: &Config, target: &Target, yes: bool) -> Result<Skipped
         _ => confirmed,
     };
     let found = |events: &[Pending]| match target {
-        Target::MessageId(_) => events.iter().any(|p| p.end_lsn > from && target.matches(p)),
+        // Every occurrence is needed: an id held by several transactions is refused.
+        Target::MessageId(_) => false,
         // Everything up to the LSN is needed: stop only past it.
         Target::Lsn(lsn) => events.iter().any(|p| p.event.commit_lsn > *lsn),
     };
@@ -109,14 +153,7 @@ pub async fn perform(cfg: &Config, target: &Target, yes: bool) -> Result<Skipped
             .into_iter()
             .filter(|p| p.end_lsn > from)
             .collect();
-    let Some(through) = pending
-        .iter()
-        .filter(|p| target.matches(p))
-        .map(|p| p.end_lsn)
-        .max()
-    else {
-        return Err(not_found(target, slot_name));
-    };
+    let through = target.through(&pending, slot_name)?;
     let skipped: Vec<&Pending> = pending.iter().filter(|p| p.end_lsn <= through).collect();
     let transactions = skipped
         .iter()
@@ -228,7 +265,8 @@ fn in_use(slot: &str, pid: i32) -> CliError {
 fn not_found(target: &Target, slot: &str) -> CliError {
     match target {
         Target::MessageId(id) => CliError::Precondition(format!(
-            "no pending event of slot {slot} has message_id {id:?}: it was published already, or is not committed; `outbox-relay peek` lists the pending events"
+            "no pending event of slot {slot} has message_id {:?}: it was published already, or is not committed; `outbox-relay peek` lists the pending events",
+            printable(id)
         )),
         Target::Lsn(lsn) => CliError::Precondition(format!(
             "no pending transaction of slot {slot} committed at or before {lsn}: nothing to skip; `outbox-relay peek` lists the pending events"
@@ -250,14 +288,22 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_target_is_an_lsn_only_when_it_reads_as_one() {
-        assert_eq!(Target::parse("0/1A2B3C40"), Target::Lsn(Lsn(0x1A2B_3C40)));
+    fn a_target_is_an_lsn_only_with_dash_dash_lsn() {
+        let args = |message_id: Option<&str>, lsn: Option<Lsn>| SlotSkipArgs {
+            message_id: message_id.map(str::to_string),
+            lsn,
+            yes: false,
+        };
+        // Shaped like an LSN, yet a message id.
         assert_eq!(
-            Target::parse("7d8c1c0e-5b2e-4d1e-9a0f-2f1c3b4a5d6e"),
-            Target::MessageId("7d8c1c0e-5b2e-4d1e-9a0f-2f1c3b4a5d6e".into())
+            Target::of(&args(Some("cafe/0001"), None)).unwrap(),
+            Target::MessageId("cafe/0001".into())
         );
-        // A numeric id is an id, not an LSN.
-        assert_eq!(Target::parse("1234"), Target::MessageId("1234".into()));
+        assert_eq!(
+            Target::of(&args(None, Some(Lsn(0x1A2B_3C40)))).unwrap(),
+            Target::Lsn(Lsn(0x1A2B_3C40))
+        );
+        assert!(Target::of(&args(None, None)).is_err());
         assert_eq!(count(1, "event"), "1 event");
         assert_eq!(count(2, "transaction"), "2 transactions");
     }

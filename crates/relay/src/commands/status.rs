@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use outbox_event::history::History;
+use outbox_event::redact::{printable, printable_json};
 use outbox_event::Lsn;
 use serde_json::json;
 use wal_reader::admin::{self, SlotState};
@@ -12,6 +13,14 @@ use crate::config::Config;
 use crate::error::CliError;
 use crate::pipeline::start::{self, Source, StartPlan};
 use crate::state::Stored;
+
+/// `println!` of one line of the text form, escaped: slot, database and stuck-message
+/// fields come from the database and the broker (docs/security.md).
+macro_rules! say {
+    ($($arg:tt)*) => {
+        println!("{}", printable(&format!($($arg)*)))
+    };
+}
 
 /// Below this much `safe_wal_size`, `status` warns that the slot nears invalidation.
 pub const LOW_SAFE_WAL_BYTES: i64 = 1 << 30;
@@ -94,7 +103,7 @@ pub async fn status(cfg: &Config, args: &StatusArgs) -> Result<(), CliError> {
     if args.json {
         println!(
             "{}",
-            serde_json::to_string_pretty(&report.to_json()).unwrap_or_default()
+            printable_json(&serde_json::to_string_pretty(&report.to_json()).unwrap_or_default())
         );
     } else {
         report.print();
@@ -151,8 +160,17 @@ async fn gather(cfg: &Config, args: &StatusArgs) -> Result<Report, CliError> {
         None => s.confirmed_flush_lsn,
     };
     let producer = stream_producer(cfg, &s, history.as_ref());
-    let poison = match (s.active, cfg.metrics_listen()) {
-        (true, Some(addr)) => fetch_poison(addr).await,
+    let poison = match (s.active, cfg.metrics_endpoint()) {
+        (true, Some(ep)) => match fetch_poison(&ep).await {
+            Ok(poison) => poison,
+            Err(why) => {
+                warns.push(format!(
+                    "could not ask the running relay for a stuck message at {} ({why}): a message RabbitMQ refuses would not show here, its log and the alert OutboxRelayPoisonMessage would",
+                    ep.addr
+                ));
+                None
+            }
+        },
         _ => None,
     };
     if let Some(p) = &poison {
@@ -311,41 +329,41 @@ impl Report {
     /// The text form.
     fn print(&self) {
         let s = &self.slot;
-        println!("slot:                {}", s.slot_name);
-        println!("database:            {}", opt(s.database.clone()));
-        println!(
+        say!("slot:                {}", s.slot_name);
+        say!("database:            {}", opt(s.database.clone()));
+        say!(
             "active:              {}",
             match s.active_pid {
                 Some(pid) if s.active => format!("yes (pid {pid})"),
                 _ => "no".into(),
             }
         );
-        println!("wal_status:          {}", opt(s.wal_status.clone()));
-        println!(
+        say!("wal_status:          {}", opt(s.wal_status.clone()));
+        say!(
             "safe_wal_size:       {}",
             s.safe_wal_size
                 .map(human_bytes)
                 .unwrap_or_else(|| "unlimited (max_slot_wal_keep_size = -1)".into())
         );
-        println!(
+        say!(
             "confirmed_flush_lsn: {}",
             opt(lsn_text(s.confirmed_flush_lsn))
         );
-        println!("restart_lsn:         {}", opt(lsn_text(s.restart_lsn)));
-        println!("stored_acked_lsn:    {}", self.stored_text());
-        println!("resumes_at:          {}", opt(lsn_text(self.resumes_at)));
-        println!("current_wal_lsn:     {}", s.current_wal_lsn);
+        say!("restart_lsn:         {}", opt(lsn_text(s.restart_lsn)));
+        say!("stored_acked_lsn:    {}", self.stored_text());
+        say!("resumes_at:          {}", opt(lsn_text(self.resumes_at)));
+        say!("current_wal_lsn:     {}", s.current_wal_lsn);
         if let Some(h) = &self.history {
-            println!("system / timeline:   {} / {}", h.system_id, h.timeline);
+            say!("system / timeline:   {} / {}", h.system_id, h.timeline);
         }
         if let Some(p) = &self.producer {
-            println!("stream_producer:     {p}");
+            say!("stream_producer:     {p}");
         }
-        println!(
+        say!(
             "retained_wal:        {}",
             opt(s.retained_wal_bytes.map(human_bytes))
         );
-        println!(
+        say!(
             "pending_wal:         {}",
             opt(self.pending.map(human_bytes))
         );
@@ -356,7 +374,7 @@ impl Report {
                     .map(str::to_string)
                     .unwrap_or_else(|| p[k].to_string())
             };
-            println!(
+            say!(
                 "stuck_message:       {} (commit_lsn {}, tx_index {}, routing key {}): {}",
                 field("message_id"),
                 field("commit_lsn"),
@@ -366,10 +384,10 @@ impl Report {
             );
         }
         for sb in &self.standbys {
-            println!("standby:             {}", super::standby::describe(sb));
+            say!("standby:             {}", super::standby::describe(sb));
         }
         for w in &self.warnings {
-            println!("warning: {w}");
+            say!("warning: {w}");
         }
     }
 
@@ -394,7 +412,7 @@ impl Report {
 
     fn print_window(&self) {
         let Some(a) = &self.anchor else {
-            println!(
+            say!(
                 "replay_window:       {}",
                 if self.window.is_some() {
                     "configured, but no anchor slot yet"
@@ -404,19 +422,19 @@ impl Report {
             );
             return;
         };
-        println!(
+        say!(
             "replay_window:       {} .. {} ({})",
             opt(lsn_text(a.confirmed_flush_lsn)),
             opt(lsn_text(self.slot.confirmed_flush_lsn)),
             window_text(self.window).unwrap_or_else(|| "not configured".into())
         );
-        println!(
+        say!(
             "anchor_slot:         {} (wal_status {}, restart_lsn {})",
             a.slot_name,
             opt(a.wal_status.clone()),
             opt(lsn_text(a.restart_lsn))
         );
-        println!(
+        say!(
             "anchor_retained_wal: {}",
             opt(a.retained_wal_bytes.map(human_bytes))
         );
@@ -427,27 +445,16 @@ fn opt(v: Option<String>) -> String {
     v.unwrap_or_else(|| "-".into())
 }
 
-/// Asks the running relay (its `/poison` endpoint on `[relay] metrics_listen`) which
-/// message RabbitMQ refuses, if any. `None` when it cannot be asked.
-async fn fetch_poison(addr: std::net::SocketAddr) -> Option<serde_json::Value> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let ask = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        stream
-            .write_all(b"GET /poison HTTP/1.0\r\nHost: relay\r\n\r\n")
-            .await
-            .ok()?;
-        let mut response = Vec::new();
-        stream.read_to_end(&mut response).await.ok()?;
-        let text = String::from_utf8_lossy(&response);
-        let body = text.split_once("\r\n\r\n")?.1;
-        let value: serde_json::Value = serde_json::from_str(body.trim()).ok()?;
-        (!value.is_null()).then_some(value)
-    };
-    tokio::time::timeout(std::time::Duration::from_secs(2), ask)
-        .await
-        .ok()
-        .flatten()
+/// Asks the running relay (its `/poison` endpoint on `[relay] metrics_listen`, with
+/// the endpoint's credentials and TLS) which message RabbitMQ refuses, if any; why
+/// it could not be asked otherwise.
+async fn fetch_poison(
+    ep: &crate::endpoint::EndpointConfig,
+) -> Result<Option<serde_json::Value>, String> {
+    let body = crate::endpoint_client::get(ep, "/poison").await?;
+    let value: serde_json::Value = serde_json::from_str(body.trim())
+        .map_err(|_| "the endpoint's /poison answer is not JSON".to_string())?;
+    Ok((!value.is_null()).then_some(value))
 }
 
 #[cfg(test)]

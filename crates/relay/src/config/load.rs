@@ -13,17 +13,17 @@ use super::error::{describe_origin, from_figment};
 use super::{redact_url, Config, ConfigError, ConfigSource, DEFAULT_CONFIG_FILE, ENV_PREFIX};
 
 /// Warns (once: [`Config::load`] runs once per process) when `file` holds a password
-/// and group or others may read it (docs/security.md). The warning names the file and
-/// its mode, never anything from its contents.
+/// and group or others may read it beyond the secret files' rule
+/// ([`outbox_event::secret_file`]: 0600, or 0640 when root owns it, the layout the
+/// Debian package installs, root:outbox-relay). The warning names the file and its
+/// mode, never anything from its contents (docs/security.md).
 fn warn_if_readable_with_password(file: &Path) {
-    use std::os::unix::fs::PermissionsExt;
     let Ok(meta) = std::fs::metadata(file) else {
         return;
     };
-    let mode = meta.permissions().mode() & 0o777;
-    if mode & 0o077 == 0 {
+    let Some(mode) = outbox_event::secret_file::too_open(&meta) else {
         return;
-    }
+    };
     let Ok(text) = std::fs::read_to_string(file) else {
         return;
     };
@@ -33,7 +33,7 @@ fn warn_if_readable_with_password(file: &Path) {
     let text = text.replace("://guest:guest@", "://guest@");
     if redact_url(&text) != text {
         tracing::warn!(
-            "the configuration file {} holds a password and is readable by group or others (mode {mode:03o}): run chmod 600 on it",
+            "the configuration file {} holds a password and is readable by group or others (mode {mode:03o}): run chmod 600 on it (or chown root:<the relay's group> and chmod 640)",
             file.display()
         );
     }
@@ -137,7 +137,8 @@ impl Config {
             None => ConfigSource::Defaults,
         };
         config.given = given;
-        errors.extend(config.validate_all().into_iter().map(|e| {
+        let checks = config.validate_all().into_iter();
+        errors.extend(checks.chain(config.check_secret_files()).map(|e| {
             e.with_origin(|key| figment.find_metadata(key).map(|m| describe_origin(m, key)))
         }));
         match ConfigError::from_list(errors) {

@@ -135,7 +135,7 @@ async fn publishes_partitions_of(
                  JOIN pg_namespace n ON n.nspname = p.schemaname \
                  JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.tablename \
                 WHERE p.pubname = $1 \
-                  AND c.oid IN (SELECT relid FROM pg_partition_tree($2::oid)))",
+                  AND c.oid IN (SELECT relid FROM pg_catalog.pg_partition_tree($2::oid)))",
             &[&publication, &root],
         )
         .await?;

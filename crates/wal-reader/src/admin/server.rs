@@ -9,7 +9,7 @@ use super::AdminError;
 /// The server's `wal_level` setting (`minimal`, `replica` or `logical`).
 pub async fn wal_level(c: &Client) -> Result<String, AdminError> {
     let row = c
-        .query_one("SELECT current_setting('wal_level')", &[])
+        .query_one("SELECT pg_catalog.current_setting('wal_level'::text)", &[])
         .await?;
     Ok(row.try_get(0)?)
 }
@@ -31,7 +31,7 @@ pub async fn check_replication_role(c: &Client) -> Result<(), AdminError> {
     let row = c
         .query_one(
             "SELECT current_user::text, rolreplication, rolsuper \
-               FROM pg_roles WHERE rolname = current_user",
+               FROM pg_catalog.pg_roles WHERE rolname = current_user",
             &[],
         )
         .await?;
@@ -48,7 +48,10 @@ pub async fn check_replication_role(c: &Client) -> Result<(), AdminError> {
 /// `server_version_num`, e.g. `150020` for 15.20.
 pub async fn server_version_num(c: &Client) -> Result<i32, AdminError> {
     let row = c
-        .query_one("SELECT current_setting('server_version_num')::int4", &[])
+        .query_one(
+            "SELECT pg_catalog.current_setting('server_version_num'::text)::int4",
+            &[],
+        )
         .await?;
     Ok(row.try_get(0)?)
 }
@@ -56,7 +59,10 @@ pub async fn server_version_num(c: &Client) -> Result<i32, AdminError> {
 /// `server_version`, e.g. `15.20 (Debian 15.20-0+deb12u1)`, for messages.
 pub async fn server_version(c: &Client) -> Result<String, AdminError> {
     let row = c
-        .query_one("SELECT current_setting('server_version')", &[])
+        .query_one(
+            "SELECT pg_catalog.current_setting('server_version'::text)",
+            &[],
+        )
         .await?;
     Ok(row.try_get(0)?)
 }
@@ -100,10 +106,10 @@ impl Capacity {
     pub async fn read(c: &Client) -> Result<Capacity, AdminError> {
         let row = c
             .query_one(
-                "SELECT current_setting('max_replication_slots')::int8, \
-                        (SELECT count(*) FROM pg_replication_slots), \
-                        current_setting('max_wal_senders')::int8, \
-                        (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'walsender')",
+                "SELECT pg_catalog.current_setting('max_replication_slots'::text)::int8, \
+                        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_replication_slots), \
+                        pg_catalog.current_setting('max_wal_senders'::text)::int8, \
+                        (SELECT pg_catalog.count(*) FROM pg_catalog.pg_stat_activity WHERE backend_type = 'walsender')",
                 &[],
             )
             .await?;

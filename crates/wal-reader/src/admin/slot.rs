@@ -170,10 +170,10 @@ pub(super) fn slot_state_sql(version: i32, slot: &str, extra: &str) -> String {
         "SELECT s.slot_name::text, s.plugin::text, s.slot_type, s.database::text, \
                 s.active, s.active_pid, s.confirmed_flush_lsn::text, s.restart_lsn::text, \
                 s.wal_status, s.safe_wal_size, {two_phase}, {failover}, w.lsn::text, \
-                pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8{extra} \
-           FROM pg_replication_slots s, \
-                LATERAL (SELECT CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
-                                     ELSE pg_current_wal_lsn() END AS lsn) w \
+                pg_catalog.pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8{extra} \
+           FROM pg_catalog.pg_replication_slots s, \
+                LATERAL (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
+                                     ELSE pg_catalog.pg_current_wal_lsn() END AS lsn) w \
           WHERE s.slot_name = {slot}"
     )
 }
@@ -190,9 +190,9 @@ pub fn anchor_slot_name(slot: &str) -> String {
 pub async fn advance_slot(c: &Client, slot: &str, to: Lsn) -> Result<bool, AdminError> {
     let n = c
         .execute(
-            "SELECT pg_replication_slot_advance($1, $2::text::pg_lsn) \
-               FROM pg_replication_slots \
-              WHERE slot_name = $1 AND NOT active AND confirmed_flush_lsn < $2::text::pg_lsn",
+            "SELECT pg_catalog.pg_replication_slot_advance($1::name, $2::text::pg_lsn) \
+               FROM pg_catalog.pg_replication_slots \
+              WHERE slot_name = $1::name AND NOT active AND confirmed_flush_lsn < $2::text::pg_lsn",
             &[&slot, &to.to_string()],
         )
         .await?;
@@ -208,7 +208,9 @@ pub async fn require_slot(c: &Client, slot: &str) -> Result<SlotState, AdminErro
         .ok_or_else(|| AdminError::SlotMissing {
             slot: slot.to_string(),
         })?;
-    let row = c.query_one("SELECT current_database()::text", &[]).await?;
+    let row = c
+        .query_one("SELECT pg_catalog.current_database()::text", &[])
+        .await?;
     let database: String = row.try_get(0)?;
     check_usable(&state, &database)?;
     Ok(state)
@@ -293,9 +295,9 @@ pub async fn create_slot(
     capacity.check_room_for_slot()?;
 
     let sql = if version >= 170000 {
-        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, $2)"
+        "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pgoutput'::name, false, false, $2::boolean)"
     } else {
-        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')"
+        "SELECT lsn::text FROM pg_catalog.pg_create_logical_replication_slot($1::name, 'pgoutput'::name)"
     };
     let result = if version >= 170000 {
         c.query_one(sql, &[&slot, &failover]).await
@@ -398,7 +400,10 @@ pub async fn drop_slot(
             continue;
         }
         match c
-            .execute("SELECT pg_drop_replication_slot($1)", &[&slot])
+            .execute(
+                "SELECT pg_catalog.pg_drop_replication_slot($1::name)",
+                &[&slot],
+            )
             .await
         {
             Ok(_) => return Ok(true),
@@ -413,7 +418,13 @@ pub async fn drop_slot(
 }
 
 async fn terminate(c: &Client, slot: &str, pid: i32) -> Result<(), AdminError> {
-    match c.execute("SELECT pg_terminate_backend($1)", &[&pid]).await {
+    match c
+        .execute(
+            "SELECT pg_catalog.pg_terminate_backend($1::integer)",
+            &[&pid],
+        )
+        .await
+    {
         Ok(_) => Ok(()),
         Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
             Err(AdminError::TerminateDenied {

@@ -21,7 +21,7 @@ fn parse_lsn(text: Option<String>, what: &str) -> Result<Option<Lsn>, AdminError
 pub async fn slot_confirmed_flush(c: &Client, slot: &str) -> Result<Option<Lsn>, AdminError> {
     let row = c
         .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT confirmed_flush_lsn::text FROM pg_catalog.pg_replication_slots WHERE slot_name = $1::name",
             &[&slot],
         )
         .await?;
@@ -37,8 +37,8 @@ pub async fn slot_confirmed_flush(c: &Client, slot: &str) -> Result<Option<Lsn>,
 pub async fn slot_retained_wal(c: &Client, slot: &str) -> Result<Option<f64>, AdminError> {
     let text: Option<String> = c
         .query_one(
-            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8::text \
-               FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), restart_lsn)::int8::text \
+               FROM pg_catalog.pg_replication_slots WHERE slot_name = $1::name",
             &[&slot],
         )
         .await?
@@ -53,8 +53,8 @@ pub async fn slots_with_prefix(
 ) -> Result<Vec<(String, bool)>, AdminError> {
     let rows = c
         .query(
-            "SELECT slot_name::text, active FROM pg_replication_slots \
-              WHERE left(slot_name::text, length($1)) = $1",
+            "SELECT slot_name::text, active FROM pg_catalog.pg_replication_slots \
+              WHERE pg_catalog.left(slot_name::text, pg_catalog.length($1::text)) = $1::text",
             &[&prefix],
         )
         .await?;
@@ -79,7 +79,7 @@ pub async fn synced_slot(c: &Client, slot: &str) -> Result<Option<SyncedSlot>, A
     let row = c
         .query_opt(
             "SELECT synced, temporary, confirmed_flush_lsn::text \
-               FROM pg_replication_slots WHERE slot_name = $1",
+               FROM pg_catalog.pg_replication_slots WHERE slot_name = $1::name",
             &[&slot],
         )
         .await?;
@@ -95,7 +95,7 @@ pub async fn synced_slot(c: &Client, slot: &str) -> Result<Option<SyncedSlot>, A
 /// `pg_copy_logical_replication_slot`).
 pub async fn copy_slot(c: &Client, from: &str, to: &str) -> Result<(), AdminError> {
     c.execute(
-        "SELECT pg_copy_logical_replication_slot($1, $2)",
+        "SELECT pg_catalog.pg_copy_logical_replication_slot($1::name, $2::name)",
         &[&from, &to],
     )
     .await?;

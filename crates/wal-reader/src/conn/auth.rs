@@ -58,12 +58,16 @@ impl ReplicationConnection {
     /// Sends the startup packet and answers the server until it is ready for
     /// queries: authentication requests, parameters, the backend key.
     pub(super) async fn startup(&mut self, opts: &PgConnectOptions) -> Result<(), ReaderError> {
+        // `options` as libpq sends it, with the search path of every session
+        // (docs/security.md, "SQL sessions"): this connection runs SQL too.
+        let options = opts.startup_options();
         let params = [
             ("user", opts.user.as_str()),
             ("database", opts.dbname.as_str()),
             ("replication", "database"),
             ("application_name", opts.application_name.as_str()),
             ("client_encoding", "UTF8"),
+            ("options", options.as_str()),
         ];
         frontend::startup_message(params.iter().copied(), &mut self.wbuf)?;
         self.flush().await?;

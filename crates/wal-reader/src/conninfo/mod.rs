@@ -71,6 +71,10 @@ pub struct PgConnectOptions {
     /// login when no password is given ([`PgConnectOptions::login_password`]).
     pub passfile: Option<PathBuf>,
     pub application_name: String,
+    /// libpq's `options` (or `PGOPTIONS`): command-line options for the server
+    /// session, sent as the startup packet's `options` as libpq sends them. The
+    /// relay appends [`SEARCH_PATH_OPTION`] ([`PgConnectOptions::startup_options`]).
+    pub options: Option<String>,
     /// libpq's `connect_timeout`; `None` means [`DEFAULT_CONNECT_TIMEOUT`]
     /// ([`PgConnectOptions::connect_limit`]).
     pub connect_timeout: Option<Duration>,
@@ -79,6 +83,11 @@ pub struct PgConnectOptions {
 /// How long opening a connection (replication or SQL) may take when the connection
 /// string sets no `connect_timeout`.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What every session the relay opens (SQL and replication) runs with: catalog names
+/// resolve in `pg_catalog` only, so a function planted in `public` under a catalog
+/// name is never called (docs/security.md, "SQL sessions").
+pub const SEARCH_PATH_OPTION: &str = "-c search_path=pg_catalog";
 
 impl fmt::Debug for PgConnectOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -98,6 +107,7 @@ impl fmt::Debug for PgConnectOptions {
             .field("sslpassword", &self.sslpassword.as_ref().map(|_| "***"))
             .field("passfile", &self.passfile)
             .field("application_name", &self.application_name)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -105,7 +115,6 @@ impl fmt::Debug for PgConnectOptions {
 /// Parameters accepted and ignored: they do not change how this client connects.
 const IGNORED: &[&str] = &[
     "client_encoding",
-    "options",
     "replication",
     "keepalives",
     "keepalives_idle",
@@ -159,6 +168,17 @@ fn unknown_parameter(name: &str) -> ConnInfoError {
         String::new()
     };
     ConnInfoError(format!("unknown connection parameter{shown}"))
+}
+
+/// libpq's `options` may set any server option but `search_path`: the relay's
+/// sessions resolve catalog names in `pg_catalog` only (docs/security.md).
+fn check_options(options: Option<&str>) -> Result<(), ConnInfoError> {
+    match options {
+        Some(o) if o.to_ascii_lowercase().contains("search_path") => Err(ConnInfoError(
+            "options may not set search_path: the relay's sessions use pg_catalog only and name every table with its schema, so remove it from options (or PGOPTIONS)".into(),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// GSSAPI encryption is not spoken: `require` is refused, `disable` and `prefer`
@@ -242,6 +262,7 @@ impl PgConnectOptions {
             sslpassword: None,
             passfile: None,
             application_name: "outbox-relay".into(),
+            options: None,
             connect_timeout: None,
         }
     }
@@ -271,6 +292,7 @@ impl PgConnectOptions {
                 "passfile" => o.passfile = Some(PathBuf::from(v)),
                 "gssencmode" => given.gssencmode = Some(v),
                 "application_name" => o.application_name = v,
+                "options" => o.options = Some(v).filter(|v| !v.trim().is_empty()),
                 "connect_timeout" => {
                     let secs: u64 = v.parse().map_err(|_| {
                         ConnInfoError("connect_timeout is not a number of seconds".into())
@@ -325,7 +347,19 @@ impl PgConnectOptions {
         if o.dbname.is_empty() {
             o.dbname = env("PGDATABASE").unwrap_or_else(|| o.user.clone());
         }
-        Ok(())
+        if o.options.is_none() {
+            o.options = env("PGOPTIONS").filter(|v| !v.trim().is_empty());
+        }
+        check_options(o.options.as_deref())
+    }
+
+    /// The startup packet's `options`: libpq's `options` as given, then
+    /// [`SEARCH_PATH_OPTION`] (the server applies them in order).
+    pub fn startup_options(&self) -> String {
+        match &self.options {
+            Some(given) => format!("{} {SEARCH_PATH_OPTION}", given.trim()),
+            None => SEARCH_PATH_OPTION.to_string(),
+        }
     }
 
     /// The root certificate, `sslmode`, `channel_binding`, `require_auth` and the
@@ -493,6 +527,7 @@ impl PgConnectOptions {
             .user(&self.user)
             .dbname(&self.dbname)
             .application_name(&self.application_name)
+            .options(self.startup_options())
             // libpq ignores sslmode on a Unix socket, as the replication connection
             // does: no TLS request there.
             .ssl_mode(match self.sslmode {

@@ -3,7 +3,10 @@
 //! `:` and `\`, `#` starting a comment. As in libpq, the file is read when a
 //! connection logs in (so a rotated password is picked up at the next reconnect), a
 //! missing file is no error, and a file that group or others may access is ignored
-//! with a warning.
+//! with a warning (the secret files' rule, `outbox_event::secret_file`, which unlike
+//! libpq's for this file accepts 0640 when root owns it, as a Kubernetes secret
+//! volume with `fsGroup` lays it out); so is one that cannot be read (the relay's
+//! user lacks the right), which libpq drops without a word.
 
 use std::path::Path;
 
@@ -26,16 +29,21 @@ pub(super) fn lookup(path: &Path, target: &Target<'_>) -> Option<String> {
         tracing::warn!(path = %path.display(), "the password file is not a plain file and is ignored");
         return None;
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        if meta.permissions().mode() & 0o077 != 0 {
-            tracing::warn!(path = %path.display(),
-                "the password file has group or world access and is ignored (libpq's rule): chmod 600 it");
+    if let Some(mode) = outbox_event::secret_file::too_open(&meta) {
+        tracing::warn!(path = %path.display(),
+            "the password file has group or world access (mode {mode:o}) and is ignored: chmod 600 it (0640 is accepted when root owns it)");
+        return None;
+    }
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) => {
+            tracing::warn!(
+                "the password file {} cannot be read ({e}) and is ignored: make it readable by the relay's user (on a Kubernetes secret volume, with the pod's fsGroup; docs/security.md)",
+                path.display()
+            );
             return None;
         }
-    }
-    let text = std::fs::read_to_string(path).ok()?;
+    };
     find(&text, target)
 }
 

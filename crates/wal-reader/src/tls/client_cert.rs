@@ -68,22 +68,15 @@ fn check_key_permissions(path: &Path) -> Result<(), TlsSetupError> {
     if !meta.is_file() {
         return Err(err("sslkey", path, "it is not a plain file"));
     }
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let mode = meta.permissions().mode();
-        let (forbidden, allowed) = if meta.uid() == 0 {
-            (0o037, "u=rw,g=r (0640) or less when owned by root")
-        } else {
-            (0o077, "u=rw (0600) or less")
-        };
-        if mode & forbidden != 0 {
-            return Err(err(
-                "sslkey",
-                path,
-                format!("it has group or world access (mode {:o}); permissions must be {allowed}: chmod it (libpq's rule)", mode & 0o777),
-            ));
-        }
+    if let Some(mode) = outbox_event::secret_file::too_open(&meta) {
+        return Err(err(
+            "sslkey",
+            path,
+            format!(
+                "it has group or world access (mode {mode:o}); permissions must be {}: chmod it (libpq's rule)",
+                outbox_event::secret_file::ALLOWED
+            ),
+        ));
     }
     Ok(())
 }

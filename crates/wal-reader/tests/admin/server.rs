@@ -83,3 +83,45 @@ async fn role_without_replication_is_refused() {
         .unwrap();
     check_replication_role(&db.client().await).await.unwrap();
 }
+
+/// Both connection kinds read catalog names from `pg_catalog` only (a function
+/// planted in `public` is never found), and libpq's `options` parameter reaches the
+/// server as libpq sends it: as the startup packet's `options`. An `options` that
+/// sets `search_path` is refused with a sentence.
+#[tokio::test]
+async fn sessions_search_pg_catalog_only_and_take_libpqs_options() {
+    let db = TestDb::new("admin_options");
+    let url = format!("{}?options=-c%20statement_timeout%3D4321", db.url());
+    let opts = wal_reader::PgConnectOptions::parse(&url).unwrap();
+    let c = admin::connect(&opts).await.unwrap();
+    let show = |row: tokio_postgres::Row| row.get::<_, String>(0);
+    assert_eq!(
+        show(c.query_one("SHOW search_path", &[]).await.unwrap()),
+        "pg_catalog"
+    );
+    assert_eq!(
+        show(c.query_one("SHOW statement_timeout", &[]).await.unwrap()),
+        "4321ms"
+    );
+    let mut r = wal_reader::conn::ReplicationConnection::connect(&opts)
+        .await
+        .unwrap();
+    for (setting, value) in [
+        ("search_path", "pg_catalog"),
+        ("statement_timeout", "4321ms"),
+    ] {
+        let rows = r.simple_query(&format!("SHOW {setting}")).await.unwrap();
+        assert_eq!(rows, vec![vec![Some(value.to_string())]], "{setting}");
+    }
+    r.terminate().await;
+
+    let e = wal_reader::PgConnectOptions::parse(&format!(
+        "{}?options=-c%20search_path%3Dpublic",
+        db.url()
+    ))
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("options may not set search_path"),
+        "{e}"
+    );
+}

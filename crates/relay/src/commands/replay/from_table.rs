@@ -304,7 +304,7 @@ impl TablePlan {
     async fn new(c: &Client, cols: admin::TableColumns) -> Result<TablePlan, CliError> {
         let created = c
             .query_opt(
-                "SELECT format_type(atttypid, atttypmod) FROM pg_attribute \
+                "SELECT pg_catalog.format_type(atttypid, atttypmod) FROM pg_catalog.pg_attribute \
                   WHERE attrelid = $1 AND attname = $2 AND NOT attisdropped",
                 &[&cols.table_oid, &CREATED_AT],
             )
@@ -316,7 +316,10 @@ impl TablePlan {
             )));
         }
         let id_type: String = c
-            .query_one("SELECT format_type($1, NULL)", &[&cols.id.type_oid])
+            .query_one(
+                "SELECT pg_catalog.format_type($1::oid, NULL::integer)",
+                &[&cols.id.type_oid],
+            )
             .await?
             .get(0);
         let q = |name: &str| ident::quote_ident(name);
@@ -349,7 +352,10 @@ impl TablePlan {
             })
             .collect::<String>()
         };
-        let count_sql = format!("SELECT count(*) FROM {table} WHERE {filter}{}", selected(3));
+        let count_sql = format!(
+            "SELECT pg_catalog.count(*) FROM {table} WHERE {filter}{}",
+            selected(3)
+        );
         let filter = format!("{filter}{}", selected(6));
         let page_sql = format!(
             "SELECT {id}::text, {}, {}, {}, {}, {}, {}, {ca}::text, {id}::text, \
@@ -365,7 +371,7 @@ impl TablePlan {
             text_col(cols.headers.as_ref()),
             text_col(cols.correlation_id.as_ref()),
         );
-        let null_count_sql = format!("SELECT count(*) FROM {table} WHERE {ca} IS NULL");
+        let null_count_sql = format!("SELECT pg_catalog.count(*) FROM {table} WHERE {ca} IS NULL");
         let t = &cols.table;
         Ok(TablePlan {
             table: Arc::new(pgtype::outbox_table(

@@ -139,6 +139,11 @@ fn env_can_empty_optional_strings() {
 /// Every key has a variable, and the variable reaches that key.
 #[test]
 fn every_key_has_a_working_env_var() {
+    // A password file the secret files' rule accepts (owner only).
+    let secret = std::env::temp_dir().join(format!("every-key-{}", std::process::id()));
+    std::fs::write(&secret, "pw\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let secret = secret.display().to_string();
     for (section, key, kind) in KEYS {
         let dotted = format!("{section}.{key}");
         let value = match (dotted.as_str(), kind) {
@@ -150,7 +155,7 @@ fn every_key_has_a_working_env_var() {
             ("rabbitmq.channels", _) => continue,
             ("rabbitmq.routing_key", _) => "{table}",
             ("rabbitmq.ca_file", _) => "Cargo.toml",
-            ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => "Cargo.toml",
+            ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => secret.as_str(),
             // A pair, checked against each other (like the metrics keys below).
             ("rabbitmq.cert_file" | "rabbitmq.key_file", _) => continue,
             ("relay.metrics_listen", _) => "0.0.0.0:1",

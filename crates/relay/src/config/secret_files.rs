@@ -1,0 +1,54 @@
+//! The secret files the relay's own sections name, held to the one rule of secret
+//! files (`outbox_event::secret_file`: 0600, or 0640 when root owns it), checked at
+//! load so that every command refuses a file others may read, with the key and the
+//! `chmod` (docs/security.md, "Secrets from files"). A file that does not exist is
+//! left to the reader of the file, which names it.
+
+use std::path::Path;
+
+use super::{Config, ConfigError};
+
+impl Config {
+    /// One error per secret file that group or others may read.
+    pub(super) fn check_secret_files(&self) -> Vec<ConfigError> {
+        let r = &self.rabbitmq;
+        let m = &self.relay;
+        [
+            ("rabbitmq.password_file", r.password_file.as_str()),
+            (
+                "rabbitmq.stream_password_file",
+                r.stream_password_file.as_str(),
+            ),
+            (
+                "relay.metrics_bearer_token_file",
+                m.metrics_bearer_token_file.as_str(),
+            ),
+            (
+                "relay.metrics_basic_auth_password_file",
+                m.metrics_basic_auth_password_file.as_str(),
+            ),
+            (
+                "relay.metrics_tls_key_file",
+                m.metrics_tls_key_file.as_str(),
+            ),
+        ]
+        .into_iter()
+        .filter(|(_, path)| !path.is_empty())
+        .filter_map(|(key, path)| too_open(key, Path::new(path)))
+        .collect()
+    }
+}
+
+/// The error for `path` when it breaks the rule.
+fn too_open(key: &str, path: &Path) -> Option<ConfigError> {
+    let meta = std::fs::metadata(path).ok()?;
+    let mode = outbox_event::secret_file::too_open(&meta)?;
+    Some(ConfigError::invalid(
+        key,
+        format!(
+            "{} has group or world access (mode {mode:o}); a secret file's permissions must be {}: chmod 600 it",
+            path.display(),
+            outbox_event::secret_file::ALLOWED
+        ),
+    ))
+}
