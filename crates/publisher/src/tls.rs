@@ -52,6 +52,9 @@ fn file_error(key: &'static str, path: &Path, reason: impl std::fmt::Display) ->
 
 /// The password in `path`: the file's content without a trailing line break.
 pub(crate) fn read_password(path: &Path, keys: Keys) -> Result<String, PublishError> {
+    // Checked at every read, as at load: a mode changed while the relay runs is
+    // caught at the next connect.
+    check_mode(keys.password(), path)?;
     let text = std::fs::read_to_string(path).map_err(|e| file_error(keys.password(), path, e))?;
     let password = text.trim_end_matches(['\n', '\r']);
     if password.is_empty() {
@@ -229,21 +232,21 @@ pub(crate) fn identity(
 /// The key file may be read by its owner only (0600; 0640 when root owns it), as
 /// libpq requires of its own key files.
 fn check_key_permissions(path: &Path) -> Result<(), PublishError> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
-    let meta = std::fs::metadata(path).map_err(|e| file_error("key_file", path, e))?;
-    let mode = meta.permissions().mode();
-    let forbidden = if meta.uid() == 0 { 0o037 } else { 0o077 };
-    if mode & forbidden != 0 {
-        return Err(file_error(
-            "key_file",
+    check_mode("key_file", path)
+}
+
+/// A secret file must not be open to others: the program's one rule
+/// (`outbox_event::secret_file`, docs/security.md).
+fn check_mode(key: &'static str, path: &Path) -> Result<(), PublishError> {
+    let meta = std::fs::metadata(path).map_err(|e| file_error(key, path, e))?;
+    match outbox_event::secret_file::too_open(&meta) {
+        Some(mode) => Err(file_error(
+            key,
             path,
-            format!(
-                "it has group or world access (mode {:o}): chmod 600 it",
-                mode & 0o777
-            ),
-        ));
+            format!("it has group or world access (mode {mode:o}): chmod 600 it"),
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The key file in the one format the stream client reads (PKCS#8), and the pair
