@@ -317,22 +317,34 @@ pub(super) fn relay_drain(
     }
 }
 
-pub(super) async fn large(
+/// A fresh database with a slot, a fresh sink (`measure_latency`: see [`Sink::new`]),
+/// and the relay between them, given `settle` to start streaming.
+pub(super) async fn relay_to_sink(
     args: &Args,
     bin: &std::path::Path,
-    report: &mut Report,
-) -> anyhow::Result<()> {
+    measure_latency: bool,
+    settle: Duration,
+) -> anyhow::Result<(BenchDb, Sink, RelayProc)> {
     let db = BenchDb::new();
     let slot = db.create_slot();
-    let sink = Sink::new(false).await?;
-    let mut relay = RelayProc::start(
+    let sink = Sink::new(measure_latency).await?;
+    let relay = RelayProc::start(
         bin,
         &db,
         &slot,
         Target::Exchange(&sink.exchange),
         args.window,
     )?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::time::sleep(settle).await;
+    Ok((db, sink, relay))
+}
+
+pub(super) async fn large(
+    args: &Args,
+    bin: &std::path::Path,
+    report: &mut Report,
+) -> anyhow::Result<()> {
+    let (db, sink, mut relay) = relay_to_sink(args, bin, false, Duration::from_secs(1)).await?;
     let n = args.large_rows;
     let start = Instant::now();
     let name = db.db.name.clone();

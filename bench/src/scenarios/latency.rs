@@ -153,17 +153,7 @@ async fn steady_relay(
     name: &str,
     prefix: &str,
 ) -> anyhow::Result<f64> {
-    let db = BenchDb::new();
-    let slot = db.create_slot();
-    let sink = Sink::new(true).await?;
-    let mut relay = RelayProc::start(
-        bin,
-        &db,
-        &slot,
-        Target::Exchange(&sink.exchange),
-        args.window,
-    )?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (db, sink, mut relay) = relay_to_sink(args, bin, true, Duration::from_secs(2)).await?;
     let cpu0 = relay.cpu_seconds();
     let started = Instant::now();
     let insert_secs = insert_rows(&db, load).await?;
