@@ -15,6 +15,11 @@
 # ≈ 8.5 s for the first two (2 s and 6.4 s measured on 2026-12-05 at load average
 # 7-8), and two short drains more.
 #
+# steady and steady-high run their two latency baselines (issue #40: pg_recvlogical's
+# commit → receipt, a raw publisher's publish → delivery) for 1 s each here, at the
+# same rates as the relay (1,000/s and 10,000/s): the whole run took 94 s on
+# 2026-12-06 at load average 4-8.
+#
 # The cluster drains (cluster-drain, cluster-stream-drain) run once each, on the
 # 100-row transactions, when the 3-node cluster's URLs are known: from the environment,
 # else from target/test-services.env (scripts/test-services.sh starts the cluster and

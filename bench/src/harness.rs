@@ -234,6 +234,11 @@ impl Sink {
         })
     }
 
+    /// The latencies recorded so far (seconds; with `measure_latency`).
+    pub fn latency_samples(&self) -> Vec<f64> {
+        self.latencies.lock().map(|l| l.clone()).unwrap_or_default()
+    }
+
     /// Waits until `n` messages arrived; errors after `timeout`.
     pub async fn wait_for(&self, n: usize, timeout: Duration) -> anyhow::Result<Instant> {
         let deadline = Instant::now() + timeout;
@@ -545,14 +550,26 @@ pub async fn wait_relay(
     timeout: Duration,
     relay: &mut RelayProc,
 ) -> anyhow::Result<Instant> {
+    wait_child(count, n, timeout, &mut relay.child, "the relay").await
+}
+
+/// Waits until `count` reaches `n` while `child` (named `what` in errors) runs;
+/// errors when it exits first or after `timeout`.
+pub async fn wait_child(
+    count: &AtomicUsize,
+    n: usize,
+    timeout: Duration,
+    child: &mut Child,
+    what: &str,
+) -> anyhow::Result<Instant> {
     let deadline = Instant::now() + timeout;
     loop {
         let have = count.load(Ordering::Relaxed);
         if have >= n {
             return Ok(Instant::now());
         }
-        if let Ok(Some(status)) = relay.child.try_wait() {
-            bail!("the relay exited ({status}) with {have} of {n} messages delivered");
+        if let Ok(Some(status)) = child.try_wait() {
+            bail!("{what} exited ({status}) with {have} of {n} messages delivered");
         }
         if Instant::now() > deadline {
             bail!(

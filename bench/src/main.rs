@@ -42,7 +42,12 @@
 //!   100-row transactions only.
 //! - **steady**: single-row transactions at a fixed rate (`--rate`, by `--clients`
 //!   producers); commit → receive latency percentiles at the consumer, relay CPU
-//!   share and RSS.
+//!   share and RSS. Then, in the same run, at the same rate by as many producers, two
+//!   baselines (issue #40): `pg_recvlogical`'s commit → receipt (its own slot,
+//!   pgoutput, its output read by the harness) and a raw lapin publisher's publish →
+//!   delivery (the relay's message, one confirm-mode channel); and the relay's own
+//!   share of the p99, its p99 less the larger baseline's. `--quick` runs each
+//!   baseline for 1 s.
 //! - **steady-high**: the same at ten times the rate by twice the producers.
 //! - **large**: one 1M-row transaction: time and the relay's peak RSS.
 //!

@@ -19,11 +19,13 @@ use crate::Args;
 mod baselines;
 mod cluster;
 mod drain;
+mod latency;
 mod report;
 
 use baselines::*;
 use cluster::*;
 use drain::*;
+use latency::*;
 pub use report::{Figure, Report};
 
 const WAIT: Duration = Duration::from_secs(600);
@@ -490,26 +492,7 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         );
         RelayNames::stream(per_tx).add(&mut report, &stream, &c, &rate_cond);
     }
-    // The two loads: the base rate (default 1000/s by 4 producers) and ten
-    // times it by twice the producers ("steady-high").
-    let high = (args.rate * 10, args.clients * 2, "steady high");
-    for (scenario, (rate, clients, prefix)) in [
-        ("steady", (args.rate, args.clients, "steady")),
-        ("steady-high", high),
-    ] {
-        if !wants(args, scenario) {
-            continue;
-        }
-        report.expect(&[
-            &format!("{prefix} latency p50"),
-            &format!("{prefix} latency p99"),
-            &format!("{prefix} relay CPU share"),
-            &format!("{prefix} relay RSS"),
-        ]);
-        if let Err(e) = steady(args, &bin, &mut report, rate, clients, prefix).await {
-            report.fail(scenario, &e);
-        }
-    }
+    steady_scenarios(args, &bin, &mut report).await;
     if wants(args, "large") {
         report.expect(&["large tx: commit → all received", "large tx relay peak RSS"]);
         if let Err(e) = large(args, &bin, &mut report).await {

@@ -218,82 +218,126 @@ pub(super) async fn publish_share(
     window: usize,
     shape: Shape,
 ) -> anyhow::Result<()> {
-    let window = window.max(1);
     let body = bench_body();
-    let mut pending = VecDeque::with_capacity(window);
+    let mut confirms = Confirms::new(window);
     for i in first..first + n {
-        let mut headers = FieldTable::default();
-        if shape == Shape::Full {
-            headers.insert(
-                "aggregate_type".into(),
-                AMQPValue::LongString(LongString::from("bench")),
-            );
-            headers.insert(
-                "aggregate_id".into(),
-                AMQPValue::LongString(LongString::from(i.to_string())),
-            );
-            headers.insert(
-                "outbox_table".into(),
-                AMQPValue::LongString(LongString::from("public.outbox")),
-            );
-            headers.insert("xid".into(), AMQPValue::LongLongInt(i as i64));
+        confirms
+            .push(publish_one(&ch, &exchange, i, shape, body.as_bytes()).await?)
+            .await?;
+    }
+    confirms.finish().await
+}
+
+/// A pipelined window of publisher confirms: at most `window` unconfirmed.
+pub(super) struct Confirms {
+    pending: VecDeque<lapin::PublisherConfirm>,
+    window: usize,
+}
+
+impl Confirms {
+    pub(super) fn new(window: usize) -> Confirms {
+        let window = window.max(1);
+        Confirms {
+            pending: VecDeque::with_capacity(window),
+            window,
         }
+    }
+
+    /// Adds the confirm of a message just published; waits for the oldest while the
+    /// window is full.
+    pub(super) async fn push(&mut self, confirm: lapin::PublisherConfirm) -> anyhow::Result<()> {
+        self.pending.push_back(confirm);
+        while self.pending.len() >= self.window {
+            if let Some(c) = self.pending.pop_front() {
+                c.await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for every confirm still pending.
+    pub(super) async fn finish(self) -> anyhow::Result<()> {
+        for c in self.pending {
+            c.await?;
+        }
+        Ok(())
+    }
+}
+
+/// Publishes message `i` of `shape` with `body` on `ch` (mandatory); returns its
+/// confirm, not awaited.
+pub(super) async fn publish_one(
+    ch: &lapin::Channel,
+    exchange: &str,
+    i: usize,
+    shape: Shape,
+    body: &[u8],
+) -> anyhow::Result<lapin::PublisherConfirm> {
+    Ok(ch
+        .basic_publish(
+            exchange.into(),
+            "bench.tick".into(),
+            BasicPublishOptions {
+                mandatory: true,
+                ..Default::default()
+            },
+            body,
+            properties(i, shape),
+        )
+        .await?)
+}
+
+/// The properties (and headers) of message `i` of `shape`.
+fn properties(i: usize, shape: Shape) -> BasicProperties {
+    let mut headers = FieldTable::default();
+    if shape == Shape::Full {
         headers.insert(
-            "event_type".into(),
-            AMQPValue::LongString(LongString::from("tick")),
+            "aggregate_type".into(),
+            AMQPValue::LongString(LongString::from("bench")),
         );
         headers.insert(
-            "commit_lsn".into(),
-            AMQPValue::LongString(LongString::from("0/16B3748")),
+            "aggregate_id".into(),
+            AMQPValue::LongString(LongString::from(i.to_string())),
         );
-        headers.insert("tx_index".into(), AMQPValue::LongLongInt(i as i64));
-        let props = match shape {
-            Shape::BodyOnly => BasicProperties::default().with_delivery_mode(2),
-            Shape::Light => BasicProperties::default()
+        headers.insert(
+            "outbox_table".into(),
+            AMQPValue::LongString(LongString::from("public.outbox")),
+        );
+        headers.insert("xid".into(), AMQPValue::LongLongInt(i as i64));
+    }
+    headers.insert(
+        "event_type".into(),
+        AMQPValue::LongString(LongString::from("tick")),
+    );
+    headers.insert(
+        "commit_lsn".into(),
+        AMQPValue::LongString(LongString::from("0/16B3748")),
+    );
+    headers.insert("tx_index".into(), AMQPValue::LongLongInt(i as i64));
+    match shape {
+        Shape::BodyOnly => BasicProperties::default().with_delivery_mode(2),
+        Shape::Light => BasicProperties::default()
+            .with_message_id(ShortString::from(format!(
+                "00000000-0000-4000-8000-{i:012}"
+            )))
+            .with_type("tick".into())
+            .with_content_type("application/json".into())
+            .with_delivery_mode(2),
+        Shape::Full | Shape::Minimal | Shape::NoHeaders => {
+            let props = BasicProperties::default()
                 .with_message_id(ShortString::from(format!(
                     "00000000-0000-4000-8000-{i:012}"
                 )))
                 .with_type("tick".into())
                 .with_content_type("application/json".into())
-                .with_delivery_mode(2),
-            Shape::Full | Shape::Minimal | Shape::NoHeaders => {
-                let props = BasicProperties::default()
-                    .with_message_id(ShortString::from(format!(
-                        "00000000-0000-4000-8000-{i:012}"
-                    )))
-                    .with_type("tick".into())
-                    .with_content_type("application/json".into())
-                    .with_delivery_mode(2)
-                    .with_timestamp(1)
-                    .with_app_id("outbox-relay".into());
-                if shape == Shape::NoHeaders {
-                    props
-                } else {
-                    props.with_headers(headers)
-                }
-            }
-        };
-        let confirm = ch
-            .basic_publish(
-                exchange.as_str().into(),
-                "bench.tick".into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                body.as_bytes(),
-                props,
-            )
-            .await?;
-        pending.push_back(confirm);
-        while pending.len() >= window {
-            if let Some(c) = pending.pop_front() {
-                c.await?;
+                .with_delivery_mode(2)
+                .with_timestamp(1)
+                .with_app_id("outbox-relay".into());
+            if shape == Shape::NoHeaders {
+                props
+            } else {
+                props.with_headers(headers)
             }
         }
     }
-    for c in pending {
-        c.await?;
-    }
-    Ok(())
 }

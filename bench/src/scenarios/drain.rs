@@ -1,4 +1,4 @@
-//! The relay draining a backlog, steady load, and large transactions.
+//! The relay draining a backlog, and large transactions.
 
 use super::*;
 
@@ -81,22 +81,8 @@ pub(super) async fn drain_run(
 
     if wants(args, "recvlogical") {
         let start = Instant::now();
-        let status = std::process::Command::new("pg_recvlogical")
-            .args([
-                "-d",
-                &db.db.conninfo(),
-                "--slot",
-                &recv_slot,
-                "--start",
-                "--no-loop",
-            ])
-            .args(["-E", &end_lsn, "-f", "/dev/null"])
-            .args([
-                "-o",
-                "proto_version=1",
-                "-o",
-                &format!("publication_names={}", db.publication),
-            ])
+        let status = recvlogical(&db, &recv_slot)
+            .args(["--no-loop", "-E", &end_lsn, "-f", "/dev/null"])
             .status()
             .context("run pg_recvlogical")?;
         if !status.success() {
@@ -304,6 +290,16 @@ pub(super) async fn drive(
     Ok(measured)
 }
 
+/// `pg_recvlogical` streaming `slot` of `db` with pgoutput (protocol 1, the bench's
+/// publication), as the relay reads it; the caller adds where it ends and its output.
+pub(super) fn recvlogical(db: &BenchDb, slot: &str) -> std::process::Command {
+    let mut c = std::process::Command::new("pg_recvlogical");
+    c.args(["-d", &db.db.conninfo(), "--slot", slot, "--start"])
+        .args(["-o", "proto_version=1", "-o"])
+        .arg(format!("publication_names={}", db.publication));
+    c
+}
+
 /// The rate, start-up time, CPU per 10k events and peak RSS of a relay started at
 /// `start` that delivered its first event at `first` and all `n` at `end`.
 pub(super) fn relay_drain(
@@ -321,86 +317,26 @@ pub(super) fn relay_drain(
     }
 }
 
-pub(super) async fn steady(
+/// A fresh database with a slot, a fresh sink (`measure_latency`: see [`Sink::new`]),
+/// and the relay between them, given `settle` to start streaming.
+pub(super) async fn relay_to_sink(
     args: &Args,
     bin: &std::path::Path,
-    report: &mut Report,
-    rate: u32,
-    clients: u32,
-    prefix: &str,
-) -> anyhow::Result<()> {
+    measure_latency: bool,
+    settle: Duration,
+) -> anyhow::Result<(BenchDb, Sink, RelayProc)> {
     let db = BenchDb::new();
     let slot = db.create_slot();
-    let sink = Sink::new(true).await?;
-    let mut relay = RelayProc::start(
+    let sink = Sink::new(measure_latency).await?;
+    let relay = RelayProc::start(
         bin,
         &db,
         &slot,
         Target::Exchange(&sink.exchange),
         args.window,
     )?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let cpu0 = relay.cpu_seconds();
-    let clients = clients.max(1);
-    let per_client = (rate / clients).max(1);
-    let total = (per_client * clients * args.seconds) as usize;
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let conninfo = db.db.conninfo();
-        let seconds = args.seconds;
-        tasks.push(tokio::spawn(async move {
-            let (client, conn) = tokio_postgres::connect(&conninfo, tokio_postgres::NoTls).await?;
-            tokio::spawn(conn);
-            let stmt = client
-                .prepare(
-                    "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-                     VALUES ('bench', $1, 'tick', jsonb_build_object(
-                        't', extract(epoch from clock_timestamp()), 'pad', repeat('x', 240)))",
-                )
-                .await?;
-            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_client as f64));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-            for i in 0..per_client * seconds {
-                tick.tick().await;
-                client.execute(&stmt, &[&i.to_string()]).await?;
-            }
-            Ok::<(), anyhow::Error>(())
-        }));
-    }
-    for t in tasks {
-        t.await??;
-    }
-    let insert_secs = started.elapsed().as_secs_f64();
-    wait_relay(&sink.count, total, wait(args), &mut relay).await?;
-    let wall = started.elapsed().as_secs_f64();
-    let cpu = relay.cpu_seconds() - cpu0;
-    let rss = relay.rss_mb();
-    let mut lat = sink.latencies.lock().map(|l| l.clone()).unwrap_or_default();
-    lat.sort_by(|a, b| a.total_cmp(b));
-    let cond = format!(
-        "{rate} events/s offered by {clients} clients for {}s (achieved {:.0}/s), single-row transactions",
-        args.seconds,
-        total as f64 / insert_secs
-    );
-    for (name, q) in [("p50", 0.50), ("p99", 0.99), ("p99.9", 0.999)] {
-        report.add(
-            format!("{prefix} latency {name}"),
-            percentile(&lat, q) * 1000.0,
-            "ms",
-            &cond,
-        );
-    }
-    report.add(
-        format!("{prefix} relay CPU share"),
-        cpu / wall,
-        "cores",
-        &cond,
-    );
-    report.add(format!("{prefix} relay RSS"), rss, "MB", &cond);
-    relay.stop();
-    sink.cleanup().await;
-    Ok(())
+    tokio::time::sleep(settle).await;
+    Ok((db, sink, relay))
 }
 
 pub(super) async fn large(
@@ -408,17 +344,7 @@ pub(super) async fn large(
     bin: &std::path::Path,
     report: &mut Report,
 ) -> anyhow::Result<()> {
-    let db = BenchDb::new();
-    let slot = db.create_slot();
-    let sink = Sink::new(false).await?;
-    let mut relay = RelayProc::start(
-        bin,
-        &db,
-        &slot,
-        Target::Exchange(&sink.exchange),
-        args.window,
-    )?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (db, sink, mut relay) = relay_to_sink(args, bin, false, Duration::from_secs(1)).await?;
     let n = args.large_rows;
     let start = Instant::now();
     let name = db.db.name.clone();

@@ -228,6 +228,16 @@ impl Report {
             "≤ 30",
             p99.map(|v| v <= 30.0),
         ));
+        // Issue #40: at ten times the rate, the relay's p99 less the larger of its two
+        // limits measured beside it (pg_recvlogical's commit → receipt, a raw
+        // publisher's publish → delivery).
+        let share = self.get(&own_share_name("steady high"));
+        t.push(fmt(
+            "steady high relay own share p99 (ms): relay p99 − max(pg_recvlogical, raw publisher p99)",
+            share,
+            "≤ 5",
+            share.map(|v| v <= 5.0),
+        ));
         // Target 2: ≤ 10 µs of relay CPU per event = 0.10 core-s per 10k events.
         let cpu = self.get("drain 100-row tx: relay CPU per 10k events");
         t.push(fmt(
