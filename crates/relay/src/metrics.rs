@@ -112,6 +112,10 @@ fn describe() {
             "returned messages republished to dead_letter_exchange and acked",
         ),
         (
+            p::EVENTS_UNFIT,
+            "events AMQP cannot carry (content header over the frame size): poison, never sent",
+        ),
+        (
             p::PUBLISH_RETRIES,
             "publish failure recoveries (each republishes from the oldest unacked message)",
         ),
