@@ -90,7 +90,7 @@ for f in /usr/bin/outbox-relay /usr/share/man/man1/outbox-relay.1.gz \
 done
 dpkg-query -W -f "\${Conffiles}\n" outbox-relay | grep -q " /etc/outbox-relay/outbox-relay.toml " \
   || fail "/etc/outbox-relay/outbox-relay.toml is not a conffile"
-perm="$(stat -c '%U:%G %a' /etc/outbox-relay/outbox-relay.toml)"
+perm="$(stat -c "%U:%G %a" /etc/outbox-relay/outbox-relay.toml)"
 [ "$perm" = "root:outbox-relay 640" ] \
   || fail "/etc/outbox-relay/outbox-relay.toml is $perm, not root:outbox-relay 640"
 zcat /usr/share/man/man1/outbox-relay.1.gz | grep -q "^\.TH outbox-relay 1" || fail "the man page is not outbox-relay(1)"
