@@ -194,6 +194,16 @@ fn check_content_header(payload: &[u8]) -> Result<(), FrameError> {
 /// fails when tables or arrays nest deeper than [`MAX_TABLE_DEPTH`]. Malformed
 /// content past the nesting is left to the codec.
 fn check_table(bytes: &[u8], depth: usize) -> Result<(), FrameError> {
+    check_nested(bytes, depth, true)
+}
+
+/// As [`check_table`], for a field array (values without names).
+fn check_array(bytes: &[u8], depth: usize) -> Result<(), FrameError> {
+    check_nested(bytes, depth, false)
+}
+
+/// A table (`named`: each value after a short-string name) or an array.
+fn check_nested(bytes: &[u8], depth: usize, named: bool) -> Result<(), FrameError> {
     if depth > MAX_TABLE_DEPTH {
         return Err(too_deep());
     }
@@ -202,29 +212,13 @@ fn check_table(bytes: &[u8], depth: usize) -> Result<(), FrameError> {
     };
     let mut at = 0;
     while at < body.len() {
-        let name = body[at] as usize;
-        at += 1 + name;
+        if named {
+            at += 1 + body[at] as usize;
+        }
         let Some(rest) = body.get(at..) else {
             return Ok(());
         };
         match skip_value(rest, depth)? {
-            Some(used) => at += used,
-            None => return Ok(()),
-        }
-    }
-    Ok(())
-}
-
-fn check_array(bytes: &[u8], depth: usize) -> Result<(), FrameError> {
-    if depth > MAX_TABLE_DEPTH {
-        return Err(too_deep());
-    }
-    let Some(body) = sized(bytes) else {
-        return Ok(());
-    };
-    let mut at = 0;
-    while at < body.len() {
-        match skip_value(&body[at..], depth)? {
             Some(used) => at += used,
             None => return Ok(()),
         }
