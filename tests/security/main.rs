@@ -13,6 +13,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod broker_tls;
+mod emit;
 mod hostile_peers;
 mod metrics_endpoint;
 mod operator_output;
