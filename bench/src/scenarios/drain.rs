@@ -98,6 +98,7 @@ pub(super) async fn drain_run(
             slot: reader_slot,
             publication: db.publication.clone(),
             tables: vec![TableName::parse("public.outbox").context("table")?],
+            messages: Vec::new(),
             mapping: ColumnMapping::default(),
             start_lsn: None,
             status_interval: Duration::from_secs(1),

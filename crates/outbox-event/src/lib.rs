@@ -75,6 +75,11 @@ pub struct OutboxEvent {
     /// The headers column's JSON text, as is.
     pub headers: Option<Bytes>,
     pub correlation_id: Option<Bytes>,
+    /// Why this event cannot be published as it is: a logical message whose content
+    /// is not the JSON object of docs/messages.md. The publisher treats it as poison
+    /// (held, or a notice to the dead-letter exchange), named by its id and LSN, as it
+    /// treats a message the broker cannot take. `None` for every table row.
+    pub malformed: Option<Arc<str>>,
 }
 
 /// End of a committed transaction whose events (possibly none) came before it.

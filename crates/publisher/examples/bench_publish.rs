@@ -89,6 +89,7 @@ async fn main() {
                 body,
                 headers: None,
                 correlation_id: None,
+                malformed: None,
             }));
         }
         last_end = Lsn(base + 0x200);

@@ -294,20 +294,29 @@ impl OutboundMessage {
                 headers.insert("x-original-routing-key".into(), text(routing_key));
             }
             DeadLetterReason::Refused { reason } => {
+                // A malformed logical message keeps its content as the body: it is
+                // what its producer must fix (docs/messages.md).
+                let malformed = self.event.malformed.is_some();
                 headers.insert(
                     "x-outbox-error".into(),
-                    text(&format!("refused by the broker: {reason}")),
+                    text(&if malformed {
+                        format!("malformed: {reason}")
+                    } else {
+                        format!("refused by the broker: {reason}")
+                    }),
                 );
                 headers.insert("x-original-exchange".into(), text(exchange));
                 headers.insert(
                     "x-original-routing-key".into(),
                     text(self.routing_key.as_str()),
                 );
-                headers.insert(
-                    "x-outbox-body-bytes".into(),
-                    AMQPValue::LongLongInt(i64::try_from(self.body.len()).unwrap_or(i64::MAX)),
-                );
-                message.body = Bytes::new();
+                if !malformed {
+                    headers.insert(
+                        "x-outbox-body-bytes".into(),
+                        AMQPValue::LongLongInt(i64::try_from(self.body.len()).unwrap_or(i64::MAX)),
+                    );
+                    message.body = Bytes::new();
+                }
             }
         }
         message.fixed_properties = Some(properties.with_headers(headers));

@@ -125,6 +125,14 @@ fn describe() {
         metrics::counter!(name).increment(0);
     }
     describe_counter!(
+        wal_reader::messages::MESSAGES_IGNORED,
+        Unit::Count,
+        "logical messages not relayed, by reason (non_transactional: a relayed prefix emitted outside its transaction; other_prefix: another tool's messages)"
+    );
+    for reason in ["non_transactional", "other_prefix"] {
+        metrics::counter!(wal_reader::messages::MESSAGES_IGNORED, "reason" => reason).increment(0);
+    }
+    describe_counter!(
         p::RECONNECTS,
         Unit::Count,
         "reconnects, by side (postgres, rabbitmq)"

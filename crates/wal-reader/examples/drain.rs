@@ -30,6 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         slot: slot.clone(),
         publication: publication.clone(),
         tables: vec![TableName::parse("public.outbox").ok_or("table")?],
+        messages: Vec::new(),
         mapping: ColumnMapping::default(),
         start_lsn: None,
         status_interval: Duration::from_secs(1),

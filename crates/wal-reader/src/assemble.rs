@@ -6,6 +6,8 @@
 //! mid-stream arrives as a new Relation message and replaces the entry), maps the
 //! configured columns by name, skips updates, deletes, truncates and other tables,
 //! and tags each event with its transaction's xid, commit LSN and commit time.
+//! With a [`MessageSource`], transactional logical messages of the relayed prefixes
+//! are events too, in their place among the transaction's rows ([`crate::messages`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,6 +19,7 @@ use tracing::debug;
 
 use crate::error::ReaderError;
 use crate::mapping::{ColumnMapping, TableName};
+use crate::messages::{MessageSource, TxOf};
 use crate::pgtype::{self, pg_to_unix_micros};
 
 /// Mapped column positions of a relayed relation.
@@ -48,6 +51,8 @@ pub struct Assembler {
     /// Relation id → mapped columns, or `None` for a relation we skip.
     relations: HashMap<u32, Option<RelayedRelation>>,
     open: Option<OpenTx>,
+    /// The logical messages that are events (`[postgres] messages`), if any.
+    messages: Option<MessageSource>,
 }
 
 impl Assembler {
@@ -59,7 +64,15 @@ impl Assembler {
             mapping,
             relations: HashMap::new(),
             open: None,
+            messages: None,
         }
+    }
+
+    /// The same assembler relaying the logical messages `source` names as events
+    /// (none when it lists no prefix).
+    pub fn with_messages(mut self, source: Option<MessageSource>) -> Assembler {
+        self.messages = source;
+        self
     }
 
     /// True between a Begin and its Commit.
@@ -117,13 +130,47 @@ impl Assembler {
                 pending.push(WalItem::Event(build_event(rel, tx, &ins.tuple)));
                 tx.events += 1;
             }
-            // Updates, deletes, truncates, types, origins and messages do not publish.
+            LogicalMessage::Message(m) => {
+                let Some(source) = &mut self.messages else {
+                    return Ok(false);
+                };
+                let tx = self.open.as_mut();
+                let of = tx.as_ref().map(|tx| TxOf {
+                    xid: tx.xid,
+                    commit_lsn: tx.commit_lsn,
+                    commit_time_micros: tx.commit_time_micros,
+                    index: tx.events,
+                });
+                let of = match of {
+                    Some(of) => of,
+                    // Non-transactional messages come outside transactions: counted
+                    // there, and never events.
+                    None if m.flags & 1 == 0 => TxOf {
+                        xid: 0,
+                        commit_lsn: m.lsn,
+                        commit_time_micros: 0,
+                        index: 0,
+                    },
+                    None => {
+                        return Err(ReaderError::Protocol(format!(
+                            "transactional logical message at {} outside a transaction",
+                            m.lsn
+                        )))
+                    }
+                };
+                if let Some(event) = source.event(&m, of) {
+                    pending.push(WalItem::Event(event));
+                    if let Some(tx) = tx {
+                        tx.events += 1;
+                    }
+                }
+            }
+            // Updates, deletes, truncates, types and origins do not publish.
             LogicalMessage::Update(_)
             | LogicalMessage::Delete(_)
             | LogicalMessage::Truncate(_)
             | LogicalMessage::Type(_)
-            | LogicalMessage::Origin(_)
-            | LogicalMessage::Message(_) => {}
+            | LogicalMessage::Origin(_) => {}
             other => {
                 return Err(ReaderError::Protocol(format!(
                     "unexpected message with protocol version 1: {other:?}"
@@ -196,5 +243,6 @@ fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxE
         payload,
         headers: rel.headers.and_then(|i| column(tuple, i)),
         correlation_id: rel.correlation_id.and_then(|i| column(tuple, i)),
+        malformed: None,
     }
 }

@@ -35,6 +35,7 @@
 //!   detection, and a clean stop at a transaction boundary. Its module docs explain
 //!   how LSN progress is tracked.
 //! - [`assemble`]: pgoutput messages → outbox events and commit markers.
+//! - [`messages`]: logical decoding messages as events (docs/messages.md).
 //! - [`pgtype`]: what the payload column's Postgres type means for a message (its
 //!   body and content type), applied as events are built.
 //! - [`admin`]: creating, advancing and dropping slots and publications, reading slot
@@ -59,6 +60,7 @@ pub mod conn;
 pub mod conninfo;
 pub mod error;
 pub mod mapping;
+pub mod messages;
 pub mod pgtype;
 pub mod settings;
 pub mod stream;
@@ -71,6 +73,7 @@ pub use outbox_event::redact;
 pub use conninfo::{PgConnectOptions, SslMode, DEFAULT_CONNECT_TIMEOUT};
 pub use error::{ReaderError, ServerError};
 pub use mapping::{ColumnMapping, MappingConfig, TableName};
+pub use messages::MessageSource;
 pub use settings::PostgresConfig;
 pub use stream::{
     identify, identify_server, LastEventCommit, OldestUnacked, Prepared, ReaderConfig, ReaderExit,

@@ -43,6 +43,10 @@ pub struct PostgresConfig {
     /// string of comma-separated names (as the environment variable). Checked at load.
     #[serde(deserialize_with = "de_string_list")]
     pub tables: Vec<String>,
+    /// Prefixes of the transactional logical messages relayed as events
+    /// (docs/messages.md), as `tables` takes them; empty: none (the default).
+    #[serde(deserialize_with = "de_string_list")]
+    pub messages: Vec<String>,
 }
 
 impl Default for PostgresConfig {
@@ -52,6 +56,7 @@ impl Default for PostgresConfig {
             slot: DEFAULT_SLOT.to_string(),
             publication: DEFAULT_PUBLICATION.to_string(),
             tables: DEFAULT_TABLES.iter().map(|t| t.to_string()).collect(),
+            messages: Vec::new(),
         }
     }
 }
@@ -63,6 +68,7 @@ impl fmt::Debug for PostgresConfig {
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .field("tables", &self.tables)
+            .field("messages", &self.messages)
             .finish()
     }
 }
@@ -76,7 +82,8 @@ impl PostgresConfig {
             validate_pg_url(self.url.expose_secret()),
             validate_identifier("postgres.slot", &self.slot, true),
             validate_identifier("postgres.publication", &self.publication, false),
-            validate_tables(&self.tables),
+            validate_tables(&self.tables, !self.messages.is_empty()),
+            validate_messages(&self.messages),
         ]
         .into_iter()
         .filter_map(Result::err)
@@ -106,6 +113,7 @@ impl PostgresConfig {
             slot: self.slot.clone(),
             publication: self.publication.clone(),
             tables: self.tables(),
+            messages: self.messages.clone(),
             mapping: mapping.columns(),
             start_lsn,
             status_interval,
@@ -148,12 +156,13 @@ fn de_string_list<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Err
     d.deserialize_any(V)
 }
 
-/// `postgres.tables`: at least one, each a table name.
-fn validate_tables(tables: &[String]) -> Result<(), SettingError> {
-    if tables.is_empty() {
+/// `postgres.tables`: each a table name, at least one unless logical messages are
+/// relayed (an outbox without a table, docs/messages.md).
+fn validate_tables(tables: &[String], messages: bool) -> Result<(), SettingError> {
+    if tables.is_empty() && !messages {
         return Err(SettingError::new(
             "postgres.tables",
-            "the list is empty: name at least one outbox table, e.g. [\"public.outbox\"]",
+            "the list is empty: name at least one outbox table, e.g. [\"public.outbox\"], or relay logical messages with [postgres] messages",
         ));
     }
     for t in tables {
@@ -161,6 +170,32 @@ fn validate_tables(tables: &[String]) -> Result<(), SettingError> {
             return Err(SettingError::new(
                 "postgres.tables",
                 format!("{t:?} is not a table name: use \"schema.table\" or \"table\""),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `postgres.messages`: prefixes, none empty, none twice.
+fn validate_messages(prefixes: &[String]) -> Result<(), SettingError> {
+    const KEY: &str = "postgres.messages";
+    for (i, p) in prefixes.iter().enumerate() {
+        if p.trim().is_empty() {
+            return Err(SettingError::new(
+                KEY,
+                "a prefix is empty: list the prefixes your pg_logical_emit_message calls use, e.g. [\"outbox\"]",
+            ));
+        }
+        if p.contains('\0') {
+            return Err(SettingError::new(
+                KEY,
+                format!("{p:?} contains a NUL byte, which Postgres text cannot hold: remove it"),
+            ));
+        }
+        if prefixes[..i].contains(p) {
+            return Err(SettingError::new(
+                KEY,
+                format!("{p:?} is listed twice: list each prefix once"),
             ));
         }
     }

@@ -76,6 +76,9 @@ pub struct ReaderConfig {
     pub publication: String,
     /// The outbox tables to relay; inserts into other published tables are skipped.
     pub tables: Vec<TableName>,
+    /// Prefixes of the transactional logical messages relayed as events
+    /// (`[postgres] messages`, docs/messages.md); empty: messages are not asked for.
+    pub messages: Vec<String>,
     pub mapping: ColumnMapping,
     /// Start here instead of the slot's position (`run --start-lsn`). Must not be
     /// older than the slot's `confirmed_flush_lsn`.

@@ -204,6 +204,12 @@ impl Runner {
                 ..
             } = self;
             let sent = engine.send_next(|send, original| {
+                // A logical message whose content is malformed is poison before any
+                // framing (docs/messages.md): its notice may go to the DLX.
+                if let (Outgoing::Main { .. }, Some(why)) = (send, &original.event.malformed) {
+                    unfit = Some((send.clone(), why.to_string()));
+                    return Err(why.to_string());
+                }
                 let (exchange, message) = match send {
                     Outgoing::Main { .. } => (exchange.as_str(), original.clone()),
                     Outgoing::DeadLetter { reason, .. } => {

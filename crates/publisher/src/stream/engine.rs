@@ -22,7 +22,8 @@
 //!   [`MAX_BATCH`], and its exact encoded size never exceeds the frame maximum the
 //!   connection negotiated. An event that cannot fit even alone is a *poison*
 //!   message: nothing after it is sent until a connection with a larger frame maximum
-//!   takes it, or an operator skips it.
+//!   takes it, or an operator skips it. So is a malformed logical message
+//!   (docs/messages.md), which no connection takes.
 //! - **Refusals stop rather than lose.** A refused id is remembered until it is
 //!   confirmed. If the next connection finds the producer's last stored id at or above
 //!   a refused one, the broker stored a later event and would drop this one as a
@@ -62,6 +63,11 @@ pub(crate) trait StreamMsg {
     fn frame_bytes(&self) -> usize;
     /// Its event's commit LSN and index in the transaction.
     fn position(&self) -> (Lsn, u64);
+    /// Whether it can never be published (a malformed logical message): poison,
+    /// whatever the frame maximum.
+    fn malformed(&self) -> bool {
+        false
+    }
 }
 
 /// What the shell does next.
@@ -340,7 +346,7 @@ impl<M: StreamMsg> Engine<M> {
                 }
             }
             let size = message.frame_bytes();
-            if bytes + size > conn.frame_max {
+            if message.malformed() || bytes + size > conn.frame_max {
                 if seqs.is_empty() {
                     self.poison = Some(seq);
                     return Next::Poison {

@@ -40,6 +40,8 @@ pub(super) struct Pending {
     pub frame_bytes: usize,
     /// The `message-id` property, for reports.
     pub message_id: String,
+    /// Why its event cannot be published: a malformed logical message (poison).
+    pub malformed: Option<std::sync::Arc<str>>,
 }
 
 impl StreamMsg for Pending {
@@ -57,6 +59,10 @@ impl StreamMsg for Pending {
 
     fn position(&self) -> (Lsn, u64) {
         (self.commit_lsn, self.index)
+    }
+
+    fn malformed(&self) -> bool {
+        self.malformed.is_some()
     }
 }
 
@@ -206,6 +212,7 @@ impl StreamMessageBuilder {
             commit_time_micros: event.commit_time_micros,
             frame_bytes,
             message_id,
+            malformed: event.malformed.clone(),
         })
     }
 }
@@ -246,6 +253,7 @@ mod tests {
                 br#"{"cloudEvents:source":"spoof","tenant":"t"}"#,
             )),
             correlation_id: None,
+            malformed: None,
         }
     }
 

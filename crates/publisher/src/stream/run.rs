@@ -325,14 +325,27 @@ impl Runner {
             commit_lsn: pending.commit_lsn,
             tx_index: pending.index,
             routing_key: format!("stream={}", self.config.stream),
-            reason: format!(
-                "its publish frame is {frame_bytes} bytes, over the {frame_max} bytes the broker accepts (its stream frame_max)"
-            ),
+            reason: match &pending.malformed {
+                Some(why) => why.to_string(),
+                None => format!(
+                    "its publish frame is {frame_bytes} bytes, over the {frame_max} bytes the broker accepts (its stream frame_max)"
+                ),
+            },
         };
         let due = self
             .poison_logged
             .is_none_or(|t| t.elapsed() >= POISON_LOG_EVERY);
-        if due {
+        if due && pending.malformed.is_some() {
+            self.poison_logged = Some(Instant::now());
+            tracing::error!(
+                message_id = %poison.message_id,
+                commit_lsn = %poison.commit_lsn,
+                tx_index = poison.tx_index,
+                stream = %self.config.stream,
+                reason = %outbox_event::redact::printable(&poison.reason),
+                "this logical message's content is malformed: it holds the relay (nothing after it is published) until it is skipped (docs/messages.md, docs/recovery.md \"A poison message\")"
+            );
+        } else if due {
             self.poison_logged = Some(Instant::now());
             tracing::error!(
                 message_id = %poison.message_id,

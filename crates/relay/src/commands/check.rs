@@ -101,10 +101,80 @@ async fn postgres(cfg: &Config, declare: bool) -> Result<(), CliError> {
             }
         }
     }
+    messages_lines(cfg, &client).await;
     let retention = crate::retention::check(cfg, &client).await;
     match first_failure {
         Some(e) => Err(e.into()),
         None => retention,
+    }
+}
+
+/// With `[postgres] messages` set: which prefixes are relayed and that the server's
+/// pgoutput sends logical messages (Postgres 14+), and a `warn` line while PUBLIC may
+/// still call `pg_logical_emit_message`, that is while any role connected to the
+/// database can inject events (docs/messages.md, sql/outbox_messages.sql).
+async fn messages_lines(cfg: &Config, client: &tokio_postgres::Client) {
+    let prefixes = &cfg.postgres.messages;
+    if prefixes.is_empty() {
+        return;
+    }
+    let listed = prefixes
+        .iter()
+        .map(|p| format!("{p:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let version = client
+        .query_one(
+            "SELECT pg_catalog.current_setting('server_version_num'::text)::integer",
+            &[],
+        )
+        .await
+        .map(|row| row.get::<_, i32>(0));
+    match version {
+        Ok(v) if v >= 140_000 => line(
+            Status::Ok,
+            "logical messages",
+            &format!("prefixes {listed} relayed (pgoutput sends messages on this server)"),
+        ),
+        Ok(v) => line(
+            Status::Fail,
+            "logical messages",
+            &format!("pgoutput sends logical messages from Postgres 14 on, and this server is {v}: upgrade it, or empty [postgres] messages"),
+        ),
+        Err(e) => line(Status::Warn, "logical messages", &format!("cannot read the server's version: {e}")),
+    }
+    let open = client
+        .query(
+            "SELECT p.oid::pg_catalog.regprocedure::text FROM pg_catalog.pg_proc p \
+              WHERE p.proname = 'pg_logical_emit_message' \
+                AND p.pronamespace = 'pg_catalog'::pg_catalog.regnamespace \
+                AND pg_catalog.has_function_privilege('public'::name, p.oid, 'EXECUTE'::text) \
+              ORDER BY 1",
+            &[],
+        )
+        .await;
+    match open {
+        Ok(rows) if rows.is_empty() => line(
+            Status::Ok,
+            "pg_logical_emit_message",
+            "PUBLIC cannot call it: only the roles granted it can emit events",
+        ),
+        Ok(rows) => {
+            let which: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+            line(
+                Status::Warn,
+                "pg_logical_emit_message",
+                &format!(
+                    "PUBLIC can still call {}, so any role connected to the database can inject events: run sql/outbox_messages.sql (docs/messages.md)",
+                    which.join(", ")
+                ),
+            );
+        }
+        Err(e) => line(
+            Status::Warn,
+            "pg_logical_emit_message",
+            &format!("cannot read who may call it: {e}"),
+        ),
     }
 }
 

@@ -26,6 +26,7 @@ use serde_json::json;
 use tokio_postgres::error::SqlState;
 use wal_reader::admin::{self, ident::quote_ident};
 use wal_reader::assemble::Assembler;
+use wal_reader::MessageSource;
 
 use crate::cli::PeekArgs;
 use crate::config::Config;
@@ -102,6 +103,12 @@ async fn read_pending(
     read_pending_until(client, cfg, first, limit, routing, |_| false).await
 }
 
+/// The slot's pending changes, without consuming them (pgoutput protocol 1); the
+/// call's closing parenthesis follows its options.
+const PEEK_SQL: &str =
+    "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes($1::name, NULL::pg_lsn, \
+     $2::integer, 'proto_version'::text, '1'::text, 'publication_names'::text, $3::text";
+
 /// [`read_pending`] that reads `first` changes first, and also stops as soon as
 /// `enough` says the events read so far suffice (`slot skip` looking for one
 /// message id).
@@ -113,8 +120,23 @@ pub(crate) async fn read_pending_until(
     routing: &RoutingKeyTemplate,
     enough: impl Fn(&[Pending]) -> bool,
 ) -> Result<Vec<Pending>, CliError> {
-    let sql = "SELECT data FROM pg_catalog.pg_logical_slot_peek_binary_changes($1::name, NULL::pg_lsn, \
-                 $2::integer, 'proto_version'::text, '1'::text, 'publication_names'::text, $3::text)";
+    // Logical messages too when some are relayed (docs/messages.md), with the ids the
+    // relay gives them: derived from the server's system identifier.
+    let (sql, source) = if cfg.postgres.messages.is_empty() {
+        (format!("{PEEK_SQL})"), None)
+    } else {
+        let (history, _) = wal_reader::identify_server(&cfg.pg_options()?).await?;
+        let database: String = client
+            .query_one("SELECT pg_catalog.current_database()::text", &[])
+            .await
+            .map_err(|e| CliError::Runtime(format!("Postgres: {e}")))?
+            .get(0);
+        (
+            format!("{PEEK_SQL}, 'messages'::text, 'true'::text)"),
+            MessageSource::for_config(&cfg.postgres.messages, history.system_id, &database),
+        )
+    };
+    let sql = sql.as_str();
     let publication = quote_ident(&cfg.postgres.publication);
     let mut changes = first.min(MAX_CHANGES);
     loop {
@@ -123,7 +145,8 @@ pub(crate) async fn read_pending_until(
             .await
             .map_err(|e| peek_error(e, &cfg.postgres.slot))?;
         let read = rows.len() as i64;
-        let mut assembler = Assembler::new(cfg.tables(), cfg.mapping());
+        let mut assembler =
+            Assembler::new(cfg.tables(), cfg.mapping()).with_messages(source.clone());
         let mut items = Vec::new();
         for row in rows {
             let data: Vec<u8> = row
@@ -333,6 +356,7 @@ mod tests {
             body: Bytes::from(payload.to_string()),
             headers: None,
             correlation_id: None,
+            malformed: None,
         }
     }
 

@@ -93,6 +93,9 @@ struct Report {
     resumes_at: Option<Lsn>,
     producer: Option<String>,
     poison: Option<serde_json::Value>,
+    /// The running relay's ignored logical messages by reason, when messages are
+    /// relayed and it could be asked.
+    messages_ignored: Option<Vec<(String, u64)>>,
     standbys: Vec<super::standby::Standby>,
     warnings: Vec<String>,
 }
@@ -173,6 +176,21 @@ async fn gather(cfg: &Config, args: &StatusArgs) -> Result<Report, CliError> {
         },
         _ => None,
     };
+    let messages_ignored = match (s.active, cfg.metrics_endpoint()) {
+        (true, Some(ep)) if !cfg.postgres.messages.is_empty() => {
+            match crate::endpoint_client::get(&ep, "/metrics").await {
+                Ok(body) => Some(ignored_messages(&body)),
+                Err(why) => {
+                    warns.push(format!(
+                        "could not ask the running relay how many logical messages it ignored ({why}): see {} on its /metrics",
+                        wal_reader::messages::MESSAGES_IGNORED
+                    ));
+                    None
+                }
+            }
+        }
+        _ => None,
+    };
     if let Some(p) = &poison {
         warns.push(format!(
             "RabbitMQ refuses message {} and the relay holds the slot before it: fix the cause (see docs/recovery.md, \"A message RabbitMQ refuses\") or set [rabbitmq] dead_letter_exchange",
@@ -193,6 +211,7 @@ async fn gather(cfg: &Config, args: &StatusArgs) -> Result<Report, CliError> {
         resumes_at,
         producer,
         poison,
+        messages_ignored,
         standbys,
         warnings: warns,
     })
@@ -306,6 +325,9 @@ impl Report {
             "stream_producer": self.producer,
             "replay_window": replay_window,
             "stuck_message": self.poison,
+            "messages_ignored": self.messages_ignored.as_ref().map(|m| {
+                m.iter().map(|(reason, n)| (reason.clone(), json!(n))).collect::<serde_json::Map<_, _>>()
+            }),
             "standbys": self.standbys.iter().map(super::standby::to_json).collect::<Vec<_>>(),
             "warnings": self.warnings,
         })
@@ -383,6 +405,18 @@ impl Report {
                 field("reason")
             );
         }
+        if let Some(ignored) = &self.messages_ignored {
+            let text = if ignored.is_empty() {
+                "none".to_string()
+            } else {
+                ignored
+                    .iter()
+                    .map(|(reason, n)| format!("{n} {reason}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            say!("messages_ignored:    {text} (since the relay started)");
+        }
         for sb in &self.standbys {
             say!("standby:             {}", super::standby::describe(sb));
         }
@@ -457,6 +491,25 @@ async fn fetch_poison(
     Ok((!value.is_null()).then_some(value))
 }
 
+/// The ignored logical messages by reason, read off a Prometheus text scrape
+/// (`outbox_relay_messages_ignored_total{reason="…"} N`); reasons without any are left out.
+fn ignored_messages(scrape: &str) -> Vec<(String, u64)> {
+    let name = wal_reader::messages::MESSAGES_IGNORED;
+    scrape
+        .lines()
+        .filter_map(|l| l.strip_prefix(name)?.strip_prefix("{"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.split_once('}')?;
+            let reason = labels
+                .split(',')
+                .find_map(|kv| kv.trim().strip_prefix("reason=\""))?
+                .trim_end_matches('"');
+            let n = value.trim().parse::<f64>().ok()? as u64;
+            (n > 0).then(|| (reason.to_string(), n))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -496,6 +549,18 @@ pub(crate) mod tests {
         assert!(w[0].contains("max_slot_wal_keep_size"));
         s.active = false;
         assert_eq!(warnings(&s).len(), 3);
+    }
+
+    #[test]
+    fn ignored_messages_are_read_off_a_scrape() {
+        let scrape = "# TYPE outbox_relay_messages_ignored_total counter\n\
+            outbox_relay_messages_ignored_total{reason=\"non_transactional\"} 3\n\
+            outbox_relay_messages_ignored_total{reason=\"other_prefix\"} 0\n\
+            outbox_relay_messages_ignored_totally 9\n";
+        assert_eq!(
+            ignored_messages(scrape),
+            [("non_transactional".to_string(), 3)]
+        );
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("postgres", "slot", Kind::Str),
     ("postgres", "publication", Kind::Str),
     ("postgres", "tables", Kind::List),
+    ("postgres", "messages", Kind::List),
     ("mapping", "id", Kind::Str),
     ("mapping", "aggregate_type", Kind::Str),
     ("mapping", "aggregate_id", Kind::Str),

@@ -280,6 +280,7 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         "message.format" => "one of native, cloudevents",
         "message.headers" => "one of full, minimal",
         "postgres.tables" => "a table name or a list of them, like [\"public.outbox\"]",
+        "postgres.messages" => "a prefix or a list of them, like [\"outbox\"]",
         "rabbitmq.url" => {
             "a URL in quotes, or a list of URLs like [\"amqp://...\", \"amqp://...\"]"
         }

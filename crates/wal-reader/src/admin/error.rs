@@ -22,9 +22,6 @@ pub enum AdminError {
     #[error("invalid table name {name:?}: {reason}; configure tables as schema.table with names as they appear in pg_class")]
     InvalidTableName { name: String, reason: &'static str },
 
-    #[error("no outbox table is configured: list at least one table in [postgres] tables")]
-    NoTables,
-
     #[error("wal_level is '{actual}' but logical replication needs 'logical': set wal_level = logical in postgresql.conf and restart Postgres")]
     WalLevel { actual: String },
 
@@ -155,7 +152,6 @@ impl AdminError {
             | AdminError::TerminateDenied { .. } => false,
             AdminError::InvalidName { .. }
             | AdminError::InvalidTableName { .. }
-            | AdminError::NoTables
             | AdminError::WalLevel { .. }
             | AdminError::NotReplicationRole { .. }
             | AdminError::SlotMissing { .. }

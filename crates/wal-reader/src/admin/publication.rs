@@ -69,10 +69,14 @@ fn create_statement(
     } else {
         ""
     };
+    let for_tables = if list.is_empty() {
+        String::new()
+    } else {
+        format!(" FOR TABLE {}", list.join(", "))
+    };
     format!(
-        "CREATE PUBLICATION {} FOR TABLE {} WITH (publish = 'insert'{via_root})",
+        "CREATE PUBLICATION {}{for_tables} WITH (publish = 'insert'{via_root})",
         quote_ident(publication),
-        list.join(", ")
     )
 }
 
@@ -143,10 +147,9 @@ async fn publishes_partitions_of(
 }
 
 fn validate(publication: &str, tables: &[TableName]) -> Result<(), AdminError> {
+    // No table is fine when logical messages are relayed (the configuration requires
+    // a table or a message prefix): the publication then publishes no table.
     validate_publication_name(publication)?;
-    if tables.is_empty() {
-        return Err(AdminError::NoTables);
-    }
     tables.iter().try_for_each(validate_table_name)
 }
 
@@ -226,7 +229,7 @@ mod tests {
 
     #[test]
     fn validation_comes_first() {
-        assert!(matches!(validate("p", &[]), Err(AdminError::NoTables)));
+        assert!(validate("p", &[]).is_ok());
         assert!(matches!(
             validate("P", &[TableName::parse("t").expect("name")]),
             Err(AdminError::InvalidName { .. })

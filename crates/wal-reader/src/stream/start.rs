@@ -17,6 +17,7 @@ use crate::assemble::Assembler;
 use crate::conn::ReplicationConnection;
 use crate::conninfo::PgConnectOptions;
 use crate::error::ReaderError;
+use crate::messages::MessageSource;
 
 /// Where a reader started, as found on the server.
 #[derive(Debug, Clone)]
@@ -138,13 +139,21 @@ impl Prepared {
             info!(start_lsn = %start_lsn, slot_confirmed = %slot_confirmed,
                 "starting after the slot's position: transactions whose commit ends at or before the start are not sent again");
         }
+        // Logical messages only when some are relayed: pgoutput sends every
+        // message of the database otherwise (docs/messages.md).
+        let messages = if cfg.messages.is_empty() {
+            ""
+        } else {
+            ", messages 'true'"
+        };
         let sql = format!(
-            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {})",
+            "START_REPLICATION SLOT {} LOGICAL {} (proto_version '1', publication_names {}{messages})",
             quote_ident(&cfg.slot),
             start_lsn,
             quote_literal(&quote_ident(&cfg.publication)),
         );
         conn.start_copy_both(&sql, &cfg.slot).await?;
+        let source = MessageSource::for_config(&cfg.messages, history.system_id, &found.database);
         let info = StartInfo {
             server_version: conn.server_version().to_string(),
             slot_confirmed,
@@ -161,7 +170,8 @@ impl Prepared {
         Ok(WalReader {
             conn,
             info,
-            assembler: Assembler::new(cfg.tables.clone(), cfg.mapping.clone()),
+            assembler: Assembler::new(cfg.tables.clone(), cfg.mapping.clone())
+                .with_messages(source),
             received: start_lsn,
             flushed: slot_confirmed.max(start_lsn),
             flushed_tx: watch::Sender::new(slot_confirmed.max(start_lsn)),

@@ -55,6 +55,7 @@ impl Fixture {
             slot: self.slot.clone(),
             publication: self.publication.clone(),
             tables: vec![TableName::parse("public.outbox").unwrap()],
+            messages: Vec::new(),
             mapping: ColumnMapping::default(),
             start_lsn: None,
             status_interval: Duration::from_millis(200),

@@ -109,15 +109,22 @@ impl Runner {
         let seq = match send {
             Outgoing::Main { seq } | Outgoing::DeadLetter { seq, .. } => *seq,
         };
+        let mut malformed = false;
         if let Some(message) = self.engine.message(seq) {
             let diverted = self.engine.poison().is_none_or(|p| p.seq != seq);
+            malformed = message.event.malformed.is_some();
             tracing::error!(
                 message_id = %message.message_id(),
                 commit_lsn = %message.key().commit_lsn,
                 tx_index = message.key().index,
                 routing_key = message.routing_key.as_str(),
-                %reason,
-                "this message cannot be sent over AMQP; {}",
+                reason = %outbox_event::redact::printable(reason),
+                "{}; {}",
+                if malformed {
+                    "this logical message's content is malformed"
+                } else {
+                    "this message cannot be sent over AMQP"
+                },
                 if diverted {
                     "a notice of it went to the dead-letter exchange instead"
                 } else {
@@ -125,7 +132,9 @@ impl Runner {
                 }
             );
         }
-        metrics::counter!(status::EVENTS_UNFIT).increment(1);
+        if !malformed {
+            metrics::counter!(status::EVENTS_UNFIT).increment(1);
+        }
         if self.engine.poison().is_some_and(|p| p.seq == seq) {
             // Named above: the report without a second line.
             self.poison_logged = Some((seq, Instant::now()));

@@ -73,6 +73,12 @@ pub(super) async fn replay(
     until: Option<SystemTime>,
     plan: &Plan,
 ) -> Result<(), CliError> {
+    if let Some(why) = messages_have_no_table(cfg) {
+        if cfg.tables().is_empty() {
+            return Err(CliError::Usage(why));
+        }
+        eprintln!("note: {why}");
+    }
     let client = crate::sql::connect_for_command(cfg).await?;
     if !plan.dry_run {
         drop_stale(&client, &cfg.postgres.slot).await?;
@@ -133,6 +139,18 @@ pub(super) async fn replay(
         plan.destination(cfg)
     );
     Ok(())
+}
+
+/// With `[postgres] messages` set: why `--from-table` cannot replay logical
+/// messages, and what can (docs/messages.md).
+fn messages_have_no_table(cfg: &Config) -> Option<String> {
+    let prefixes = &cfg.postgres.messages;
+    (!prefixes.is_empty()).then(|| {
+        format!(
+            "logical messages (prefixes {}) have no table to replay from: `replay --from-table` replays only the outbox tables; replay messages with `replay --from-lsn`, within the slot's replay window ([relay] replay_window)",
+            prefixes.join(", ")
+        )
+    })
 }
 
 /// The queries' parameters: the time window (text timestamps or NULL) and the
@@ -274,6 +292,7 @@ fn page_batch(p: &TablePlan, rows: &[tokio_postgres::Row], sent: u64) -> WalBatc
             payload,
             headers: text(5),
             correlation_id: text(6),
+            malformed: None,
         }));
     }
     let end = Lsn(sent + rows.len() as u64);

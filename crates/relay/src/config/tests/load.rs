@@ -181,6 +181,7 @@ fn every_key_has_a_working_env_var() {
             "postgres.slot" => c.postgres.slot != d.postgres.slot,
             "postgres.publication" => c.postgres.publication != d.postgres.publication,
             "postgres.tables" => c.postgres.tables != d.postgres.tables,
+            "postgres.messages" => c.postgres.messages == ["x.y"],
             "mapping.id" => c.mapping.id == value,
             "mapping.aggregate_type" => c.mapping.aggregate_type == value,
             "mapping.aggregate_id" => c.mapping.aggregate_id == value,
