@@ -15,6 +15,13 @@
 # ≈ 8.5 s for the first two (2 s and 6.4 s measured on 2026-12-05 at load average
 # 7-8), and two short drains more.
 #
+# drain-messages (issue #42) runs here too: the same 20,000 events in the same
+# transaction sizes as drain, emitted as transactional logical messages into a
+# database of their own, drained by the relay with [postgres] messages = ["outbox"];
+# beside it the WAL bytes per event of both loads, and the table's retention DELETE
+# WAL and size per event. `--only drain,drain-messages` runs just the comparison
+# (76 s with the build on 2026-12-06, one run of each transaction size).
+#
 # steady and steady-high run their two latency baselines (issue #40: pg_recvlogical's
 # commit → receipt, a raw publisher's publish → delivery) for 1 s each here, at the
 # same rates as the relay (1,000/s and 10,000/s): the whole run took 94 s on

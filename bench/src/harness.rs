@@ -33,6 +33,69 @@ pub const OUTBOX_DDL: &str = "CREATE TABLE outbox (
 pub const PAYLOAD_SQL: &str =
     "jsonb_build_object('n', n, 'customer', 'c-' || (n % 1000), 'pad', repeat('x', 240))";
 
+/// The prefix of the logical messages the `drain-messages` load emits and its relay
+/// relays (`[postgres] messages`, docs/messages.md).
+pub const MESSAGE_PREFIX: &str = "outbox";
+
+/// The content of the message for event `n` (the series variable): the JSON object
+/// `outbox_emit` (sql/outbox_messages.sql) writes for the row [`BenchDb::preload`]
+/// inserts for `n` ([`PAYLOAD_SQL`]), its fresh uuid id included.
+pub fn message_content_sql() -> String {
+    format!(
+        "jsonb_build_object('id', gen_random_uuid()::text, 'aggregate_type', 'bench', \
+         'aggregate_id', n::text, 'event_type', 'tick', 'payload', {PAYLOAD_SQL})::text"
+    )
+}
+
+/// What a load writes per event: an outbox row, or a transactional logical message
+/// with the same fields (docs/messages.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Load {
+    Rows,
+    Messages,
+}
+
+impl Load {
+    /// One statement writing events `from..=to` (one transaction under psql -c).
+    fn range_sql(self, from: usize, to: usize) -> String {
+        match self {
+            Load::Rows => format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                 SELECT 'bench', n::text, 'tick', {PAYLOAD_SQL} FROM generate_series({from}, {to}) AS s(n)"
+            ),
+            // count() of the calls: each row's call is evaluated, in series order,
+            // and psql prints one number instead of N positions.
+            Load::Messages => format!(
+                "SELECT count(pg_logical_emit_message(true, '{MESSAGE_PREFIX}', {}))
+                   FROM generate_series({from}, {to}) AS s(n)",
+                message_content_sql()
+            ),
+        }
+    }
+
+    /// A procedure `name(total int)` writing events 1..=total, one transaction each.
+    fn one_per_tx_procedure(self, name: &str) -> String {
+        let write = match self {
+            Load::Rows => format!(
+                "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+                   VALUES ('bench', n::text, 'tick', {PAYLOAD_SQL});"
+            ),
+            Load::Messages => format!(
+                "PERFORM pg_logical_emit_message(true, '{MESSAGE_PREFIX}', {});",
+                message_content_sql()
+            ),
+        };
+        // A DO block cannot COMMIT in a loop; a procedure may.
+        format!(
+            "CREATE OR REPLACE PROCEDURE {name}(total int) LANGUAGE plpgsql AS $$
+             BEGIN FOR n IN 1..total LOOP
+               {write}
+               COMMIT;
+             END LOOP; END $$;"
+        )
+    }
+}
+
 /// A database with an outbox table and a publication.
 pub struct BenchDb {
     pub db: TestDb,
@@ -50,6 +113,18 @@ impl BenchDb {
         BenchDb { db, publication }
     }
 
+    /// A database for logical messages only: no outbox table, and a publication of
+    /// no table (what `slot create` makes with `[postgres] tables = []`; pgoutput
+    /// needs a publication, messages do not go through it).
+    pub fn without_table() -> BenchDb {
+        let db = TestDb::new("bench");
+        let publication = unique_name("pub");
+        db.psql(&format!(
+            "CREATE PUBLICATION {publication} WITH (publish = 'insert')"
+        ));
+        BenchDb { db, publication }
+    }
+
     pub fn create_slot(&self) -> String {
         let slot = unique_name("slot");
         self.db.psql(&format!(
@@ -58,41 +133,71 @@ impl BenchDb {
         slot
     }
 
-    /// Inserts `n` rows in transactions of `per_tx` rows (server-side generation).
-    pub fn preload(&self, n: usize, per_tx: usize) {
-        if per_tx >= n {
-            self.insert_range(1, n);
-            return;
-        }
-        if per_tx == 1 {
-            // One transaction per row, generated server-side: a DO block commits
-            // after every insert (procedures may COMMIT).
-            self.db.psql(&format!(
-                "CREATE OR REPLACE PROCEDURE bench_load(total int) LANGUAGE plpgsql AS $$
-                 BEGIN FOR n IN 1..total LOOP
-                   INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-                     VALUES ('bench', n::text, 'tick', {PAYLOAD_SQL});
-                   COMMIT;
-                 END LOOP; END $$;"
-            ));
+    /// Inserts `n` rows in transactions of `per_tx` rows (server-side generation);
+    /// returns the WAL bytes the load wrote ([`BenchDb::wal_bytes_since`]).
+    pub fn preload(&self, n: usize, per_tx: usize) -> u64 {
+        self.load(Load::Rows, n, per_tx)
+    }
+
+    /// Emits `n` transactional logical messages ([`MESSAGE_PREFIX`],
+    /// [`message_content_sql`]) in transactions of `per_tx`, as [`BenchDb::preload`]
+    /// inserts rows; returns the WAL bytes the load wrote.
+    pub fn preload_messages(&self, n: usize, per_tx: usize) -> u64 {
+        self.load(Load::Messages, n, per_tx)
+    }
+
+    /// Writes `n` events of `load` in transactions of `per_tx` (server-side
+    /// generation) and returns the WAL written from its first to its last commit.
+    fn load(&self, load: Load, n: usize, per_tx: usize) -> u64 {
+        if per_tx == 1 && n > 1 {
+            // One transaction per event, generated server-side by a procedure (which
+            // may COMMIT), created before the measurement starts.
+            let name = match load {
+                Load::Rows => "bench_load",
+                Load::Messages => "bench_emit",
+            };
+            self.db.psql(&load.one_per_tx_procedure(name));
+            let before = self.current_lsn();
             // A separate statement: psql -c runs its statements in one transaction,
             // where the procedure could not COMMIT.
-            self.db.psql(&format!("CALL bench_load({n})"));
-            return;
+            self.db.psql(&format!("CALL {name}({n})"));
+            return self.wal_bytes_since(&before);
         }
+        let before = self.current_lsn();
         let mut start = 1;
         while start <= n {
             let end = (start + per_tx - 1).min(n);
-            self.insert_range(start, end);
+            self.db.psql(&load.range_sql(start, end));
             start = end + 1;
         }
+        self.wal_bytes_since(&before)
     }
 
-    fn insert_range(&self, from: usize, to: usize) {
-        self.db.psql(&format!(
-            "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-             SELECT 'bench', n::text, 'tick', {PAYLOAD_SQL} FROM generate_series({from}, {to}) AS s(n)"
-        ));
+    /// WAL bytes from `lsn` to `pg_current_wal_lsn()`. The WAL is the cluster's:
+    /// whatever else runs on it meanwhile counts too.
+    pub fn wal_bytes_since(&self, lsn: &str) -> u64 {
+        self.db
+            .psql(&format!(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '{lsn}')::bigint"
+            ))
+            .parse()
+            .unwrap_or(0)
+    }
+
+    /// The outbox table's size on disk, indexes and TOAST included.
+    pub fn outbox_bytes(&self) -> u64 {
+        self.db
+            .psql("SELECT pg_total_relation_size('outbox')")
+            .parse()
+            .unwrap_or(0)
+    }
+
+    /// Deletes every outbox row in one statement, as retention would in batches,
+    /// and returns the WAL bytes it wrote (vacuum's later WAL not included).
+    pub fn delete_outbox(&self) -> u64 {
+        let before = self.current_lsn();
+        self.db.psql("DELETE FROM outbox");
+        self.wal_bytes_since(&before)
     }
 
     pub fn current_lsn(&self) -> String {
@@ -375,6 +480,8 @@ pub struct ClusterUrls {
 /// What a scenario adds to the relay's config file.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ConfigExtra<'a> {
+    /// Keys appended to the `[postgres]` section (e.g. `messages = ["outbox"]`).
+    pub postgres: &'a str,
     /// Keys appended to the `[rabbitmq]` section (e.g. `ordering = "aggregate"`): TOML
     /// allows no second `[rabbitmq]` header.
     pub rabbitmq: &'a str,
@@ -436,11 +543,12 @@ impl RelayProc {
         std::fs::write(
             &config,
             format!(
-                "[postgres]\nurl = {:?}\nslot = {slot:?}\npublication = {:?}\n\n\
+                "[postgres]\nurl = {:?}\nslot = {slot:?}\npublication = {:?}\n{}\n\n\
                  [rabbitmq]\nurl = {url}\n{target}max_in_flight = {window}\n{}\n\n\
                  [relay]\nmetrics_listen = \"\"\n\n{}\n",
                 db.db.url(),
                 db.publication,
+                extra.postgres,
                 extra.rabbitmq,
                 extra.sections,
             ),

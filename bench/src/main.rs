@@ -28,6 +28,14 @@
 //!   `x-consistent-hash` exchange on the `aggregate_id` header, so that the broker's
 //!   work spreads over 4 queue processes; each run's ratio of the second to `drain`
 //!   and to `drain-hash`.
+//! - **drain-messages**: the same number of events in the same transaction sizes,
+//!   emitted as transactional logical messages (`pg_logical_emit_message(true,
+//!   'outbox', json)`, the content `outbox_emit` writes) into a database without an
+//!   outbox table; the relay with `[postgres] messages = ["outbox"]` drains them into
+//!   a queue (docs/messages.md). Beside it, for both sources: the WAL bytes per event
+//!   of the load (`pg_current_wal_lsn()` before and after), and for the table also the
+//!   WAL of the retention `DELETE` of its rows after the drains and its size per
+//!   event (`pg_total_relation_size`): what messages avoid.
 //! - **stream-drain**: the same WAL, the relay with `[rabbitmq] stream` set; time
 //!   until a consumer reading the fresh stream from its first offset holds all N.
 //! - **cluster-drain**: the same WAL, on the 3-node cluster of
@@ -99,8 +107,8 @@ pub struct Args {
     pub quick: bool,
     /// Only these scenarios (comma-separated: lapin,lapin-light,shape,channels,
     /// stream-raw,recvlogical,reader,drain,drain-minimal,drain-aggregate,drain-hash,
-    /// drain-aggregate-hash,stream-drain,cluster-drain,cluster-stream-drain,steady,
-    /// steady-high,large).
+    /// drain-aggregate-hash,drain-messages,stream-drain,cluster-drain,
+    /// cluster-stream-drain,steady,steady-high,large).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from

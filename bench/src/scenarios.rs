@@ -82,6 +82,7 @@ pub const SCENARIOS: &[&str] = &[
     "drain-aggregate",
     "drain-hash",
     "drain-aggregate-hash",
+    "drain-messages",
     "stream-drain",
     "cluster-drain",
     "cluster-stream-drain",
@@ -256,6 +257,7 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             "drain-aggregate",
             "drain-hash",
             "drain-aggregate-hash",
+            "drain-messages",
             "reader",
             "recvlogical",
             "stream-drain",
@@ -306,6 +308,22 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         }
         if wants(args, "stream-drain") {
             report.expect(&[&names.stream, &names.stream_cpu, &names.stream_rss]);
+        }
+        if wants(args, "drain") || wants(args, "drain-messages") {
+            report.expect(&[
+                &names.table_wal,
+                &names.table_delete_wal,
+                &names.table_total_wal,
+                &names.table_size,
+            ]);
+        }
+        if wants(args, "drain-messages") {
+            report.expect(&[
+                &names.messages,
+                &names.messages_cpu,
+                &names.messages_wal,
+                &names.messages_wal_ratio,
+            ]);
         }
         cluster.expect(&mut report, per_tx);
         let mut runs = Vec::new();
@@ -474,6 +492,92 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
             let rss = pick(|r| r.stream.map(|m| m.peak_rss));
             report.add(&names.stream_rss, median(rss), "MB", &cond);
         }
+        let messages = pick(|r| r.messages.map(|m| m.rate));
+        if !messages.is_empty() {
+            report.add(
+                &names.messages,
+                median(messages),
+                "events/s",
+                format!(
+                    "{cond} each emitting the events as transactional logical messages \
+                     (pg_logical_emit_message(true, 'outbox', json): outbox_emit's content), \
+                     the relay with [postgres] messages = [\"outbox\"] and no table, window {}, \
+                     until the queue's consumer has all",
+                    args.window
+                ),
+            );
+            let first = pick(|r| r.messages.map(|m| m.first));
+            report.add(
+                &names.messages_first,
+                median(first),
+                "s",
+                format!("{cond}: included in the rate above"),
+            );
+            let cpu = pick(|r| r.messages.map(|m| m.cpu_per_10k));
+            report.add(&names.messages_cpu, median(cpu), "core-s", &cond);
+            let rss = pick(|r| r.messages.map(|m| m.peak_rss));
+            report.add(&names.messages_rss, median(rss), "MB", &cond);
+        }
+        // The WAL each source writes per event, and what the table costs besides
+        // (docs/messages.md, "Messages or a table"). pg_current_wal_lsn() is the
+        // cluster's: anything else running on it meanwhile counts too.
+        let wal_cond = format!(
+            "{cond}: pg_wal_lsn_diff of pg_current_wal_lsn() before and after, over N \
+             (cluster-wide)"
+        );
+        let table_wal = pick(|r| r.table.map(|t| t.insert_wal));
+        if !table_wal.is_empty() {
+            report.add(
+                &names.table_wal,
+                median(table_wal),
+                "bytes",
+                format!("{wal_cond}: the inserts"),
+            );
+            let delete = pick(|r| r.table.map(|t| t.delete_wal));
+            report.add(
+                &names.table_delete_wal,
+                median(delete),
+                "bytes",
+                format!(
+                    "{wal_cond}: DELETE FROM outbox after the drains, as retention deletes \
+                     (vacuum's WAL not included)"
+                ),
+            );
+            let total = pick(|r| r.table.map(|t| t.insert_wal + t.delete_wal));
+            report.add(
+                &names.table_total_wal,
+                median(total),
+                "bytes",
+                format!("{wal_cond}: the inserts and the retention DELETE"),
+            );
+            let size = pick(|r| r.table.map(|t| t.size));
+            report.add(
+                &names.table_size,
+                median(size),
+                "bytes",
+                format!(
+                    "{cond}: pg_total_relation_size of the outbox (heap, primary key, TOAST) \
+                     before the DELETE, over N: the space logical messages never use"
+                ),
+            );
+        }
+        let messages_wal = pick(|r| r.messages_wal);
+        if !messages_wal.is_empty() {
+            report.add(
+                &names.messages_wal,
+                median(messages_wal),
+                "bytes",
+                format!("{wal_cond}: the messages (nothing to delete later)"),
+            );
+            let ratio =
+                pick(|r| Some(r.messages_wal? / (r.table?.insert_wal + r.table?.delete_wal)));
+            report.add(
+                &names.messages_wal_ratio,
+                median(ratio),
+                "×",
+                format!("{cond}: the median of each run's ratio"),
+            );
+        }
         for (scenario, e) in runs.iter().flat_map(|r| &r.failures) {
             report.fail(format!("{scenario} {per_tx}-row tx"), e);
         }
@@ -523,6 +627,16 @@ struct DrainNames {
     stream_first: String,
     stream_cpu: String,
     stream_rss: String,
+    messages: String,
+    messages_first: String,
+    messages_cpu: String,
+    messages_rss: String,
+    messages_wal: String,
+    messages_wal_ratio: String,
+    table_wal: String,
+    table_delete_wal: String,
+    table_total_wal: String,
+    table_size: String,
 }
 
 impl DrainNames {
@@ -555,6 +669,20 @@ impl DrainNames {
             stream_first: format!("stream drain {per_tx}-row tx: relay start → first message"),
             stream_cpu: format!("stream drain {per_tx}-row tx: relay CPU per 10k events"),
             stream_rss: format!("stream drain {per_tx}-row tx: relay peak RSS"),
+            messages: format!("drain-messages {per_tx}-row tx: relay"),
+            messages_first: format!(
+                "drain-messages {per_tx}-row tx: relay start → first message"
+            ),
+            messages_cpu: format!("drain-messages {per_tx}-row tx: relay CPU per 10k events"),
+            messages_rss: format!("drain-messages {per_tx}-row tx: relay peak RSS"),
+            messages_wal: messages_wal_name(per_tx),
+            messages_wal_ratio: messages_wal_ratio_name(per_tx),
+            table_wal: format!("drain {per_tx}-row tx: WAL per event"),
+            table_delete_wal: format!("drain {per_tx}-row tx: retention DELETE WAL per event"),
+            table_total_wal: table_total_wal_name(per_tx),
+            table_size: format!(
+                "drain {per_tx}-row tx: table size per event (bloat messages avoid)"
+            ),
         }
     }
 }
@@ -575,6 +703,18 @@ pub(super) fn aggregate_cpu_name(per_tx: usize) -> String {
 
 pub(super) fn aggregate_ratio_name(per_tx: usize) -> String {
     format!("drain {per_tx}-row tx: aggregate {AGGREGATE_CHANNELS} channels / single-channel drain")
+}
+
+pub(super) fn messages_wal_name(per_tx: usize) -> String {
+    format!("drain-messages {per_tx}-row tx: WAL per event")
+}
+
+pub(super) fn table_total_wal_name(per_tx: usize) -> String {
+    format!("drain {per_tx}-row tx: insert + retention DELETE WAL per event")
+}
+
+pub(super) fn messages_wal_ratio_name(per_tx: usize) -> String {
+    format!("drain-messages {per_tx}-row tx: WAL per event / table insert + DELETE")
 }
 
 pub(super) fn hashed_ratio_name(per_tx: usize) -> String {

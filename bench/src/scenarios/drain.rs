@@ -25,6 +25,14 @@ pub(super) struct DrainRun {
     pub(super) cluster: Option<RelayDrain>,
     /// The relay publishing to a 3-replica stream on the cluster.
     pub(super) cluster_stream: Option<RelayDrain>,
+    /// `drain-messages`: the relay draining the same number of events written as
+    /// logical messages (docs/messages.md) into a queue.
+    pub(super) messages: Option<RelayDrain>,
+    /// The table's WAL and size, per event: the load (the inserts), the retention
+    /// `DELETE` of the rows after the drains, and the table's size before it.
+    pub(super) table: Option<TableCost>,
+    /// WAL bytes per event of the `drain-messages` load.
+    pub(super) messages_wal: Option<f64>,
     /// The drains that failed on their own (scenario, error): the cluster drains and
     /// `drain-aggregate`, reported without losing the other figures of the run.
     pub(super) failures: Vec<(&'static str, anyhow::Error)>,
@@ -37,6 +45,24 @@ pub(super) struct RelayDrain {
     pub(super) first: f64,
     pub(super) cpu_per_10k: f64,
     pub(super) peak_rss: f64,
+}
+
+/// What the outbox table costs per event, beside the relay's drain: what logical
+/// messages avoid (docs/messages.md, "Messages or a table").
+#[derive(Debug, Clone, Copy)]
+pub(super) struct TableCost {
+    /// WAL bytes of the inserts (`pg_current_wal_lsn()` before and after the load).
+    pub(super) insert_wal: f64,
+    /// WAL bytes of `DELETE FROM outbox` run after the drains (what retention writes).
+    pub(super) delete_wal: f64,
+    /// `pg_total_relation_size` of the outbox before that delete.
+    pub(super) size: f64,
+}
+
+/// What the `drain-messages` relay adds to its `[postgres]` section: the load's
+/// prefix, and no outbox table (its database has none).
+pub(super) fn messages_keys() -> String {
+    format!("messages = [{MESSAGE_PREFIX:?}]\ntables = []")
 }
 
 /// The channels of the `drain-aggregate` scenario's relay.
@@ -56,7 +82,9 @@ pub(super) fn aggregate_keys() -> String {
 /// One database, six slots over the same WAL: pg_recvlogical, the reader, the relay
 /// to a queue (with all headers, with the minimal ones, and with per-aggregate ordering
 /// over several channels), the relay to a stream; and one more for each drain on the
-/// cluster that `cluster` plans.
+/// cluster that `cluster` plans. Then the table's own costs (the load's WAL, the
+/// retention DELETE's, its size) and `drain-messages`: the same events as logical
+/// messages in a database of their own.
 pub(super) async fn drain_run(
     args: &Args,
     bin: &std::path::Path,
@@ -75,7 +103,7 @@ pub(super) async fn drain_run(
     let aggregate_hashed_slot = db.create_slot();
     let cluster_slot = cluster.queue.as_ref().map(|_| db.create_slot());
     let cluster_stream_slot = cluster.stream.as_ref().map(|_| db.create_slot());
-    db.preload(n, per_tx);
+    let insert_wal = db.preload(n, per_tx);
     let end_lsn = db.current_lsn();
     let mut out = DrainRun::default();
 
@@ -223,7 +251,53 @@ pub(super) async fn drain_run(
             Err(e) => out.failures.push(("cluster-stream-drain", e)),
         }
     }
+
+    // After every drain of the table (its WAL would slow their reading): what the
+    // table costs beyond the inserts, retention's DELETE and the space, for the
+    // comparison with logical messages.
+    if wants(args, "drain") || wants(args, "drain-messages") {
+        let size = db.outbox_bytes();
+        let delete_wal = db.delete_outbox();
+        out.table = Some(TableCost {
+            insert_wal: insert_wal as f64 / n as f64,
+            delete_wal: delete_wal as f64 / n as f64,
+            size: size as f64 / n as f64,
+        });
+    }
+
+    if wants(args, "drain-messages") {
+        match messages_drain(args, bin, per_tx).await {
+            Ok((m, wal)) => {
+                out.messages = Some(m);
+                out.messages_wal = Some(wal);
+            }
+            Err(e) => out.failures.push(("drain-messages", e)),
+        }
+    }
     Ok(out)
+}
+
+/// `drain-messages`: a database of its own without an outbox table, `args.events`
+/// transactional logical messages emitted in transactions of `per_tx` (the content
+/// `outbox_emit` writes for the rows the table drain inserts), then the relay with
+/// `[postgres] messages` draining them into a queue. Returns the drain and the load's
+/// WAL bytes per event.
+async fn messages_drain(
+    args: &Args,
+    bin: &std::path::Path,
+    per_tx: usize,
+) -> anyhow::Result<(RelayDrain, f64)> {
+    let n = args.events;
+    let db = BenchDb::without_table();
+    let slot = db.create_slot();
+    let wal = db.preload_messages(n, per_tx);
+    let keys = messages_keys();
+    let extra = ConfigExtra {
+        postgres: &keys,
+        ..Default::default()
+    };
+    let drained = queue_drain(args, bin, &db, &slot, extra).await?;
+    Ok((drained, wal as f64 / n as f64))
 }
 
 /// The relay draining `slot` into a queue, `extra` added to its config.

@@ -170,6 +170,19 @@ impl Report {
                 r.map(|r| r >= 1.2),
             ));
         }
+        // Issue #42: a logical message writes less WAL than the table's insert and its
+        // retention DELETE together.
+        for per_tx in [100usize, 1] {
+            let r = self.get(&messages_wal_ratio_name(per_tx));
+            t.push(fmt(
+                &format!(
+                    "drain-messages WAL per event / table insert + retention DELETE ({per_tx}-row tx)"
+                ),
+                r,
+                "< 1",
+                r.map(|r| r < 1.0),
+            ));
+        }
         let r = self.ratio("reader 100-row tx", "pg_recvlogical 100-row tx");
         t.push(fmt(
             "reader / pg_recvlogical (100-row tx)",
