@@ -23,7 +23,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// The value of a sample `name` (exact name, `labels` e.g. `side="rabbitmq"` or
 /// "") in Prometheus text. Histogram bodies with chunked encoding are never split
 /// inside a line by axum for bodies this small, but be lenient anyway.
-fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
     text.lines().find_map(|line| {
         let rest = line.strip_prefix(name)?;
         let rest = if labels.is_empty() {
@@ -38,7 +38,7 @@ fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
 }
 
 /// Polls `/metrics` until `pred` holds; panics with the last scrape after `WAIT`.
-async fn scrape_until(addr: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
+pub(crate) async fn scrape_until(addr: &str, what: &str, pred: impl Fn(&str) -> bool) -> String {
     let deadline = tokio::time::Instant::now() + WAIT;
     let mut last = String::new();
     loop {
