@@ -5,8 +5,10 @@
 //! The modules run in parallel in one process. `versions` uses the per-major
 //! clusters of `scripts/pg-versions.sh` and restarts none of them; the pairs that
 //! `standby_failover` crashes and promotes are its own (`support::clusters`, free
-//! ports), so neither disturbs the other.
+//! ports), so neither disturbs the other. `messages` (logical messages as events on
+//! each major) uses the per-major clusters as `versions` does, in databases of its own.
 #![allow(clippy::unwrap_used)]
 
+mod messages;
 mod standby_failover;
 mod versions;

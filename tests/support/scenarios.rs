@@ -447,3 +447,222 @@ pub async fn replay_range(port: u16) {
     stop(relay);
     env.cleanup().await;
 }
+
+/// `[postgres] messages = ["outbox"]` (docs/messages.md), as the environment sets it.
+pub const MESSAGES_ENV: (&str, &str) = ("OUTBOX_RELAY_POSTGRES_MESSAGES", "[\"outbox\"]");
+
+/// The value of the Prometheus sample `name{labels}` in a `/metrics` body.
+pub fn metric(body: &str, name: &str, labels: &str) -> Option<f64> {
+    body.lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix('{')?
+            .strip_prefix(labels)?
+            .strip_prefix("} ")?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+/// The call `pg_logical_emit_message(transactional, prefix, content)`, the content a
+/// JSON text literal written as is.
+fn emit_call(transactional: bool, prefix: &str, content: &str) -> String {
+    format!("pg_catalog.pg_logical_emit_message({transactional}, '{prefix}', '{content}'::text)")
+}
+
+/// An event's content for a logical message of `aggregate_type = 'order'`; `extra`
+/// is appended inside the object (`,"id":…`, `,"headers":…`).
+fn message_content(aggregate_id: &str, event_type: &str, extra: &str) -> String {
+    format!(
+        r#"{{"aggregate_type":"order","aggregate_id":"{aggregate_id}","event_type":"{event_type}","payload":{{"n":"{event_type}"}}{extra}}}"#
+    )
+}
+
+/// Logical messages as events (docs/messages.md, issue 42) with `[postgres] messages
+/// = ["outbox"]`: a transaction that mixes outbox rows, messages with a derived and
+/// with their own id, a non-transactional message and one of another prefix arrives
+/// as its rows and relayed messages, in the order written, with one commit LSN; a
+/// rolled-back transaction's row and message never arrive (its non-transactional
+/// message, which Postgres decodes all the same, neither); a transaction of one
+/// message alone arrives. The ignored messages are counted on `/metrics`
+/// (`outbox_relay_messages_ignored_total{reason}`: 2 non-transactional, 1 of another
+/// prefix), and the non-transactional ones logged once (at most once a minute). The
+/// derived id is `outbox-relay/<system identifier>/<database>/<LSN>` with the LSN
+/// `pg_logical_emit_message` returned.
+pub async fn logical_messages(port: u16) {
+    let mut env = Env::with_port(port).await;
+    let listen = testkit::free_addr();
+    let vars = [
+        MESSAGES_ENV,
+        ("OUTBOX_RELAY_RELAY_METRICS_LISTEN", listen.as_str()),
+    ];
+    let out = env.cli_env(&["slot", "create"], &vars);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The LSNs pg_logical_emit_message returned, by event type (not published).
+    env.db
+        .psql("CREATE TABLE emitted (event_type text PRIMARY KEY, lsn pg_lsn NOT NULL)");
+    let got = env.consumer().await;
+    let relay = env.start_env(&[], &vars);
+    let row = |n: usize| {
+        format!(
+            "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload)
+             VALUES ('{}', 'order', 'a', 'row-{n}', '{{\"n\": {n}}}')",
+            numbered_id(n)
+        )
+    };
+    let relayed = |event_type: &str, extra: &str| {
+        format!(
+            "INSERT INTO emitted SELECT '{event_type}', {}",
+            emit_call(true, "outbox", &message_content("a", event_type, extra))
+        )
+    };
+    let select = |transactional: bool, prefix: &str, aggregate_id: &str, event_type: &str| {
+        format!(
+            "SELECT {}",
+            emit_call(
+                transactional,
+                prefix,
+                &message_content(aggregate_id, event_type, "")
+            )
+        )
+    };
+    // Transaction A: rows and messages interleaved, and two that are no events.
+    let other_prefix = select(true, "other-tool", "ot", "other-prefix");
+    let non_transactional = select(false, "outbox", "nt", "non-transactional-1");
+    env.db.psql(&format!(
+        "BEGIN; {}; {}; {non_transactional}; {other_prefix}; {}; {}; {}; COMMIT;",
+        row(1),
+        relayed("message-2", r#","headers":{"tenant":"acme"}"#),
+        row(3),
+        relayed("message-4", r#","id":"own-id-4""#),
+        row(5),
+    ));
+    // Transaction B, rolled back: a row, a message, and a non-transactional message.
+    let message = select(true, "outbox", "rb", "rolled-back-message");
+    let non_transactional = select(false, "outbox", "nt", "non-transactional-2");
+    env.db.psql(&format!(
+        "BEGIN;
+         INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+         VALUES ('order', 'rb', 'rolled-back-row', '{{}}');
+         {message}; {non_transactional}; ROLLBACK;"
+    ));
+    // C: a transaction of one message alone; D: one row.
+    env.db.psql(&relayed("message-6", ""));
+    env.db.psql(&row(7));
+
+    let msgs = got.wait_for(7, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let msgs_after = got.snapshot();
+    assert_eq!(msgs_after.len(), 7, "nothing else arrives: {msgs_after:#?}");
+    let types: Vec<String> = msgs
+        .iter()
+        .map(|m| m.header("event_type").unwrap_or_default())
+        .collect();
+    assert_eq!(
+        types,
+        [
+            "row-1",
+            "message-2",
+            "row-3",
+            "message-4",
+            "row-5",
+            "message-6",
+            "row-7"
+        ],
+        "in the order written"
+    );
+    // Transaction A: one commit LSN and xid, tx_index counting rows and messages.
+    let a = &msgs[..5];
+    let index: Vec<String> = a.iter().map(|m| m.header("tx_index").unwrap()).collect();
+    assert_eq!(index, ["0", "1", "2", "3", "4"]);
+    for m in a {
+        assert_eq!(m.header("commit_lsn"), a[0].header("commit_lsn"), "{m:?}");
+        assert_eq!(m.header("xid"), a[0].header("xid"), "{m:?}");
+    }
+    let commits: Vec<u64> = [0, 5, 6]
+        .iter()
+        .map(|&i| lsn(&msgs[i].header("commit_lsn").unwrap()))
+        .collect();
+    assert!(commits.windows(2).all(|w| w[0] < w[1]), "{commits:?}");
+    // Ids: the rows', the derived ones (from the LSN the emit returned), the own one.
+    let system_id = env
+        .db
+        .psql("SELECT system_identifier FROM pg_control_system()");
+    let emitted = |event_type: &str| {
+        env.db.psql(&format!(
+            "SELECT lsn FROM emitted WHERE event_type = '{event_type}'"
+        ))
+    };
+    let derived = |event_type: &str| {
+        format!(
+            "outbox-relay/{}/{}/{}",
+            system_id.trim(),
+            env.db.name,
+            emitted(event_type).trim()
+        )
+    };
+    let ids: Vec<String> = msgs.iter().map(|m| m.message_id()).collect();
+    assert_eq!(
+        ids,
+        [
+            numbered_id(1),
+            derived("message-2"),
+            numbered_id(3),
+            "own-id-4".to_string(),
+            numbered_id(5),
+            derived("message-6"),
+            numbered_id(7),
+        ]
+    );
+    // A message's event as a row's: table header, headers object, body, routing.
+    let m = &msgs[1];
+    assert_eq!(m.header("outbox_table").as_deref(), Some("message:outbox"));
+    assert_eq!(
+        msgs[0].header("outbox_table").as_deref(),
+        Some("public.outbox")
+    );
+    assert_eq!(m.header("tenant").as_deref(), Some("acme"));
+    assert_eq!(m.header("aggregate_type").as_deref(), Some("order"));
+    assert_eq!(m.header("aggregate_id").as_deref(), Some("a"));
+    assert_eq!(m.text(), r#"{"n":"message-2"}"#);
+    assert_eq!(m.routing_key, "order.message-2");
+    assert_eq!(
+        m.properties.content_type().as_ref().map(|c| c.as_str()),
+        Some("application/json")
+    );
+
+    // The ignored ones, counted by reason; the non-transactional ones logged once.
+    let name = "outbox_relay_messages_ignored_total";
+    let deadline = Instant::now() + WAIT;
+    let mut last = String::new();
+    loop {
+        if let Some((200, body)) = http_get(&listen, "/metrics").await {
+            let counts = (
+                metric(&body, name, "reason=\"non_transactional\""),
+                metric(&body, name, "reason=\"other_prefix\""),
+            );
+            if counts == (Some(2.0), Some(1.0)) {
+                break;
+            }
+            last = body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: 2 non_transactional and 1 other_prefix expected; last scrape:\n{last}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let log = relay.log_text();
+    assert_eq!(
+        log.matches("a non-transactional logical message with a relayed prefix was ignored")
+            .count(),
+        1,
+        "logged once a minute: {log}"
+    );
+    assert!(
+        !log.contains("other-tool"),
+        "other prefixes are not logged: {log}"
+    );
+    stop(relay);
+    env.cleanup().await;
+}

@@ -1,0 +1,74 @@
+//! Logical messages as events (docs/messages.md, issue 42) on every supported
+//! Postgres major, 14 to 18: `scenarios::logical_messages` against the cluster of each
+//! major that `scripts/pg-versions.sh` runs (as `versions` runs its scenarios), one
+//! test per major so that a failure names the version. pgoutput sends messages from
+//! Postgres 14 on, and since 15 it skips empty transactions, so a transaction of one
+//! message alone is decoded differently there. A test fails, never skips, when its
+//! cluster is not running; none restarts a cluster.
+#![allow(clippy::unwrap_used)]
+
+use std::process::Command;
+use std::time::Instant;
+
+use support::scenarios;
+
+/// The port of the cluster of `major`, after checking that it answers and runs that
+/// major.
+fn cluster(major: u32) -> u16 {
+    let port = std::env::var(format!("OUTBOX_TEST_PG{major}_PORT"))
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(55500 + major as u16);
+    let out = Command::new("psql")
+        .args(["-XAtq", "-h127.0.0.1", "-Upostgres", "-dpostgres"])
+        .args(["-p", &port.to_string(), "-c", "SHOW server_version_num"])
+        .output()
+        .expect("psql runs");
+    assert!(
+        out.status.success(),
+        "no Postgres {major} on port {port} ({}): start it with `scripts/pg-versions.sh start {major}`",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    let version: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(
+        version / 10000,
+        major,
+        "port {port} runs Postgres {version}"
+    );
+    port
+}
+
+async fn messages_on(major: u32) {
+    let port = cluster(major);
+    let started = Instant::now();
+    scenarios::logical_messages(port).await;
+    eprintln!(
+        "postgres {major}: logical messages ok ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_14_logical_messages() {
+    messages_on(14).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_15_logical_messages() {
+    messages_on(15).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_16_logical_messages() {
+    messages_on(16).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_17_logical_messages() {
+    messages_on(17).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_18_logical_messages() {
+    messages_on(18).await;
+}
