@@ -1,7 +1,8 @@
 //! The command line and the one-shot commands, one module per topic: configuration
 //! errors and exit codes (`config_cli`, `first_hour`), completions, the man page and
 //! progress lines (`cli_extras`), `check`'s preconditions (`preconditions`), and the
-//! recovery commands (`replay`, `replay_targets`, `skip`).
+//! recovery commands (`replay`, `replay_targets`, `skip`), and the commands with
+//! logical messages (`messages`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: each
 //! test has its own database, slot, publication, exchange, queue, stream and role
@@ -12,6 +13,7 @@
 mod cli_extras;
 mod config_cli;
 mod first_hour;
+mod messages;
 mod preconditions;
 mod replay;
 mod replay_targets;
