@@ -56,7 +56,10 @@
 --        -f sql/outbox_messages.sql                               (other role names)
 --
 -- Running it again changes nothing: roles are created only when missing, the function
--- is replaced with the same text, and the grants and revokes are repeated.
+-- is replaced with the same text, and the grants and revokes are repeated. Run it
+-- again after a major upgrade to Postgres 17 or later: the privileges a dump of 14–16
+-- carries name the old overloads, which 17 no longer has, so PUBLIC can emit again on
+-- the new server (docs/messages.md, "Security").
 --
 -- Another prefix: change 'outbox' in the function below and `[postgres] messages`.
 -- Postgres 14 or newer (pgoutput streams messages since 14). Writing a message works
