@@ -226,6 +226,14 @@ if ! rabbitmq-plugins -q is_enabled rabbitmq_consistent_hash_exchange >/dev/null
   rabbitmq-plugins -q enable rabbitmq_consistent_hash_exchange >/dev/null
 fi
 
+# The management plugin (HTTP API on 127.0.0.1:15672), read by `check --routes` for
+# the broker's own bindings (tests/cli/routes.rs). Enabled online.
+MANAGEMENT_PORT=15672
+if ! rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
+  log "enabling the RabbitMQ plugin rabbitmq_management"
+  rabbitmq-plugins -q enable rabbitmq_management >/dev/null
+fi
+
 # TLS listeners (AMQPS 5671, stream 5551) with a test CA, for the tests of
 # rabbitmq-stream+tls:// and amqps://. A changed rabbitmq.conf needs a node restart,
 # so the block is written (and the node restarted) only when it is missing or differs.
@@ -293,6 +301,7 @@ OUTBOX_TEST_FAULT_PG_PORT=$FAULT_PORT
 OUTBOX_TEST_FAULT_PG_CLUSTER=$VERSION/$FAULT_NAME
 OUTBOX_TEST_PG_BIN=$PGBIN
 OUTBOX_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/%2f
+OUTBOX_TEST_MANAGEMENT_URL=http://127.0.0.1:$MANAGEMENT_PORT
 OUTBOX_TEST_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:$STREAM_PORT/%2f
 OUTBOX_TEST_STREAM_TLS_URL=rabbitmq-stream+tls://guest:guest@localhost:$STREAM_TLS_PORT/%2f
 OUTBOX_TEST_AMQPS=amqps://guest:guest@localhost:$AMQPS_PORT/%2f
