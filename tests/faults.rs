@@ -11,6 +11,8 @@
 //! `amqp_edges` (issue 40) follows the same rule: its memory alarm holds `BROKER` for
 //! writing, its other tests (own users, exchanges and queues; the node with small
 //! frames of scripts/rabbitmq-cluster.sh) for reading.
+//! `messages` (issue 42) runs the relay's and Postgres's faults with logical messages
+//! in the load, under the same rule (its crashes on the fault cluster, `FAULT_PG`).
 //! docs/reliability.md maps each guarantee to the test that proves it.
 #![allow(clippy::unwrap_used)]
 
@@ -40,3 +42,6 @@ mod aggregate;
 
 #[path = "faults/amqp_edges.rs"]
 mod amqp_edges;
+
+#[path = "faults/messages.rs"]
+mod messages;
