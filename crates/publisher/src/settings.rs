@@ -23,9 +23,14 @@ use crate::tls::ClientAuth;
 
 mod checks;
 mod de;
+pub mod topology;
 
 pub use checks::{check_routing_key, SettingError};
 pub use de::{de_duration, de_secret_list, parse_duration};
+pub use topology::{
+    ArgValue, Arguments, Binding, ExchangeDecl, QueueDecl, QueueType, TopologyConfig,
+    MAX_NAME_BYTES,
+};
 
 /// Default `rabbitmq.url`.
 pub const DEFAULT_AMQP_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
@@ -35,6 +40,8 @@ pub const DEFAULT_EXCHANGE: &str = "outbox";
 pub const DEFAULT_EXCHANGE_TYPE: ExchangeType = ExchangeType::Topic;
 /// Default `rabbitmq.declare_exchange`.
 pub const DEFAULT_DECLARE_EXCHANGE: bool = true;
+/// Default `rabbitmq.declare_topology`.
+pub const DEFAULT_DECLARE_TOPOLOGY: bool = false;
 /// Default `rabbitmq.dead_letter_exchange` (none).
 pub const DEFAULT_DEAD_LETTER_EXCHANGE: &str = "";
 /// Default `rabbitmq.ca_file` (system roots).
@@ -108,6 +115,10 @@ pub struct RabbitMqConfig {
     pub exchange_type: ExchangeType,
     /// Declare the exchange (durable) if it is missing.
     pub declare_exchange: bool,
+    /// Declare every exchange, queue and binding of `[topology]` at start and after
+    /// each reconnect (needs the `configure` permission on them, docs/security.md);
+    /// `false`: `check` only compares them with the broker's.
+    pub declare_topology: bool,
     /// Routing key template over `{aggregate_type}`, `{aggregate_id}`, `{event_type}`,
     /// `{table}`. Checked at load.
     pub routing_key: String,
@@ -167,6 +178,7 @@ impl Default for RabbitMqConfig {
             exchange: DEFAULT_EXCHANGE.to_string(),
             exchange_type: DEFAULT_EXCHANGE_TYPE,
             declare_exchange: DEFAULT_DECLARE_EXCHANGE,
+            declare_topology: DEFAULT_DECLARE_TOPOLOGY,
             routing_key: message::DEFAULT_ROUTING_KEY.to_string(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
             ordering: DEFAULT_ORDERING,
@@ -205,6 +217,7 @@ impl fmt::Debug for RabbitMqConfig {
             .field("exchange", &self.exchange)
             .field("exchange_type", &self.exchange_type)
             .field("declare_exchange", &self.declare_exchange)
+            .field("declare_topology", &self.declare_topology)
             .field("routing_key", &self.routing_key)
             .field("max_in_flight", &self.max_in_flight)
             .field("ordering", &self.ordering)

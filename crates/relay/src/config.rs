@@ -58,6 +58,8 @@ mod validate;
 pub use error::ConfigError;
 /// `[rabbitmq]` is the publisher's own section: its keys, defaults and checks.
 pub use publisher::settings::RabbitMqConfig;
+/// `[topology]` is the publisher's too: the exchanges, queues and bindings it declares.
+pub use publisher::settings::TopologyConfig;
 pub use wal_reader::redact::redact_url;
 /// `[postgres]` and `[mapping]` are the reader's own sections: their keys, defaults
 /// and checks.
@@ -127,6 +129,10 @@ pub struct Config {
     pub relay: RelayConfig,
     /// `[retention]`: deletion of confirmed outbox rows.
     pub retention: RetentionConfig,
+    /// `[topology]`: exchanges, queues and bindings to declare or check (the
+    /// publisher's [`TopologyConfig`]). File only: environment variables cannot
+    /// express its arrays of tables.
+    pub topology: TopologyConfig,
     /// Where the configuration was read from (not a key).
     #[serde(skip)]
     pub source: ConfigSource,

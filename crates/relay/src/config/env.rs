@@ -40,6 +40,7 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("rabbitmq", "exchange", Kind::Str),
     ("rabbitmq", "exchange_type", Kind::Str),
     ("rabbitmq", "declare_exchange", Kind::Bool),
+    ("rabbitmq", "declare_topology", Kind::Bool),
     ("rabbitmq", "routing_key", Kind::Str),
     ("rabbitmq", "max_in_flight", Kind::UInt),
     ("rabbitmq", "ordering", Kind::Str),
@@ -148,6 +149,13 @@ impl EnvOverrides {
                     && lower[section.len()..].starts_with('_')
                     && lower.ends_with(key)
             });
+            if found.is_none() && (lower == "topology" || lower.starts_with("topology_")) {
+                return Err(ConfigError::Invalid {
+                    key: "topology".to_string(),
+                    origin: Some(format!("in {ENV_METADATA_NAME} {var}")),
+                    reason: "[topology] is read from the configuration file only (environment variables cannot express its arrays of tables): move it to the file and unset the variable".to_string(),
+                });
+            }
             let Some(&(section, key, kind)) = found else {
                 let names: Vec<String> = KEYS
                     .iter()

@@ -22,7 +22,8 @@ impl Config {
         // The components' own sections, in the order of the file.
         let owned = (self.postgres.validate().into_iter())
             .chain(self.mapping.validate())
-            .chain(self.rabbitmq.validate());
+            .chain(self.rabbitmq.validate())
+            .chain(self.topology.validate(&self.rabbitmq));
         for e in owned {
             check(Err(ConfigError::invalid(e.key, e.reason)));
         }

@@ -6,6 +6,7 @@ mod errors;
 mod examples;
 mod load;
 mod targets;
+mod topology;
 
 use super::env::{env_var_name, Kind, KEYS};
 use super::error::closest;
