@@ -26,6 +26,7 @@ pub mod stream;
 pub mod window;
 
 pub mod probe;
+pub mod routing;
 mod progress;
 mod report;
 pub mod settings;
