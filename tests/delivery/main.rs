@@ -1,6 +1,6 @@
 //! Delivery to an exchange end to end, one module per topic: what arrives (`e2e`),
 //! retention, log correlation and URL lists (`around`), CloudEvents (`cloudevents`),
-//! logical messages (`messages`), broker refusals during a restart (`broker_restart`), dead letters, a held slot and
+//! logical messages (`messages`), an exchange per event (`routing`), broker refusals during a restart (`broker_restart`), dead letters, a held slot and
 //! a nack storm (`broker_shapes`), and operating the relay (`observability`).
 //!
 //! The modules run in parallel in one process. One test changes the broker for
@@ -18,3 +18,4 @@ mod cloudevents;
 mod e2e;
 mod messages;
 mod observability;
+mod routing;

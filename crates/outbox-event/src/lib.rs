@@ -75,6 +75,9 @@ pub struct OutboxEvent {
     /// The headers column's JSON text, as is.
     pub headers: Option<Bytes>,
     pub correlation_id: Option<Bytes>,
+    /// The exchange column's value (`[mapping] exchange`): the exchange this event
+    /// goes to; `None` (or empty) for the configured one (docs/routing.md).
+    pub exchange: Option<Bytes>,
     /// Why this event cannot be published as it is: a logical message whose content
     /// is not the JSON object of docs/messages.md. The publisher treats it as poison
     /// (held, or a notice to the dead-letter exchange), named by its id and LSN, as it

@@ -89,6 +89,7 @@ async fn main() {
                 body,
                 headers: None,
                 correlation_id: None,
+                exchange: None,
                 malformed: None,
             }));
         }

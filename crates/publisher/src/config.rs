@@ -65,9 +65,16 @@ pub struct PublisherConfig {
     /// A client certificate for amqps (EXTERNAL with `?auth_mechanism=external`) and
     /// a password file that replaces the URLs' password, read at every connect.
     pub auth: ClientAuth,
+    /// The exchange, or a template over the routing key's placeholders that names
+    /// each event's exchange (docs/routing.md).
     pub exchange: String,
+    /// An event's exchange column (`[mapping] exchange`), when it has a value, wins
+    /// over `exchange`; false for `replay --exchange`, which sends every copy there.
+    pub exchange_from_events: bool,
     pub exchange_type: String,
     /// Declare the exchange durable when missing; otherwise only check it exists.
+    /// Exchanges named per event are declared (or checked) the first time each is
+    /// seen, before the first publish to it.
     pub declare_exchange: bool,
     /// Template over `{aggregate_type}` `{aggregate_id}` `{event_type}` `{table}`.
     pub routing_key: String,
@@ -91,6 +98,9 @@ pub struct PublisherConfig {
     /// How long [`crate::Publisher::run`] waits for outstanding confirms after its input
     /// closed before it returns with what is acked.
     pub shutdown_timeout: Duration,
+    /// `[topology]` to declare at every connect, before the first publish
+    /// (`[rabbitmq] declare_topology = true`); `None` declares none of it.
+    pub topology: Option<std::sync::Arc<crate::settings::TopologyConfig>>,
 }
 
 impl PublisherConfig {
@@ -101,6 +111,7 @@ impl PublisherConfig {
             ca_file: None,
             auth: ClientAuth::default(),
             exchange: exchange.into(),
+            exchange_from_events: true,
             exchange_type: DEFAULT_EXCHANGE_TYPE.into(),
             declare_exchange: true,
             routing_key: message::DEFAULT_ROUTING_KEY.into(),
@@ -114,6 +125,7 @@ impl PublisherConfig {
             headers: message::HeaderProfile::Full,
             connection_name: "outbox-relay".into(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            topology: None,
         }
     }
 
@@ -182,6 +194,7 @@ impl PublisherConfig {
             });
         }
         message::RoutingKeyTemplate::parse(&self.routing_key)?;
+        message::ExchangeRule::new(&self.exchange, self.exchange_from_events)?;
         Ok(())
     }
 
@@ -244,6 +257,7 @@ impl std::fmt::Debug for PublisherConfig {
             .field("headers", &self.headers)
             .field("connection_name", &self.connection_name)
             .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("topology", &self.topology)
             .finish()
     }
 }

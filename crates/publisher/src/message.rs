@@ -186,6 +186,11 @@ impl RoutingKeyTemplate {
         Ok(Self { parts })
     }
 
+    /// Whether the template substitutes anything (else it is its literal text).
+    pub fn has_placeholders(&self) -> bool {
+        self.parts.iter().any(|p| !matches!(p, Part::Literal(_)))
+    }
+
     /// The routing key of one event (NULL fields render as empty text). Keys longer
     /// than AMQP allows (255 bytes) are cut at a character boundary.
     pub fn render(&self, event: &OutboxEvent) -> String {
@@ -201,6 +206,63 @@ impl RoutingKeyTemplate {
         }
         truncate_at_char(&mut key, SHORT_STRING_MAX);
         key
+    }
+}
+
+/// Which exchange each event goes to (docs/routing.md): its exchange column's value
+/// when it has one (`[mapping] exchange`, unless `replay --exchange` sends every copy
+/// to one exchange), else `[rabbitmq] exchange`, which may be a template over the
+/// routing key's placeholders (`"{aggregate_type}"`, `"events.{table}"`).
+#[derive(Debug, Clone)]
+pub struct ExchangeRule {
+    /// `[rabbitmq] exchange` when it has placeholders; `None`: the name as written.
+    template: Option<RoutingKeyTemplate>,
+    from_events: bool,
+}
+
+impl ExchangeRule {
+    /// The rule of `[rabbitmq] exchange` (`exchange`); `from_events`: whether the
+    /// events' exchange column counts.
+    pub fn new(exchange: &str, from_events: bool) -> Result<Self, PublishError> {
+        let template =
+            RoutingKeyTemplate::parse(exchange).map_err(|e| PublishError::InvalidConfig {
+                key: "exchange",
+                reason: e.to_string(),
+            })?;
+        Ok(Self {
+            template: template.has_placeholders().then_some(template),
+            from_events,
+        })
+    }
+
+    /// Whether `[rabbitmq] exchange` is a template (so no one exchange is declared
+    /// at the start).
+    pub fn is_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    /// The exchange of `event` when it is not `[rabbitmq] exchange` as written: the
+    /// column's value, or the template rendered (possibly empty, which the publisher
+    /// refuses as poison rather than send to the default exchange).
+    pub fn of(&self, event: &OutboxEvent) -> Option<String> {
+        if self.from_events {
+            if let Some(x) = event.exchange.as_ref().filter(|x| !x.is_empty()) {
+                let mut name = String::from_utf8_lossy(x).into_owned();
+                truncate_at_char(&mut name, SHORT_STRING_MAX);
+                return Some(name);
+            }
+        }
+        self.template.as_ref().map(|t| t.render(event))
+    }
+}
+
+impl Default for ExchangeRule {
+    /// `[rabbitmq] exchange` as written, or the events' column.
+    fn default() -> Self {
+        Self {
+            template: None,
+            from_events: true,
+        }
     }
 }
 
@@ -243,6 +305,8 @@ fn long(value: Option<&Bytes>) -> AMQPValue {
 /// every time (the builder's output depends on the event alone).
 #[derive(Debug, Clone)]
 pub struct OutboundMessage {
+    /// Its exchange when it is not `[rabbitmq] exchange` ([`ExchangeRule::of`]).
+    pub exchange: Option<ShortString>,
     pub routing_key: ShortString,
     pub body: Bytes,
     /// The event the properties are built from.
@@ -373,6 +437,8 @@ pub struct MessageBuilder {
     cloudevents: Option<CloudEvents>,
     /// Which of the relay's headers are written (`[message] headers`).
     profile: HeaderProfile,
+    /// Which exchange each message goes to.
+    exchange: ExchangeRule,
 }
 
 impl MessageBuilder {
@@ -397,7 +463,14 @@ impl MessageBuilder {
             dropped_logged: HashSet::new(),
             cloudevents: None,
             profile: HeaderProfile::Full,
+            exchange: ExchangeRule::default(),
         })
+    }
+
+    /// The builder whose messages go to the exchanges `rule` names.
+    pub fn with_exchange(mut self, rule: ExchangeRule) -> Self {
+        self.exchange = rule;
+        self
     }
 
     /// The builder that writes the relay's headers of `profile`
@@ -474,6 +547,7 @@ impl MessageBuilder {
     /// The message of one event, to publish with [`Self::properties_of`].
     pub fn build(&mut self, event: &OutboxEvent) -> OutboundMessage {
         OutboundMessage {
+            exchange: self.exchange.of(event).map(ShortString::from),
             routing_key: ShortString::from(self.template.render(event)),
             body: event.body.clone(),
             event: event.clone(),

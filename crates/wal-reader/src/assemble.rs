@@ -33,6 +33,7 @@ struct RelayedRelation {
     payload: usize,
     headers: Option<usize>,
     correlation_id: Option<usize>,
+    exchange: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -210,6 +211,10 @@ impl Assembler {
                 Some(c) => Some(require("correlation_id", c)?),
                 None => None,
             },
+            exchange: match m.exchange.as_deref() {
+                Some(c) => Some(require("exchange", c)?),
+                None => None,
+            },
             table: Arc::new(pgtype::outbox_table(
                 table,
                 r.columns[payload].type_oid,
@@ -243,6 +248,7 @@ fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxE
         payload,
         headers: rel.headers.and_then(|i| column(tuple, i)),
         correlation_id: rel.correlation_id.and_then(|i| column(tuple, i)),
+        exchange: rel.exchange.and_then(|i| column(tuple, i)),
         malformed: None,
     }
 }

@@ -19,6 +19,8 @@ pub const DEFAULT_PAYLOAD_COLUMN: &str = "payload";
 pub const DEFAULT_HEADERS_COLUMN: &str = "headers";
 /// Default `mapping.correlation_id` (none).
 pub const DEFAULT_CORRELATION_ID_COLUMN: &str = "";
+/// Default `mapping.exchange` (none: every event goes to `[rabbitmq] exchange`).
+pub const DEFAULT_EXCHANGE_COLUMN: &str = "";
 
 /// The `[mapping]` section: column names of the outbox table, as configured. An
 /// optional column written as `""` means the table has none.
@@ -39,6 +41,9 @@ pub struct MappingConfig {
     pub headers: String,
     /// Optional column for the `correlation_id` property; `""` means none.
     pub correlation_id: String,
+    /// Optional column naming each event's exchange (docs/routing.md); `""` means
+    /// none, and an empty value the configured `[rabbitmq] exchange`.
+    pub exchange: String,
 }
 
 impl Default for MappingConfig {
@@ -51,6 +56,7 @@ impl Default for MappingConfig {
             payload: DEFAULT_PAYLOAD_COLUMN.into(),
             headers: DEFAULT_HEADERS_COLUMN.into(),
             correlation_id: DEFAULT_CORRELATION_ID_COLUMN.into(),
+            exchange: DEFAULT_EXCHANGE_COLUMN.into(),
         }
     }
 }
@@ -88,6 +94,7 @@ impl MappingConfig {
             payload: self.payload.clone(),
             headers: optional(&self.headers),
             correlation_id: optional(&self.correlation_id),
+            exchange: optional(&self.exchange),
         }
     }
 }
@@ -103,6 +110,8 @@ pub struct ColumnMapping {
     pub payload: String,
     pub headers: Option<String>,
     pub correlation_id: Option<String>,
+    /// The column naming each event's exchange, if any.
+    pub exchange: Option<String>,
 }
 
 impl Default for ColumnMapping {

@@ -140,6 +140,7 @@ impl MessageSource {
                 body: c.payload,
                 headers: c.headers,
                 correlation_id: None,
+                exchange: None,
                 malformed: None,
             },
             Err(reason) => OutboxEvent {
@@ -156,6 +157,7 @@ impl MessageSource {
                 body: message.content.clone(),
                 headers: None,
                 correlation_id: None,
+                exchange: None,
                 malformed: Some(Arc::from(format!(
                     "the logical message at LSN {} (prefix {:?}) is not the JSON object docs/messages.md describes: {reason}",
                     message.lsn,

@@ -255,6 +255,24 @@ impl<M: Keyed + Clone> Engine<M> {
         true
     }
 
+    /// The message the next send would publish to its own exchange, if the next
+    /// send is one (not a dead-letter copy, nothing holding the sends): the shell
+    /// makes sure its exchange exists first.
+    pub fn peek_next_main(&mut self) -> Option<&M> {
+        if self.failure.is_some()
+            || self.held
+            || (self.solo && !self.publishes.is_empty())
+            || !self.dead_letters.is_empty()
+        {
+            return None;
+        }
+        let (seq, _) = self.window.peek_next()?;
+        if self.diverted.contains_key(&seq) {
+            return None;
+        }
+        self.window.peek_next().map(|(_, m)| m)
+    }
+
     fn next_send(&mut self) -> Option<Outgoing> {
         if self.failure.is_some() || self.held || (self.solo && !self.publishes.is_empty()) {
             return None;

@@ -5,6 +5,7 @@
 //! and hands it what the broker sent back. Failures and the recovery from them are
 //! in `run/recover.rs`.
 
+use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -16,12 +17,12 @@ use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::amqp::connection::{ConnError, Connection, Event, Returned as Return, Tls};
+use crate::amqp::connection::{ConnError, Connection, Declare, Event, Returned as Return, Tls};
 use crate::amqp::engine::{Engine, Failure, Outgoing, Returned, Settled, Target};
 use crate::amqp::Publisher;
 use crate::config::PublisherConfig;
 use crate::error::PublishError;
-use crate::message::{returned_key, MessageBuilder, OutboundMessage};
+use crate::message::{returned_key, ExchangeRule, MessageBuilder, OutboundMessage};
 use crate::progress::{self, changed_lsn, sleep_until_opt};
 use crate::report::PublisherReport;
 use crate::status::{self, PublisherStatus};
@@ -73,6 +74,13 @@ pub(crate) struct Runner {
     /// How long a nack waits for the confirms of the publishes before it
     /// ([`Engine::failure_ready`]) before the channel is closed anyway.
     nack_wait: Option<Instant>,
+    /// Exchanges named per event (docs/routing.md) declared or found on this
+    /// connection's broker, and those refused (with why): a message for one of
+    /// those is poison.
+    exchanges: HashSet<ShortString>,
+    missing_exchanges: HashMap<ShortString, String>,
+    /// An exchange to declare before the next send.
+    to_declare: Option<ShortString>,
 }
 
 impl Runner {
@@ -89,7 +97,11 @@ impl Runner {
         } = publisher;
         let builder = MessageBuilder::new(&config.routing_key, &config.extra_headers)?
             .with_format(&config.format)
-            .with_headers(config.headers);
+            .with_headers(config.headers)
+            .with_exchange(ExchangeRule::new(
+                &config.exchange,
+                config.exchange_from_events,
+            )?);
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
         status.set_poison(None);
@@ -122,6 +134,9 @@ impl Runner {
             },
             deadline: None,
             nack_wait: None,
+            exchanges: HashSet::new(),
+            missing_exchanges: HashMap::new(),
+            to_declare: None,
             config,
         })
     }
@@ -136,6 +151,10 @@ impl Runner {
                 break;
             }
             self.start_publishes();
+            if let Some(exchange) = self.to_declare.take() {
+                self.declare_exchange(exchange).await;
+                continue;
+            }
             // Take input only once everything buffered is published (backpressure),
             // but always notice that it closed (the shutdown deadline starts then).
             let want_input =
@@ -192,29 +211,45 @@ impl Runner {
             return;
         }
         while self.conn.unwritten() < MAX_UNWRITTEN {
+            if let Some(exchange) = self.next_unknown_exchange() {
+                self.to_declare = Some(exchange);
+                break;
+            }
             let mut unfit = None;
             let Runner {
                 engine,
                 conn,
                 builder,
-                config,
                 exchange,
                 dead_letter,
                 report,
+                missing_exchanges,
                 ..
             } = self;
             let sent = engine.send_next(|send, original| {
-                // A logical message whose content is malformed is poison before any
-                // framing (docs/messages.md): its notice may go to the DLX.
-                if let (Outgoing::Main { .. }, Some(why)) = (send, &original.event.malformed) {
-                    unfit = Some((send.clone(), why.to_string()));
-                    return Err(why.to_string());
+                let own = original.exchange.as_ref().unwrap_or(exchange);
+                // A logical message whose content is malformed, or an event whose
+                // exchange is refused, is poison before any framing: its notice
+                // may go to the DLX (docs/messages.md, docs/routing.md).
+                if let Outgoing::Main { .. } = send {
+                    let why = match (&original.event.malformed, missing_exchanges.get(own)) {
+                        (Some(why), _) => Some(why.to_string()),
+                        (None, Some(why)) => Some(why.clone()),
+                        (None, None) if own.as_str().is_empty() && original.exchange.is_some() => {
+                            Some("its exchange is empty: the [rabbitmq] exchange template rendered no name (docs/routing.md)".into())
+                        }
+                        (None, None) => None,
+                    };
+                    if let Some(why) = why {
+                        unfit = Some((send.clone(), why.clone()));
+                        return Err(why);
+                    }
                 }
                 let (exchange, message) = match send {
-                    Outgoing::Main { .. } => (exchange.as_str(), original.clone()),
+                    Outgoing::Main { .. } => (own.as_str(), original.clone()),
                     Outgoing::DeadLetter { reason, .. } => {
                         let properties = builder.properties_of(original);
-                        let copy = original.dead_letter_copy(properties, &config.exchange, reason);
+                        let copy = original.dead_letter_copy(properties, own.as_str(), reason);
                         (
                             dead_letter.as_ref().map_or("", |d| d.as_str()),
                             Arc::new(copy),
@@ -252,6 +287,53 @@ impl Runner {
             Ok(Arc::new(builder.build(event)))
         });
         let Ok(()) = built;
+    }
+
+    /// The exchange of the next message to publish when it is named per event and
+    /// not yet declared (or checked) on this connection.
+    fn next_unknown_exchange(&mut self) -> Option<ShortString> {
+        let message = self.engine.peek_next_main()?;
+        let name = message.exchange.as_ref()?;
+        (!name.as_str().is_empty()
+            && name != &self.exchange
+            && !self.exchanges.contains(name)
+            && !self.missing_exchanges.contains_key(name))
+        .then(|| name.clone())
+    }
+
+    /// Declares (or, without `declare_exchange`, checks) an exchange named per event
+    /// on the control channel, before the first publish to it. A refusal makes its
+    /// messages poison; a lost connection is a failure like any other.
+    async fn declare_exchange(&mut self, name: ShortString) {
+        let how = if self.config.declare_exchange {
+            Declare::Active
+        } else {
+            Declare::Passive
+        };
+        match self
+            .conn
+            .declare_exchange(name.as_str(), &self.config.exchange_type, how)
+            .await
+        {
+            Ok(()) => {
+                tracing::debug!(exchange = %name, "exchange ready");
+                self.exchanges.insert(name);
+            }
+            Err(ConnError::ChannelClosed { code, text }) => {
+                let why = format!(
+                    "its exchange {:?} was refused: ({code}) {text}; {}",
+                    name.as_str(),
+                    if self.config.declare_exchange {
+                        "the relay's user may not declare it (configure permission)"
+                    } else {
+                        "declare it, or set declare_exchange = true"
+                    }
+                );
+                tracing::error!(exchange = %name, reason = %why, "an exchange named by an event is refused; its events are poison (docs/routing.md)");
+                self.missing_exchanges.insert(name, why);
+            }
+            Err(e) => self.channel_failed(Failure::Connection(e.to_string())),
+        }
     }
 
     fn on_io(&mut self, io: Result<Vec<Event>, ConnError>) {

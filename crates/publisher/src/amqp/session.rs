@@ -11,8 +11,8 @@ use crate::error::{scrub, PublishError};
 /// virtual host (530 while it boots, 403 while the vhost is being re-created) or the
 /// login may be the only bad one of a cluster. When every node failed, the most
 /// meaningful error is returned ([`PublishError::specificity`]): a refusal names what
-/// to fix, an unreachable node does not. The exchanges of `config` are declared on
-/// the connection that answered.
+/// to fix, an unreachable node does not. The exchanges of `config`, and its
+/// `[topology]` when it has one, are declared on the connection that answered.
 pub(crate) async fn connect_any(
     config: &PublisherConfig,
     tls: &Tls,
@@ -24,7 +24,7 @@ pub(crate) async fn connect_any(
         let index = (start + offset) % count;
         let connected: Result<Connection, PublishError> =
             match connection::connect(config, tls, index).await {
-                Ok(mut conn) => match declare(&mut conn, config).await {
+                Ok(mut conn) => match super::topology::declare_all(&mut conn, config).await {
                     Ok(()) => return Ok(conn),
                     Err(e) => {
                         conn.close().await;
@@ -73,7 +73,10 @@ pub(crate) async fn declare(
     conn: &mut Connection,
     config: &PublisherConfig,
 ) -> Result<(), PublishError> {
-    if !config.exchange.is_empty() {
+    // An exchange per event is declared when first seen (`run.rs`), not here.
+    let template =
+        crate::message::ExchangeRule::new(&config.exchange, false).is_ok_and(|r| r.is_template());
+    if !config.exchange.is_empty() && !template {
         let how = if config.declare_exchange {
             Declare::Active
         } else {

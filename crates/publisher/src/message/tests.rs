@@ -33,6 +33,7 @@ fn event(content_type: &'static str, payload: Option<&'static [u8]>) -> OutboxEv
             br#"{"traceparent":"00-abc-def-01","n":5,"o":{"a":[1,true]},"aggregate_type":"spoof"}"#,
         )),
         correlation_id: None,
+        exchange: None,
         malformed: None,
     }
 }
@@ -283,6 +284,7 @@ mod reserved_tests {
             body: Bytes::from_static(b"{}"),
             headers: Some(Bytes::from_static(headers)),
             correlation_id: None,
+            exchange: None,
             malformed: None,
         }
     }

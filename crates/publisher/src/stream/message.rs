@@ -253,6 +253,7 @@ mod tests {
                 br#"{"cloudEvents:source":"spoof","tenant":"t"}"#,
             )),
             correlation_id: None,
+            exchange: None,
             malformed: None,
         }
     }

@@ -290,6 +290,7 @@ impl Stream {
                 r#"{{"seq":{n},"traceparent":"00-t-{n}-01"}}"#
             ))),
             correlation_id: Some(Bytes::from(format!("corr-{n}"))),
+            exchange: None,
             malformed: None,
         }
     }

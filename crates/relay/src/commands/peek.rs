@@ -21,7 +21,7 @@ use bytes::Bytes;
 use outbox_event::redact::{printable, printable_json};
 use outbox_event::{Lsn, OutboxEvent, WalItem};
 use publisher::message::cloudevents::{self, CloudEvents};
-use publisher::message::{MessageFormat, RoutingKeyTemplate};
+use publisher::message::{ExchangeRule, MessageFormat, RoutingKeyTemplate};
 use serde_json::json;
 use tokio_postgres::error::SqlState;
 use wal_reader::admin::{self, ident::quote_ident};
@@ -49,6 +49,9 @@ pub(crate) struct Pending {
     /// The end of its transaction's commit record.
     pub(crate) end_lsn: Lsn,
     pub(crate) routing_key: String,
+    /// Its exchange when it is named per event (docs/routing.md); `None`: the
+    /// configured `[rabbitmq] exchange`.
+    pub(crate) exchange: Option<String>,
 }
 
 /// Prints up to `--limit` pending events, oldest first.
@@ -138,6 +141,7 @@ pub(crate) async fn read_pending_until(
     };
     let sql = sql.as_str();
     let publication = quote_ident(&cfg.postgres.publication);
+    let exchanges = ExchangeRule::new(&cfg.rabbitmq.exchange, true)?;
     let mut changes = first.min(MAX_CHANGES);
     loop {
         let rows = client
@@ -162,7 +166,7 @@ pub(crate) async fn read_pending_until(
                     }
                 })?;
         }
-        let events = committed(items, limit, routing);
+        let events = committed(items, limit, routing, &exchanges);
         // Fewer rows than asked for: the slot has nothing more.
         if events.len() >= limit || read < changes || changes >= MAX_CHANGES || enough(&events) {
             return Ok(events);
@@ -173,7 +177,12 @@ pub(crate) async fn read_pending_until(
 
 /// The first `limit` events of committed transactions (an event is kept only once
 /// its transaction's Commit was decoded).
-fn committed(items: Vec<WalItem>, limit: usize, routing: &RoutingKeyTemplate) -> Vec<Pending> {
+fn committed(
+    items: Vec<WalItem>,
+    limit: usize,
+    routing: &RoutingKeyTemplate,
+    exchanges: &ExchangeRule,
+) -> Vec<Pending> {
     let mut out = Vec::new();
     let mut open: Vec<OutboxEvent> = Vec::new();
     for item in items {
@@ -186,6 +195,7 @@ fn committed(items: Vec<WalItem>, limit: usize, routing: &RoutingKeyTemplate) ->
                     }
                     out.push(Pending {
                         routing_key: routing.render(&event),
+                        exchange: exchanges.of(&event),
                         event,
                         end_lsn: c.end_lsn,
                     });
@@ -242,6 +252,7 @@ pub(crate) fn line_for_target(line: String, p: &Pending, stream: Option<&str>) -
 fn for_target(mut v: serde_json::Value, stream: Option<&str>) -> serde_json::Value {
     if let (Some(name), Some(map)) = (stream, v.as_object_mut()) {
         map.remove("routing_key");
+        map.remove("exchange");
         map.insert("stream".into(), json!(name));
     }
     v
@@ -288,8 +299,13 @@ pub(crate) fn to_line(p: &Pending) -> String {
     } else {
         ""
     };
+    let exchange = p
+        .exchange
+        .as_deref()
+        .map(|x| format!(" exchange={}", printable(x)))
+        .unwrap_or_default();
     format!(
-        "{} xid={} {} id={} type={} aggregate={}/{} routing_key={} payload={}{ellipsis}",
+        "{} xid={} {} id={} type={} aggregate={}/{}{exchange} routing_key={} payload={}{ellipsis}",
         e.commit_lsn,
         e.xid,
         printable(&e.table.qualified_name),
@@ -316,6 +332,7 @@ fn to_json(p: &Pending) -> serde_json::Value {
         "aggregate_id": text(e.aggregate_id.as_ref()),
         "event_type": text(e.event_type.as_ref()),
         "routing_key": p.routing_key,
+        "exchange": p.exchange,
         "content_type": e.table.content_type,
         "payload": text(e.payload.as_ref()),
         "headers": text(e.headers.as_ref()),
@@ -356,6 +373,7 @@ mod tests {
             body: Bytes::from(payload.to_string()),
             headers: None,
             correlation_id: None,
+            exchange: None,
             malformed: None,
         }
     }
@@ -382,20 +400,25 @@ mod tests {
             // A transaction cut off by the read: not pending yet as far as we know.
             WalItem::Event(event(3, "{}")),
         ];
-        let all = committed(items.clone(), 10, &rk);
+        let all = committed(items.clone(), 10, &rk, &ExchangeRule::default());
         assert_eq!(all.len(), 3);
         assert_eq!(all[2].end_lsn, Lsn(0x208));
         assert_eq!(all[0].routing_key, "order.created");
-        assert_eq!(committed(items, 2, &rk).len(), 2);
+        assert_eq!(committed(items, 2, &rk, &ExchangeRule::default()).len(), 2);
     }
 
     #[test]
     fn text_line_truncates_the_payload_and_json_keeps_it() {
         let rk = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
         let long = format!("\"{}\"", "x".repeat(500));
-        let p = committed(vec![WalItem::Event(event(1, &long)), commit(1)], 1, &rk)
-            .pop()
-            .unwrap();
+        let p = committed(
+            vec![WalItem::Event(event(1, &long)), commit(1)],
+            1,
+            &rk,
+            &ExchangeRule::default(),
+        )
+        .pop()
+        .unwrap();
         let line = to_line(&p);
         assert!(line.starts_with("0/100 xid=701 public.outbox id=id-1 type=created aggregate=order/o-1 routing_key=order.created payload=\"xxx"), "{line}");
         assert!(line.ends_with('…') && line.len() < 400, "{line}");
@@ -411,9 +434,14 @@ mod tests {
     fn json_shows_the_cloudevents_attributes_with_that_format() {
         use publisher::message::cloudevents::CloudEventsFormat;
         let rk = RoutingKeyTemplate::parse("{aggregate_type}.{event_type}").unwrap();
-        let p = committed(vec![WalItem::Event(event(1, "{}")), commit(1)], 1, &rk)
-            .pop()
-            .unwrap();
+        let p = committed(
+            vec![WalItem::Event(event(1, "{}")), commit(1)],
+            1,
+            &rk,
+            &ExchangeRule::default(),
+        )
+        .pop()
+        .unwrap();
         let mut ce = CloudEvents::new(CloudEventsFormat::with_default_source("app", "x."));
         let v = with_cloudevents(to_json(&p), &p, Some(&mut ce));
         assert_eq!(

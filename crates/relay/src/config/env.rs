@@ -36,6 +36,7 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("mapping", "payload", Kind::Str),
     ("mapping", "headers", Kind::Str),
     ("mapping", "correlation_id", Kind::Str),
+    ("mapping", "exchange", Kind::Str),
     ("rabbitmq", "url", Kind::UrlList),
     ("rabbitmq", "exchange", Kind::Str),
     ("rabbitmq", "exchange_type", Kind::Str),

@@ -41,6 +41,8 @@ pub struct TableColumns {
     pub headers: Option<ColumnInfo>,
     /// The correlation id column, if configured (then it is present).
     pub correlation_id: Option<ColumnInfo>,
+    /// The exchange column, if configured (then it is present).
+    pub exchange: Option<ColumnInfo>,
 }
 
 impl TableColumns {
@@ -58,6 +60,9 @@ impl TableColumns {
         }
         if let Some(c) = &self.correlation_id {
             all.push(("correlation_id", c));
+        }
+        if let Some(c) = &self.exchange {
+            all.push(("exchange", c));
         }
         all
     }
@@ -115,6 +120,10 @@ fn resolve(
         headers: mapping.headers.as_deref().and_then(find),
         correlation_id: match mapping.correlation_id.as_deref() {
             Some(name) => Some(require("correlation_id", name)?),
+            None => None,
+        },
+        exchange: match mapping.exchange.as_deref() {
+            Some(name) => Some(require("exchange", name)?),
             None => None,
         },
     })

@@ -278,6 +278,9 @@ impl Runner {
         }
         let mut old = std::mem::replace(&mut self.conn, Box::new(conn));
         old.abandon();
+        // Another node, perhaps another broker: exchanges named per event are
+        // declared again as they come (refused ones stay poison until a restart).
+        self.exchanges.clear();
         tracing::info!(node = %redact_url(&self.config.urls[self.conn.node]), "reconnected to rabbitmq");
         self.report.reconnects += 1;
         self.status.add_reconnect();

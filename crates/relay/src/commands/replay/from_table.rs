@@ -292,6 +292,7 @@ fn page_batch(p: &TablePlan, rows: &[tokio_postgres::Row], sent: u64) -> WalBatc
             payload,
             headers: text(5),
             correlation_id: text(6),
+            exchange: text(10),
             malformed: None,
         }));
     }
@@ -378,7 +379,7 @@ impl TablePlan {
         let filter = format!("{filter}{}", selected(6));
         let page_sql = format!(
             "SELECT {id}::text, {}, {}, {}, {}, {}, {}, {ca}::text, {id}::text, \
-                    (extract(epoch FROM {ca}) * 1000000)::int8 \
+                    (extract(epoch FROM {ca}) * 1000000)::int8, {} \
                FROM {table} \
               WHERE {filter} \
                 AND ($3::text IS NULL OR ({ca}, {id}) > ($3::text::timestamptz, $4::text::{id_type})) \
@@ -389,6 +390,7 @@ impl TablePlan {
             text_col(Some(&cols.payload)),
             text_col(cols.headers.as_ref()),
             text_col(cols.correlation_id.as_ref()),
+            text_col(cols.exchange.as_ref()),
         );
         let null_count_sql = format!("SELECT pg_catalog.count(*) FROM {table} WHERE {ca} IS NULL");
         let t = &cols.table;

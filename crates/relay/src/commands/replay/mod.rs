@@ -168,6 +168,7 @@ fn replay_publisher_config(cfg: &Config, plan: &Plan) -> PublisherConfig {
     p.connection_name = format!("outbox-relay replay {}", cfg.postgres.slot);
     if let Some(exchange) = &plan.exchange {
         p.exchange = exchange.clone();
+        p.exchange_from_events = false;
         p.declare_exchange = false;
     }
     if let Some(template) = &plan.routing_key {
