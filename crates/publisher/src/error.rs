@@ -28,6 +28,10 @@ pub enum PublishError {
     /// The exchange is missing, or exists with another type or durability.
     #[error("exchange {exchange:?} cannot be used: {reason}; declare it (or set [rabbitmq] declare_exchange = true) with the configured exchange_type, or fix [rabbitmq] exchange")]
     Exchange { exchange: String, reason: String },
+    /// An exchange, queue or binding of `[topology]` the broker refused to declare
+    /// (406: it exists with other arguments; 403: no configure permission; ...).
+    #[error("{object} cannot be declared: {reason}")]
+    Topology { object: String, reason: String },
     /// A configuration value the publisher cannot work with.
     #[error("invalid [rabbitmq] {key}: {reason}")]
     InvalidConfig { key: &'static str, reason: String },
@@ -88,7 +92,9 @@ impl PublishError {
             PublishError::Unreachable { .. } => 0,
             PublishError::VirtualHost { .. } | PublishError::ConnectionLimit { .. } => 1,
             PublishError::AuthenticationRefused { .. } | PublishError::TlsRefused { .. } => 2,
-            PublishError::Exchange { .. } | PublishError::Stream { .. } => 3,
+            PublishError::Exchange { .. }
+            | PublishError::Stream { .. }
+            | PublishError::Topology { .. } => 3,
             PublishError::InvalidConfig { .. }
             | PublishError::CaFile { .. }
             | PublishError::Halted { .. }

@@ -1,12 +1,15 @@
 //! Read-only checks of the broker for `outbox-relay check` (docs/operations.md,
 //! "Configuration and check"): whether the exchanges and the stream `run` needs
 //! exist, found without creating anything (passive declarations), so that `check`
-//! can say what `run` would create instead of creating it.
+//! can say what `run` would create instead of creating it; and whether the
+//! exchanges and queues of `[topology]` exist as configured ([`probe_topology`]).
 
 use crate::amqp::connection::{ConnError, Declare};
 use crate::amqp::session::{connect_any, refused};
+use crate::amqp::topology::{self, Object};
 use crate::config::PublisherConfig;
-use crate::error::{redact_url, PublishError};
+use crate::error::{redact_url, scrub, PublishError};
+use crate::settings::TopologyConfig;
 use crate::stream::StreamConfig;
 
 /// Whether a broker object exists.
@@ -34,9 +37,7 @@ pub struct ExchangeProbe {
 /// configured type when `declare_exchange` is on, as `run` does: that changes
 /// nothing, and a type or durability that differs is the error `run` would get.
 pub async fn probe_exchanges(config: &PublisherConfig) -> Result<ExchangeProbe, PublishError> {
-    let mut bare = config.clone();
-    bare.exchange = String::new();
-    bare.dead_letter_exchange = None;
+    let bare = bare(config);
     bare.validate()?;
     let tls = bare.tls()?;
     let mut conn = connect_any(&bare, &tls, 0).await?;
@@ -81,4 +82,167 @@ pub async fn probe_exchanges(config: &PublisherConfig) -> Result<ExchangeProbe, 
 /// protocol's metadata request), as `run` would log in.
 pub async fn probe_stream(config: &StreamConfig) -> Result<Presence, PublishError> {
     crate::stream::stream_presence(config).await
+}
+
+/// What `check` found of one exchange or queue of `[topology]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TopologyState {
+    /// It exists, and declaring it as configured changes nothing.
+    Present,
+    /// It does not exist (a passive declaration answered 404; nothing was created).
+    Missing,
+    /// It exists with other arguments, type or flags: the broker refused the
+    /// configured declaration (406 PRECONDITION_FAILED). `argument` is the one its
+    /// text names (`x-queue-type`, `x-message-ttl`, `type`, `durable`...), `text`
+    /// the broker's words, `fix` what to do.
+    Different {
+        argument: Option<String>,
+        text: String,
+        fix: String,
+    },
+    /// It exists, but whether it matches could not be asked: the broker refused the
+    /// comparing declaration otherwise (403: the user may not configure it; 405: an
+    /// exclusive queue of another connection; 503: an unknown exchange type).
+    NotCompared { reason: String },
+}
+
+/// What [`probe_topology`] found, in the order of the configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TopologyProbe {
+    /// The node that answered (password redacted).
+    pub node: String,
+    pub exchanges: Vec<(String, TopologyState)>,
+    pub queues: Vec<(String, TopologyState)>,
+}
+
+/// The login of `config` without anything it would declare at connect.
+fn bare(config: &PublisherConfig) -> PublisherConfig {
+    let mut bare = config.clone();
+    bare.exchange = String::new();
+    bare.dead_letter_exchange = None;
+    bare.topology = None;
+    bare
+}
+
+/// Compares each exchange and queue of `topology` with the broker's, creating
+/// nothing: a passive declaration first (404: [`TopologyState::Missing`]), then,
+/// for one that exists, the configured declaration, which the broker answers with
+/// declare-ok when it is equivalent and refuses with 406 naming the argument when
+/// not ([`TopologyState::Different`]). Each refusal closes the control channel,
+/// which the next declaration opens again; a refusal that closes the connection
+/// (503, an unknown exchange type) costs a new login. Bindings cannot be looked up
+/// over AMQP and are not probed.
+pub async fn probe_topology(
+    config: &PublisherConfig,
+    topology: &TopologyConfig,
+) -> Result<TopologyProbe, PublishError> {
+    let bare = bare(config);
+    bare.validate()?;
+    let tls = bare.tls()?;
+    let mut conn = connect_any(&bare, &tls, 0).await?;
+    let node = redact_url(&config.urls[conn.node]);
+    let mut exchanges = Vec::new();
+    for e in &topology.exchanges {
+        if !conn.is_alive() {
+            conn = connect_any(&bare, &tls, conn.node).await?;
+        }
+        let object = Object::Exchange(&e.name);
+        let passive = topology::declare_exchange(&mut conn, e, Declare::Passive).await;
+        let state = match passive {
+            Ok(()) => {
+                let declared = topology::declare_exchange(&mut conn, e, Declare::Active).await;
+                compare(config, conn.node, object, declared)?
+            }
+            Err(err) => absent(config, conn.node, object, err)?,
+        };
+        exchanges.push((e.name.clone(), state));
+    }
+    let mut queues = Vec::new();
+    for q in &topology.queues {
+        if !conn.is_alive() {
+            conn = connect_any(&bare, &tls, conn.node).await?;
+        }
+        let object = Object::Queue(&q.name);
+        let passive = topology::declare_queue(&mut conn, q, Declare::Passive).await;
+        let state = match passive {
+            Ok(()) => {
+                let declared = topology::declare_queue(&mut conn, q, Declare::Active).await;
+                compare(config, conn.node, object, declared)?
+            }
+            Err(err) => absent(config, conn.node, object, err)?,
+        };
+        queues.push((q.name.clone(), state));
+    }
+    conn.close().await;
+    Ok(TopologyProbe {
+        node,
+        exchanges,
+        queues,
+    })
+}
+
+/// The answer to a passive declaration that failed: 404 is missing, another
+/// refusal is reported as such, an outage is the error.
+fn absent(
+    config: &PublisherConfig,
+    node: usize,
+    object: Object<'_>,
+    err: ConnError,
+) -> Result<TopologyState, PublishError> {
+    match err {
+        ConnError::ChannelClosed { code: 404, .. } => Ok(TopologyState::Missing),
+        ConnError::ChannelClosed { code, text } => Ok(TopologyState::NotCompared {
+            reason: scrub(
+                &format!("({code}) {text}: {}", topology::fix(object, code, &text)),
+                &config.urls[node],
+            ),
+        }),
+        other => Err(topology::refused(config, node, object, other)),
+    }
+}
+
+/// The answer to the comparing declaration of an object that exists.
+fn compare(
+    config: &PublisherConfig,
+    node: usize,
+    object: Object<'_>,
+    declared: Result<(), ConnError>,
+) -> Result<TopologyState, PublishError> {
+    let url = &config.urls[node];
+    match declared {
+        Ok(()) => Ok(TopologyState::Present),
+        Err(ConnError::ChannelClosed { code: 406, text }) => Ok(TopologyState::Different {
+            argument: topology::inequivalent_argument(&text).map(str::to_string),
+            fix: topology::fix(object, 406, &text),
+            text: scrub(&text, url),
+        }),
+        Err(ConnError::ChannelClosed { code, text }) | Err(ConnError::Closed { code, text })
+            if code != 320 =>
+        {
+            Ok(TopologyState::NotCompared {
+                reason: scrub(
+                    &format!("({code}) {text}: {}", topology::fix(object, code, &text)),
+                    url,
+                ),
+            })
+        }
+        Err(other) => Err(topology::refused(config, node, object, other)),
+    }
+}
+
+/// `check --declare`: logs in as `run` would and declares every exchange, queue
+/// and binding of `topology` (idempotent: what exists as configured is left as it
+/// is). Returns the node that answered.
+pub async fn declare_topology(
+    config: &PublisherConfig,
+    topology: &TopologyConfig,
+) -> Result<String, PublishError> {
+    let bare = bare(config);
+    bare.validate()?;
+    let tls = bare.tls()?;
+    let mut conn = connect_any(&bare, &tls, 0).await?;
+    let node = redact_url(&config.urls[conn.node]);
+    let result = topology::declare_topology(&mut conn, config, topology).await;
+    conn.close().await;
+    result.map(|()| node)
 }

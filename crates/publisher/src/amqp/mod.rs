@@ -50,6 +50,7 @@ pub(crate) mod engine;
 pub mod lanes;
 mod run;
 pub(crate) mod session;
+pub(crate) mod topology;
 #[cfg(test)]
 mod sim;
 

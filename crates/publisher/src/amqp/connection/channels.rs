@@ -1,25 +1,48 @@
 //! The connection's requests: a method sent, then its reply awaited while the I/O
 //! loop keeps running (confirms and notices read meanwhile are kept for
-//! [`Connection::poll_io`]). Channel open and close, confirm select, exchange
-//! declarations and passive checks on the control channel, and the connection's
-//! own close.
+//! [`Connection::poll_io`]). Channel open and close, confirm select, exchange and
+//! queue declarations, passive checks and bindings on the control channel, and the
+//! connection's own close.
+//!
+//! A refusal of the broker (404 missing, 406 inequivalent arguments, 403 no
+//! permission) closes the control channel: the request returns
+//! [`ConnError::ChannelClosed`] with the broker's code and text, and the next
+//! request opens the control channel again.
 
 use std::future::poll_fn;
 use std::task::Poll;
 
 use amq_protocol::frame::AMQPFrame;
-use amq_protocol::protocol::{channel, confirm, connection, exchange, AMQPClass};
+use amq_protocol::protocol::{channel, confirm, connection, exchange, queue, AMQPClass};
 use amq_protocol::types::{FieldTable, ShortString};
 
 use super::{ConnError, Connection, Event, Tags, CONTROL};
 
-/// What an exchange declaration asks.
+/// What an exchange or queue declaration asks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Declare {
-    /// Create it (durable) with this type if missing; an existing one must match.
+    /// Create it as described if missing; an existing one must match (its type,
+    /// flags and the arguments the broker compares), else 406.
     Active,
     /// Only check that it exists (404 when it does not).
     Passive,
+}
+
+/// The flags of `exchange.declare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ExchangeFlags {
+    pub durable: bool,
+    pub auto_delete: bool,
+    pub internal: bool,
+}
+
+/// What `queue.declare-ok` tells of a queue.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct QueueCounts {
+    /// Messages ready in it.
+    pub messages: u32,
+    /// Its consumers.
+    pub consumers: u32,
 }
 
 impl Connection {
@@ -187,6 +210,26 @@ impl Connection {
         kind: &str,
         declare: Declare,
     ) -> Result<(), ConnError> {
+        let durable = ExchangeFlags {
+            durable: true,
+            auto_delete: false,
+            internal: false,
+        };
+        self.declare_exchange_with(name, kind, durable, FieldTable::default(), declare)
+            .await
+    }
+
+    /// Declares the exchange `name` with these flags and arguments on the control
+    /// channel ([`Connection::declare_exchange`] with every field of
+    /// `exchange.declare`): a passive declaration only checks it exists.
+    pub(crate) async fn declare_exchange_with(
+        &mut self,
+        name: &str,
+        kind: &str,
+        flags: ExchangeFlags,
+        arguments: FieldTable,
+        declare: Declare,
+    ) -> Result<(), ConnError> {
         self.open_control().await?;
         self.call(
             CONTROL,
@@ -194,13 +237,103 @@ impl Connection {
                 exchange: ShortString::from(name),
                 kind: ShortString::from(kind),
                 passive: declare == Declare::Passive,
-                durable: true,
-                auto_delete: false,
-                internal: false,
+                durable: flags.durable,
+                auto_delete: flags.auto_delete,
+                internal: flags.internal,
                 nowait: false,
-                arguments: FieldTable::default(),
+                arguments,
             })),
             |m| matches!(m, AMQPClass::Exchange(exchange::AMQPMethod::DeclareOk(_))),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Declares the queue `name` on the control channel: created with `durable`
+    /// and `arguments` (never exclusive nor auto-delete: the queues of a topology
+    /// outlive the relay) when missing ([`Declare::Active`]), or only checked
+    /// ([`Declare::Passive`], 404 when missing). An existing queue declared with
+    /// other arguments answers 406 PRECONDITION_FAILED, whose text names the
+    /// argument (`inequivalent arg 'x-queue-type' for queue 'q' in vhost '/':
+    /// received 'quorum' but current is 'classic'`). Returns the broker's counts.
+    pub(crate) async fn declare_queue(
+        &mut self,
+        name: &str,
+        durable: bool,
+        arguments: FieldTable,
+        declare: Declare,
+    ) -> Result<QueueCounts, ConnError> {
+        self.open_control().await?;
+        let reply = self
+            .call(
+                CONTROL,
+                AMQPClass::Queue(queue::AMQPMethod::Declare(queue::Declare {
+                    queue: ShortString::from(name),
+                    passive: declare == Declare::Passive,
+                    durable,
+                    exclusive: false,
+                    auto_delete: false,
+                    nowait: false,
+                    arguments,
+                })),
+                |m| matches!(m, AMQPClass::Queue(queue::AMQPMethod::DeclareOk(_))),
+            )
+            .await?;
+        match reply {
+            AMQPClass::Queue(queue::AMQPMethod::DeclareOk(ok)) => Ok(QueueCounts {
+                messages: ok.message_count,
+                consumers: ok.consumer_count,
+            }),
+            _ => Ok(QueueCounts::default()),
+        }
+    }
+
+    /// Binds the queue `queue` to the exchange `exchange` with `routing_key` and
+    /// `arguments` (`queue.bind`, idempotent) on the control channel.
+    pub(crate) async fn bind_queue(
+        &mut self,
+        queue: &str,
+        exchange: &str,
+        routing_key: &str,
+        arguments: FieldTable,
+    ) -> Result<(), ConnError> {
+        self.open_control().await?;
+        self.call(
+            CONTROL,
+            AMQPClass::Queue(queue::AMQPMethod::Bind(queue::Bind {
+                queue: ShortString::from(queue),
+                exchange: ShortString::from(exchange),
+                routing_key: ShortString::from(routing_key),
+                nowait: false,
+                arguments,
+            })),
+            |m| matches!(m, AMQPClass::Queue(queue::AMQPMethod::BindOk(_))),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Binds the exchange `destination` to the exchange `source` (`exchange.bind`,
+    /// RabbitMQ's extension, idempotent): what `source` routes with a matching key
+    /// is routed on by `destination`.
+    pub(crate) async fn bind_exchange(
+        &mut self,
+        destination: &str,
+        source: &str,
+        routing_key: &str,
+        arguments: FieldTable,
+    ) -> Result<(), ConnError> {
+        self.open_control().await?;
+        self.call(
+            CONTROL,
+            AMQPClass::Exchange(exchange::AMQPMethod::Bind(exchange::Bind {
+                destination: ShortString::from(destination),
+                source: ShortString::from(source),
+                routing_key: ShortString::from(routing_key),
+                nowait: false,
+                arguments,
+            })),
+            |m| matches!(m, AMQPClass::Exchange(exchange::AMQPMethod::BindOk(_))),
         )
         .await
         .map(|_| ())

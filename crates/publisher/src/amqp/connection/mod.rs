@@ -6,7 +6,8 @@
 //! - `handshake.rs`: protocol header, login (PLAIN, AMQPLAIN, EXTERNAL), tune, open;
 //! - `dispatch.rs`: what each frame from the broker means for the state;
 //! - `channels.rs`: the request/reply methods (channel open and close, confirm
-//!   select, exchange declarations on the control channel, connection close);
+//!   select, exchange and queue declarations and bindings on the control channel,
+//!   connection close);
 //! - `confirms.rs`: delivery tags (their one owner);
 //! - this file: the state and the I/O loop the publisher's task drives.
 //!
@@ -43,7 +44,9 @@ use amq_protocol::types::ShortString;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-pub(crate) use channels::Declare;
+#[cfg_attr(not(test), allow(unused_imports))]
+pub(crate) use channels::QueueCounts;
+pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
 pub(crate) use handshake::connect;
 pub(crate) use socket::{Socket, Tls};
