@@ -20,51 +20,16 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use crate::harness::*;
+use support::scenarios::{produce_sql, MESSAGES_ENV as MESSAGES, MESSAGE_PRODUCER, PRODUCED_IDS};
 use support::Relay;
 
-/// `[postgres] messages = ["outbox"]`.
-const MESSAGES: (&str, &str) = ("OUTBOX_RELAY_POSTGRES_MESSAGES", "[\"outbox\"]");
 /// `[postgres] tables = []`: an outbox without a table.
 const NO_TABLES: (&str, &str) = ("OUTBOX_RELAY_POSTGRES_TABLES", "[]");
-
-/// The producer: `produce(a, b, with_rows)` writes events `a..=b` in the calling
-/// transaction, each either an outbox row (with rows, two of every three) or a
-/// transactional message (every fifth of those with an `id` of its own), in that
-/// order, with `aggregate_id` the event's number; `produced` records each number and,
-/// for a message, the LSN `pg_logical_emit_message` returned and its own id (it is no
-/// published table). First a non-transactional message and one of another prefix,
-/// neither of which is an event.
-const PRODUCER: &str = r#"
-CREATE TABLE produced (seq bigint PRIMARY KEY, lsn pg_lsn, own_id text);
-CREATE FUNCTION produce(a bigint, b bigint, with_rows boolean) RETURNS void
-LANGUAGE plpgsql AS $$
-DECLARE
-  own text;
-BEGIN
-  PERFORM pg_catalog.pg_logical_emit_message(false, 'outbox',
-    '{"aggregate_type":"nontx","aggregate_id":"0","event_type":"tick","payload":{}}'::text);
-  PERFORM pg_catalog.pg_logical_emit_message(true, 'other-tool', 'not an event'::text);
-  FOR s IN a..b LOOP
-    IF with_rows AND s % 3 <> 0 THEN
-      INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
-      VALUES ('seq', s::text, 'tick', jsonb_build_object('seq', s));
-      INSERT INTO produced (seq) VALUES (s);
-    ELSE
-      own := CASE WHEN s % 5 = 0 THEN 'own-' || s END;
-      INSERT INTO produced (seq, lsn, own_id) VALUES (s,
-        pg_catalog.pg_logical_emit_message(true, 'outbox', jsonb_strip_nulls(jsonb_build_object(
-          'aggregate_type', 'seq', 'aggregate_id', s::text, 'event_type', 'tick',
-          'payload', jsonb_build_object('seq', s), 'id', own))::text),
-        own);
-    END IF;
-  END LOOP;
-END $$;
-"#;
 
 /// A fault world whose database has the producer.
 async fn world(cluster: Cluster, max_in_flight: usize) -> World {
     let w = World::new(cluster, Proxies::default(), max_in_flight).await;
-    w.sql(PRODUCER).await;
+    w.sql(MESSAGE_PRODUCER).await;
     w
 }
 
@@ -78,10 +43,7 @@ fn produce(
     with_rows: bool,
 ) -> tokio::task::JoinHandle<()> {
     w.load_with(from, n, per_tx, Duration::ZERO, move |i, end| {
-        format!(
-            "SELECT produce({i}, {end}, {with_rows})
-              WHERE NOT EXISTS (SELECT 1 FROM produced WHERE seq = {i})"
-        )
+        produce_sql(i, end, with_rows)
     })
 }
 
@@ -99,21 +61,13 @@ async fn rolled_back(w: &World) {
     .await;
 }
 
-/// The ids of every committed event: the produced rows' and the messages' (own or
-/// derived).
+/// The ids of every committed event (`scenarios::PRODUCED_IDS`).
 async fn committed_ids(w: &World) -> HashSet<String> {
-    w.sql(
-        "SELECT id::text FROM outbox WHERE aggregate_type = 'seq'
-         UNION ALL
-         SELECT coalesce(own_id, 'outbox-relay/'
-                || (SELECT system_identifier FROM pg_control_system()) || '/'
-                || current_database() || '/' || lsn::text)
-           FROM produced WHERE lsn IS NOT NULL",
-    )
-    .await
-    .lines()
-    .map(str::to_string)
-    .collect()
+    w.sql(PRODUCED_IDS)
+        .await
+        .lines()
+        .map(|l| l.split_once('|').map_or(l, |(_, id)| id).to_string())
+        .collect()
 }
 
 /// Starts the relay with `vars`.
@@ -157,7 +111,8 @@ async fn verify(w: &World, relay: &mut Relay) -> Report {
 }
 
 /// kill -9 the relay at random points of a stream of `n` events in transactions of
-/// `per_tx` (rows and messages, or messages only with `tables = []`), `kills` times:
+/// `per_tx` (rows and messages, or messages only with `tables = []`; half of them
+/// committed before the relay starts), `kills` times:
 /// nothing lost, order kept, at most `max_in_flight` plus the transaction straddling
 /// the window published again per kill (docs/design.md §1.1, §1.3).
 async fn sigkill_at_random_points(n: u64, per_tx: u64, kills: usize, with_rows: bool) {
@@ -171,7 +126,9 @@ async fn sigkill_at_random_points(n: u64, per_tx: u64, kills: usize, with_rows: 
     };
     let w = world(Cluster::Test, MAX_IN_FLIGHT).await;
     rolled_back(&w).await;
-    let load = produce(&w, 1, n, per_tx, with_rows);
+    // Half a backlog, so that kills find events in flight, and the rest live.
+    produce(&w, 1, n / 2, per_tx, with_rows).await.unwrap();
+    let load = produce(&w, n / 2 + 1, n - n / 2, per_tx, with_rows);
     let mut relay = start(&w, vars);
     if !with_rows {
         // The table is still in the publication, but no longer configured: its rows

@@ -666,3 +666,61 @@ pub async fn logical_messages(port: u16) {
     stop(relay);
     env.cleanup().await;
 }
+
+/// A producer of events for the fault and stream tests (SQL to run once in the
+/// test's database, which has the default outbox): `produce(a, b, with_rows)` writes
+/// events `a..=b` in the calling transaction, each either an outbox row (with rows,
+/// two of every three) or a transactional logical message of prefix `outbox` (every
+/// fifth of those with an `id` of its own), in that order, `aggregate_type = 'seq'`
+/// and `aggregate_id` the event's number. `produced` (no published table) records
+/// each number and, for a message, the LSN `pg_logical_emit_message` returned and
+/// its own id. Each call first emits a non-transactional message with the prefix
+/// `outbox` and a transactional one of another prefix: neither is an event.
+pub const MESSAGE_PRODUCER: &str = r#"
+CREATE TABLE produced (seq bigint PRIMARY KEY, lsn pg_lsn, own_id text);
+CREATE FUNCTION produce(a bigint, b bigint, with_rows boolean) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+  own text;
+BEGIN
+  PERFORM pg_catalog.pg_logical_emit_message(false, 'outbox',
+    '{"aggregate_type":"nontx","aggregate_id":"0","event_type":"tick","payload":{}}'::text);
+  PERFORM pg_catalog.pg_logical_emit_message(true, 'other-tool', 'not an event'::text);
+  FOR s IN a..b LOOP
+    IF with_rows AND s % 3 <> 0 THEN
+      INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload)
+      VALUES ('seq', s::text, 'tick', jsonb_build_object('seq', s));
+      INSERT INTO produced (seq) VALUES (s);
+    ELSE
+      own := CASE WHEN s % 5 = 0 THEN 'own-' || s END;
+      INSERT INTO produced (seq, lsn, own_id) VALUES (s,
+        pg_catalog.pg_logical_emit_message(true, 'outbox', jsonb_strip_nulls(jsonb_build_object(
+          'aggregate_type', 'seq', 'aggregate_id', s::text, 'event_type', 'tick',
+          'payload', jsonb_build_object('seq', s), 'id', own))::text),
+        own);
+    END IF;
+  END LOOP;
+END $$;
+"#;
+
+/// One transaction of [`MESSAGE_PRODUCER`]: events `from..=to`, unless an earlier
+/// attempt committed them (so that a retry after an unknown outcome cannot produce
+/// them twice).
+pub fn produce_sql(from: u64, to: u64, with_rows: bool) -> String {
+    format!(
+        "SELECT produce({from}, {to}, {with_rows})
+          WHERE NOT EXISTS (SELECT 1 FROM produced WHERE seq = {from})"
+    )
+}
+
+/// `seq|id` of every event [`MESSAGE_PRODUCER`] committed: a row's id, a message's
+/// own id or the id the relay derives for it, `outbox-relay/<system
+/// identifier>/<database>/<LSN of the message>` (docs/messages.md).
+pub const PRODUCED_IDS: &str = "SELECT o.aggregate_id::bigint, o.id::text
+       FROM outbox o JOIN produced p ON p.seq::text = o.aggregate_id AND p.lsn IS NULL
+      WHERE o.aggregate_type = 'seq'
+     UNION ALL
+     SELECT seq, coalesce(own_id, 'outbox-relay/'
+            || (SELECT system_identifier FROM pg_control_system()) || '/'
+            || current_database() || '/' || lsn::text)
+       FROM produced WHERE lsn IS NOT NULL";
