@@ -75,32 +75,44 @@ fn start(w: &World, vars: &[(&str, &str)]) -> Relay {
     w.start_env(vars)
 }
 
-/// Waits until every produced event arrived at least once, failing at once if the
-/// relay exits; then lets stray redeliveries and the last markers arrive, and checks
-/// everything. Returns the report.
+/// How long the delivered count may stand still before a wait fails (a relay that
+/// drops messages fails in a minute, not after `WAIT`).
+const STALL: Duration = Duration::from_secs(60);
+
+/// Waits until `n` distinct events arrived, failing at once if the relay exits, and
+/// when nothing new arrived for [`STALL`] or in all for `WAIT`.
+async fn wait_events(w: &World, relay: &mut Relay, n: usize) {
+    let deadline = Instant::now() + WAIT;
+    let (mut last, mut moved) = (w.consumer.distinct(), Instant::now());
+    while w.consumer.distinct() < n {
+        let got = w.consumer.distinct();
+        if got != last {
+            (last, moved) = (got, Instant::now());
+        }
+        if let Some(status) = relay.child.try_wait().unwrap() {
+            panic!(
+                "the relay exited ({status}) with {got} of {n} events delivered:\n{}",
+                relay.log_text()
+            );
+        }
+        assert!(
+            moved.elapsed() < STALL && Instant::now() < deadline,
+            "stalled: {got} of {n} events delivered:\n{}",
+            relay.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until every produced event arrived at least once ([`wait_events`]), then
+/// lets stray redeliveries and the last markers arrive, and checks everything.
 async fn verify(w: &World, relay: &mut Relay) -> Report {
     let expected: usize = w
         .sql("SELECT count(*) FROM produced")
         .await
         .parse()
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    while w.consumer.distinct() < expected {
-        if let Some(status) = relay.child.try_wait().unwrap() {
-            panic!(
-                "the relay exited ({status}) with {} of {expected} events delivered:\n{}",
-                w.consumer.distinct(),
-                relay.log_text()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out: {} of {expected} events delivered:\n{}",
-            w.consumer.distinct(),
-            relay.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_events(w, relay, expected).await;
     tokio::time::sleep(Duration::from_millis(1000)).await;
     let ids = committed_ids(w).await;
     assert_eq!(ids.len(), expected, "one id per produced event");
@@ -144,7 +156,7 @@ async fn sigkill_at_random_points(n: u64, per_tx: u64, kills: usize, with_rows: 
         .collect();
     points.sort();
     for p in &points {
-        w.wait_distinct(*p as usize, WAIT).await;
+        wait_events(&w, &mut relay, *p as usize).await;
         relay.kill();
         eprintln!(
             "killed at {} distinct / {} received",
@@ -219,7 +231,7 @@ async fn postgres_crash_during_a_backlog_of_rows_and_messages_resends_nothing() 
     preload(&w).await;
     rolled_back(&w).await;
     let mut relay = start(&w, &[MESSAGES]);
-    w.wait_distinct(BACKLOG as usize / 3, WAIT).await;
+    wait_events(&w, &mut relay, BACKLOG as usize / 3).await;
     let at_fault = w.consumer.distinct();
     Cluster::Fault.restart("immediate").await;
     produce(&w, BACKLOG + 1, 500, 50, true).await.unwrap();
@@ -247,8 +259,8 @@ async fn relay_killed_and_postgres_crashed_together_with_messages() {
     const MAX_IN_FLIGHT: usize = 500;
     let w = world(Cluster::Fault, MAX_IN_FLIGHT).await;
     preload(&w).await;
-    let relay = start(&w, &[MESSAGES]);
-    w.wait_distinct(BACKLOG as usize / 3, WAIT).await;
+    let mut relay = start(&w, &[MESSAGES]);
+    wait_events(&w, &mut relay, BACKLOG as usize / 3).await;
     relay.kill();
     let at_fault = w.consumer.distinct();
     Cluster::Fault.restart("immediate").await;
