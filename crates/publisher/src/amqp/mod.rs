@@ -50,9 +50,9 @@ pub(crate) mod engine;
 pub mod lanes;
 mod run;
 pub(crate) mod session;
-pub(crate) mod topology;
 #[cfg(test)]
 mod sim;
+pub(crate) mod topology;
 
 use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};

@@ -5,6 +5,10 @@
 //! declaring it and says what `run` would create ("exchange outbox: missing, run will
 //! declare it (declare_exchange = true)"). `check --declare` creates what `run`
 //! would create, and the publication as `slot create` would, explicitly.
+//!
+//! `[topology]` gets a line per exchange, queue and binding: present, missing (and
+//! whether `run` declares it), or different from the configuration, named by the
+//! broker's 406 (see [`probe::probe_topology`]).
 
 use std::io::Write;
 
@@ -51,7 +55,8 @@ pub async fn execute(config: &Config, args: &CheckArgs) -> Result<(), CliError> 
     }
     let pg = postgres(config, args.declare).await;
     let mq = rabbitmq(config, args.declare).await;
-    pg.and(mq)
+    let topology = topology(config, args.declare).await;
+    pg.and(mq).and(topology)
 }
 
 /// Runs the Postgres preconditions, printing one line each. Returns the first
@@ -208,9 +213,13 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
     }
     let exchange = &cfg.rabbitmq.exchange;
     let name = format!("exchange {exchange}");
+    let mut publisher_config = cfg.publisher_config();
     if declare && cfg.rabbitmq.declare_exchange {
+        // The topology first when it declares the exchange or the DLX: with its
+        // arguments, and before the DLX is checked (`topology` declares it all).
+        publisher_config.topology = topology_to_declare(cfg);
         // What `run` does at connect: declares it (durable) when it is missing.
-        return match publisher::Publisher::connect(cfg.publisher_config()).await {
+        return match publisher::Publisher::connect(publisher_config).await {
             Ok(p) => {
                 line(Status::Ok, "rabbitmq", "logged in");
                 line(
@@ -227,7 +236,11 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
             }
         };
     }
-    let found = match probe::probe_exchanges(&cfg.publisher_config()).await {
+    if cfg.topology.exchange(exchange).is_some() {
+        // Declared with the topology's arguments: compared on its own line.
+        publisher_config.declare_exchange = false;
+    }
+    let found = match probe::probe_exchanges(&publisher_config).await {
         Ok(found) => found,
         Err(e) => {
             line(Status::Fail, "rabbitmq", &e.to_string());
@@ -263,7 +276,11 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
             )));
         }
     }
-    if let (Some(dlx), Some(presence)) = (cfg.dead_letter_exchange(), found.dead_letter) {
+    // A DLX of the topology is reported on the topology's line.
+    let dead_letter = found.dead_letter.filter(|_| {
+        (cfg.dead_letter_exchange()).is_some_and(|d| cfg.topology.exchange(d).is_none())
+    });
+    if let (Some(dlx), Some(presence)) = (cfg.dead_letter_exchange(), dead_letter) {
         let name = format!("dead-letter exchange {dlx}");
         if presence == Presence::Exists {
             line(Status::Ok, &name, "exists");
@@ -378,5 +395,132 @@ async fn stream_source(cfg: &Config) -> Option<publisher::stream::StreamSource> 
             );
             None
         }
+    }
+}
+
+/// `[topology]` to declare with `check --declare` (whatever `declare_topology`
+/// says: an operator may declare it once as a user allowed to configure, and run
+/// the relay as one that is not); `None` when it is empty.
+fn topology_to_declare(
+    cfg: &Config,
+) -> Option<std::sync::Arc<publisher::settings::TopologyConfig>> {
+    (!cfg.topology.is_empty()).then(|| std::sync::Arc::new(cfg.topology.clone()))
+}
+
+/// `[topology]`, one line per exchange, queue and binding. Without `declare`,
+/// nothing is created: each exchange and queue is present, missing (`run` declares
+/// it with `declare_topology = true`, else FAIL) or **different** (FAIL naming the
+/// argument the broker's 406 names, and the fix); bindings cannot be looked up over
+/// AMQP. With `declare`, everything is declared (idempotently).
+async fn topology(cfg: &Config, declare: bool) -> Result<(), CliError> {
+    let topology = &cfg.topology;
+    if topology.is_empty() {
+        return Ok(());
+    }
+    let config = cfg.publisher_config();
+    let bindings = || {
+        let exchanges = topology.exchanges.iter().map(|e| (&e.name, &e.bindings));
+        let queues = topology.queues.iter().map(|q| (&q.name, &q.bindings));
+        exchanges
+            .chain(queues)
+            .flat_map(|(destination, bindings)| bindings.iter().map(move |b| (destination, b)))
+    };
+    let binding_name = |destination: &str, b: &publisher::settings::Binding| {
+        format!(
+            "binding {} -> {destination} ({:?})",
+            b.exchange, b.routing_key
+        )
+    };
+    if declare {
+        return match probe::declare_topology(&config, topology).await {
+            Ok(_) => {
+                let done = "exists as configured or was declared (check --declare)";
+                for e in &topology.exchanges {
+                    line(Status::Ok, &format!("exchange {}", e.name), done);
+                }
+                for q in &topology.queues {
+                    line(Status::Ok, &format!("queue {}", q.name), done);
+                }
+                for (destination, b) in bindings() {
+                    line(
+                        Status::Ok,
+                        &binding_name(destination, b),
+                        "bound (check --declare)",
+                    );
+                }
+                Ok(())
+            }
+            Err(e) => {
+                line(Status::Fail, "topology", &e.to_string());
+                Err(e.into())
+            }
+        };
+    }
+    let found = match probe::probe_topology(&config, topology).await {
+        Ok(found) => found,
+        Err(e) => {
+            line(Status::Fail, "topology", &e.to_string());
+            return Err(e.into());
+        }
+    };
+    let declares = cfg.rabbitmq.declare_topology;
+    let mut failures = Vec::new();
+    let objects = (found.exchanges.iter().map(|(n, s)| ("exchange", n, s)))
+        .chain(found.queues.iter().map(|(n, s)| ("queue", n, s)));
+    for (kind, object, state) in objects {
+        let name = format!("{kind} {object}");
+        match state {
+            probe::TopologyState::Present => line(Status::Ok, &name, "exists as configured"),
+            probe::TopologyState::Missing if declares => line(
+                Status::Ok,
+                &name,
+                "missing, run will declare it (declare_topology = true); `check --declare` declares it now",
+            ),
+            probe::TopologyState::Missing => {
+                line(
+                    Status::Fail,
+                    &name,
+                    "missing, and run will not declare it (declare_topology = false): declare it (`check --declare` does), or set [rabbitmq] declare_topology = true",
+                );
+                failures.push(format!("{name} does not exist"));
+            }
+            probe::TopologyState::Different {
+                argument,
+                text,
+                fix,
+            } => {
+                let which = match argument {
+                    Some(arg) => format!("differs from the configuration in {arg}"),
+                    None => "differs from the configuration".to_string(),
+                };
+                line(
+                    Status::Fail,
+                    &name,
+                    &format!("{which} (the broker: {text}); {fix}"),
+                );
+                failures.push(format!("{name} {which}"));
+            }
+            probe::TopologyState::NotCompared { reason } => line(
+                Status::Warn,
+                &name,
+                &format!("exists; not compared with the configuration: {reason}"),
+            ),
+        }
+    }
+    for (destination, b) in bindings() {
+        let how = if declares {
+            "not looked up (AMQP cannot); run binds it (declare_topology = true)"
+        } else {
+            "not looked up (AMQP cannot), and run will not bind it (declare_topology = false): `check --declare` binds it"
+        };
+        line(Status::Ok, &binding_name(destination, b), how);
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Precondition(format!(
+            "[topology] does not match the broker: {}",
+            failures.join("; ")
+        )))
     }
 }

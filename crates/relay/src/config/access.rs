@@ -184,9 +184,14 @@ impl Config {
         self.rabbitmq.stream_config(self.shared())
     }
 
-    /// What the publisher needs.
+    /// What the publisher needs; with `declare_topology`, the `[topology]` it
+    /// declares at every connect.
     pub fn publisher_config(&self) -> PublisherConfig {
         let name = format!("outbox-relay {}", self.postgres.slot);
-        self.rabbitmq.publisher_config(self.shared(), name)
+        let mut p = self.rabbitmq.publisher_config(self.shared(), name);
+        if self.rabbitmq.declare_topology && !self.topology.is_empty() {
+            p.topology = Some(std::sync::Arc::new(self.topology.clone()));
+        }
+        p
     }
 }

@@ -52,12 +52,22 @@ impl Config {
         let mut out = Vec::new();
         let r = &self.rabbitmq;
         if let Some(stream) = self.stream() {
+            if r.declare_topology && !self.topology.is_empty() {
+                out.push(format!(
+                    "[rabbitmq] declare_topology = true is ignored: events go to the stream {stream} over the stream protocol, which declares no [topology]; declare it with `check --declare`, or set stream = \"\""
+                ));
+            }
             if !r.dead_letter_exchange.is_empty() {
                 out.push(format!(
                     "[rabbitmq] dead_letter_exchange = {:?} is ignored: events go to the stream {stream}, where nothing is unroutable; remove it, or set stream = \"\" to publish to the exchange",
                     r.dead_letter_exchange
                 ));
             }
+        }
+        if r.declare_topology && self.topology.is_empty() {
+            out.push(
+                "[rabbitmq] declare_topology = true declares nothing: [topology] is empty (it is read from the file only); add [[topology.exchange]] / [[topology.queue]] tables, or remove declare_topology".to_string(),
+            );
         }
         out
     }

@@ -44,8 +44,6 @@ use amq_protocol::types::ShortString;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 
-#[cfg_attr(not(test), allow(unused_imports))]
-pub(crate) use channels::QueueCounts;
 pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
 pub(crate) use handshake::connect;

@@ -10,9 +10,11 @@
 //! - `io.rs`: the I/O loop's defects of issue 40 (1 CPU spin, 2 memory given
 //!   back, 3 a given-up connection closed, 5 frames behind a reply);
 //! - `protocol.rs`: the protocol's (6 tags, 7 interleaved content, 8 limits, 9
-//!   login errors and `connection.secure`, messages AMQP cannot frame).
+//!   login errors and `connection.secure`, messages AMQP cannot frame);
+//! - `topology.rs`: the declarations and bindings of `[topology]`, and a 406.
 
 mod broker;
 mod io;
 mod ported;
 mod protocol;
+mod topology;
