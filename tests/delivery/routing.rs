@@ -183,3 +183,82 @@ async fn wait_for_exchange(name: &str) {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Properties per event (docs/routing.md): `priority` and `expiration` keys of the
+/// headers column become the message's properties (not headers); a queue with
+/// `x-max-priority` delivers by them, and a message whose TTL passes in a queue with
+/// a dead-letter exchange is dead-lettered by the queue's own policy. An invalid
+/// value is poison naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_and_priority_set_per_event_are_observed_by_the_broker() {
+    use lapin::types::{AMQPValue, FieldTable, ShortString};
+    let _shared = testkit::BROKER.read().await;
+    let mut env = Env::new().await;
+    env.create_slot();
+    let exchange = env.exchange.clone();
+    let expired_to = env.broker.exchange_name("expired");
+    env.broker.declare_exchange(&exchange, "topic").await;
+    env.broker.declare_exchange(&expired_to, "fanout").await;
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-max-priority"),
+        AMQPValue::ShortShortUInt(10),
+    );
+    let queue = env.broker.queue_bound_with(&exchange, "p.#", args).await;
+    // A message expires at the head of its queue: the TTL one has its own.
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-dead-letter-exchange"),
+        AMQPValue::LongString(expired_to.as_str().into()),
+    );
+    env.broker.queue_bound_with(&exchange, "ttl.#", args).await;
+    let expired_q = env.broker.queue_bound(&expired_to, "").await;
+    let expired = env.broker.consume(&expired_q).await;
+    let relay = env.start(&[]);
+    // Published while nobody consumes: the queue orders them by priority.
+    env.db.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers) VALUES
+           ('p', '1', 'low', '{}', '{\"priority\": 1}'),
+           ('p', '2', 'high', '{}', '{\"priority\": \"9\", \"tenant\": \"t\"}'),
+           ('p', '3', 'middle', '{}', '{\"priority\": 5}'),
+           ('ttl', '4', 'short-lived', '{}', '{\"expiration\": \"100ms\"}')",
+    );
+    let ttl = expired.wait_for(1, WAIT).await;
+    assert_eq!(ttl[0].header("event_type").as_deref(), Some("short-lived"));
+    assert_eq!(
+        ttl[0]
+            .properties
+            .expiration()
+            .as_ref()
+            .map(|e| e.to_string()),
+        None,
+        "RabbitMQ drops the expiration when it dead-letters"
+    );
+    assert!(ttl[0].header("x-death").is_some() || ttl[0].properties.headers().is_some());
+    let got = env.broker.consume(&queue).await;
+    let msgs = got.wait_for(3, WAIT).await;
+    let order: Vec<String> = msgs
+        .iter()
+        .map(|m| m.header("event_type").unwrap())
+        .collect();
+    assert_eq!(order, ["high", "middle", "low"]);
+    assert_eq!(*msgs[0].properties.priority(), Some(9));
+    assert_eq!(msgs[0].header("tenant").as_deref(), Some("t"));
+    assert!(
+        msgs.iter().all(|m| m.header("priority").is_none()),
+        "a property, not a header"
+    );
+
+    // An invalid priority holds the relay, naming the key.
+    env.db.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+           VALUES ('p', '5', 'bad', '{}', '{\"priority\": 300}')",
+    );
+    let deadline = std::time::Instant::now() + WAIT;
+    while !relay.log_text().contains("header \"priority\" = 300") {
+        assert!(std::time::Instant::now() < deadline, "{}", relay.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, _) = relay.terminate();
+    env.cleanup().await;
+}

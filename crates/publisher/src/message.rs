@@ -9,6 +9,7 @@
 //! CloudEvents 1.0 attributes added ([`cloudevents`], docs/cloudevents.md).
 
 pub mod cloudevents;
+pub mod row_properties;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -21,6 +22,7 @@ use outbox_event::{Lsn, OutboxEvent, OutboxTable};
 use crate::amqp::engine::{DeadLetterReason, EventKey, Keyed};
 use crate::error::PublishError;
 use cloudevents::{CloudEvents, CloudEventsFormat};
+use row_properties::{is_property_key, RowProperties};
 
 /// The shape of the messages (`[message] format`, docs/cloudevents.md); both targets
 /// honour it.
@@ -581,7 +583,21 @@ impl MessageBuilder {
         if let Some(correlation) = short(event.correlation_id.as_ref()) {
             properties = properties.with_correlation_id(correlation);
         }
-        properties
+        // Checked before the publish (`check_row_properties`): invalid ones are
+        // poison and never reach here for the event itself.
+        match event.headers.as_deref().map(RowProperties::of) {
+            Some(Ok(row)) => row.apply(properties),
+            _ => properties,
+        }
+    }
+
+    /// Why the properties `event`'s headers column sets are invalid, if they are
+    /// ([`row_properties`]): the event is then poison, named by the key.
+    pub fn check_row_properties(event: &OutboxEvent) -> Result<(), String> {
+        match event.headers.as_deref() {
+            Some(raw) => RowProperties::of(raw).map(|_| ()),
+            None => Ok(()),
+        }
     }
 }
 
@@ -594,6 +610,10 @@ fn add_json_headers(
     cloudevents: bool,
 ) {
     for (key, value) in json_headers(raw, logged, cloudevents) {
+        // Keys that set properties are not headers (`row_properties`).
+        if is_property_key(&key) {
+            continue;
+        }
         if key.len() > SHORT_STRING_MAX {
             tracing::warn!(
                 key_len = key.len(),

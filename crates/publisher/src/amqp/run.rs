@@ -238,7 +238,7 @@ impl Runner {
                         (None, None) if own.as_str().is_empty() && original.exchange.is_some() => {
                             Some("its exchange is empty: the [rabbitmq] exchange template rendered no name (docs/routing.md)".into())
                         }
-                        (None, None) => None,
+                        (None, None) => MessageBuilder::check_row_properties(&original.event).err(),
                     };
                     if let Some(why) = why {
                         unfit = Some((send.clone(), why.clone()));
