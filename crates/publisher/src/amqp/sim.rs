@@ -95,6 +95,10 @@ struct EventInfo {
     in_aggregate: usize,
     /// The lane that received it.
     lane: Option<usize>,
+    /// Its exchange: 0 the configured one, else one named per event (declared by
+    /// the shell before its first publish: docs/routing.md). Derived from the event
+    /// rather than drawn, so the schedules of the regression seeds are unchanged.
+    exchange: usize,
 }
 
 struct Params {
@@ -298,6 +302,7 @@ impl World {
                 aggregate,
                 in_aggregate: s.by_aggregate[aggregate].len(),
                 lane: None,
+                exchange: (event + aggregate) % 4,
             });
             s.by_aggregate[aggregate].push(event);
             s.main_first.push(false);

@@ -75,6 +75,8 @@ pub(super) struct Lane {
     ch: Channel,
     restarted: bool,
     acked_since_restart: bool,
+    /// Exchanges named per event this lane's shell declared.
+    declared: std::collections::HashSet<usize>,
     // ---- what consumers saw of this lane (indexes into `events`)
     order_low: usize,
     passed: usize,
@@ -97,6 +99,7 @@ impl Lane {
             ch: Channel::default(),
             restarted: false,
             acked_since_restart: false,
+            declared: std::collections::HashSet::new(),
             order_low: 0,
             passed: 0,
             dlx_last: None,
@@ -150,9 +153,37 @@ impl Lane {
                     self.index
                 );
             }
+            // The shell declares an exchange named per event before the first
+            // publish to it (`run.rs`, next_unknown_exchange).
+            let peeked = self.engine.peek_next_main().map(|m| m.event);
+            if let Some(e) = peeked {
+                let x = s.events[e].exchange;
+                if x != 0 {
+                    self.declared.insert(x);
+                }
+            }
             let ch = &mut self.ch;
+            let declared = &self.declared;
             let sent = self.engine.send_next(|send, message| {
                 let event = message.event;
+                match send {
+                    Outgoing::Main { .. } => {
+                        assert_eq!(
+                            peeked,
+                            Some(event),
+                            "the next publish is not the message peek_next_main named"
+                        );
+                        let x = s.events[event].exchange;
+                        assert!(
+                            x == 0 || declared.contains(&x),
+                            "event {event} published to exchange {x} before it was declared"
+                        );
+                    }
+                    Outgoing::DeadLetter { .. } => assert!(
+                        peeked.is_none(),
+                        "peek_next_main named a message, but a dead-letter copy went first"
+                    ),
+                }
                 let target = match send {
                     Outgoing::Main { .. } => Target::Exchange,
                     Outgoing::DeadLetter { reason, .. } => {
