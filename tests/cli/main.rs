@@ -17,4 +17,5 @@ mod messages;
 mod preconditions;
 mod replay;
 mod replay_targets;
+mod routes;
 mod skip;

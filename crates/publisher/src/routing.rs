@@ -296,16 +296,12 @@ pub fn topic_matches(binding_key: &str, routing_key: &str) -> bool {
         match *p {
             "#" => {
                 let mut any = false;
-                for j in 0..=words.len() {
-                    any |= reach[j];
-                    next[j] = any;
+                for (n, r) in next.iter_mut().zip(&reach) {
+                    any |= *r;
+                    *n = any;
                 }
             }
-            "*" => {
-                for j in 1..=words.len() {
-                    next[j] = reach[j - 1];
-                }
-            }
+            "*" => next[1..].copy_from_slice(&reach[..words.len()]),
             literal => {
                 for j in 1..=words.len() {
                     next[j] = reach[j - 1] && words[j - 1] == literal;
@@ -374,6 +370,20 @@ fn headers_match(arguments: &BTreeMap<String, Value>, headers: &Headers) -> Matc
         XMatch::All => Match::No,
         XMatch::Any => Match::Yes,
     })
+}
+
+/// The TLS configuration of an `https://` management API, as for AMQPS: the roots
+/// of `ca_file`, else the system's (for `check --routes`).
+pub fn https_client_config(
+    ca_file: Option<&std::path::Path>,
+) -> Result<rustls::ClientConfig, crate::PublishError> {
+    crate::tls::amqps_config(ca_file, &crate::ClientAuth::default())
+}
+
+/// The password in `[rabbitmq] password_file`, read by the program's one secret-file
+/// rule (for the management API's credentials, which are the broker's).
+pub fn read_password_file(path: &std::path::Path) -> Result<String, crate::PublishError> {
+    crate::tls::read_password(path, crate::tls::Keys::Amqp)
 }
 
 #[cfg(test)]

@@ -169,6 +169,11 @@ pub struct RabbitMqConfig {
     pub password_file: String,
     /// The same for every `stream_url`.
     pub stream_password_file: String,
+    /// The management plugin's HTTP API (`http://127.0.0.1:15672`), read only by
+    /// `check --routes` for the broker's own exchanges, bindings and queues; `""` =
+    /// none. Credentials: the URL's own, else those of `url` (and `password_file`).
+    /// May hold a password: secret.
+    pub management_url: SecretString,
 }
 
 impl Default for RabbitMqConfig {
@@ -196,6 +201,7 @@ impl Default for RabbitMqConfig {
             key_file: String::new(),
             password_file: String::new(),
             stream_password_file: String::new(),
+            management_url: SecretString::from(""),
         }
     }
 }
@@ -235,6 +241,10 @@ impl fmt::Debug for RabbitMqConfig {
             .field("key_file", &self.key_file)
             .field("password_file", &self.password_file)
             .field("stream_password_file", &self.stream_password_file)
+            .field(
+                "management_url",
+                &redact_url(self.management_url.expose_secret()),
+            )
             .finish()
     }
 }

@@ -12,7 +12,7 @@
 //!   replay --from-table [--since TIME] [--until TIME]   [filters and overrides]
 //!          [--where FIELD=VALUE]... [--exchange NAME | --stream NAME]
 //!          [--routing-key TEMPLATE] [--dry-run]
-//!   check [--declare]
+//!   check [--declare] | check --routes [--since DURATION]
 //!   completions <bash|zsh|fish|elvish|powershell>
 //!   man                       (hidden: the man page, docs/man/outbox-relay.1)
 //! ```
@@ -23,7 +23,7 @@
 //! (`2024-05-01T12:00:00Z`; a missing `Z` also means UTC).
 
 use std::path::PathBuf;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
 use outbox_event::Lsn;
@@ -100,6 +100,16 @@ pub struct CheckArgs {
     /// create` would; without it `check` changes nothing.
     #[arg(long)]
     pub declare: bool,
+    /// Instead of the preconditions: which queues each (table, aggregate_type,
+    /// event_type) of the slot's pending events and of the outbox tables' recent rows
+    /// would reach, through [[topology.*]] and, with [rabbitmq] management_url, the
+    /// broker's own bindings. Exits 2 when one reaches no queue.
+    #[arg(long, conflicts_with = "declare")]
+    pub routes: bool,
+    /// With --routes: how far back the tables' rows are read (by created_at), e.g.
+    /// 7d [default: 24h].
+    #[arg(long, value_name = "DURATION", requires = "routes", value_parser = parse_duration)]
+    pub since: Option<Duration>,
 }
 
 /// `completions`.
@@ -400,6 +410,10 @@ impl ReplayArgs {
             until: self.until,
         })
     }
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e}: give a duration, e.g. 24h or 7d"))
 }
 
 fn parse_time(s: &str) -> Result<SystemTime, String> {

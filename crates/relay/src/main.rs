@@ -48,6 +48,7 @@ mod logging;
 mod metrics;
 mod pipeline;
 mod retention;
+mod routes;
 mod shutdown;
 mod slot_metrics;
 mod sql;

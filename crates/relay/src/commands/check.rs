@@ -53,6 +53,10 @@ pub async fn execute(config: &Config, args: &CheckArgs) -> Result<(), CliError> 
     for warning in config.warnings() {
         line(Status::Warn, "config", &warning);
     }
+    if args.routes {
+        // Which queues each event shape reaches, rather than the preconditions.
+        return crate::routes::execute(config, args.since).await;
+    }
     let pg = postgres(config, args.declare).await;
     let mq = rabbitmq(config, args.declare).await;
     let topology = topology(config, args.declare).await;

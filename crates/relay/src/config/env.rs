@@ -59,6 +59,7 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("rabbitmq", "key_file", Kind::Str),
     ("rabbitmq", "password_file", Kind::Str),
     ("rabbitmq", "stream_password_file", Kind::Str),
+    ("rabbitmq", "management_url", Kind::Str),
     ("message", "format", Kind::Str),
     ("message", "headers", Kind::Str),
     ("message", "cloudevents_source", Kind::Str),

@@ -208,6 +208,9 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
             "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
             "rabbitmq.producer_name" => c.producer_name() == Some(value),
+            "rabbitmq.management_url" => {
+                secrecy::ExposeSecret::expose_secret(&c.rabbitmq.management_url) == value
+            }
             "message.format" => c.message.format == MessageFormatKind::CloudEvents,
             "message.headers" => c.header_profile() == publisher::message::HeaderProfile::Minimal,
             "message.cloudevents_source" => c.message.cloudevents_source == value,

@@ -1,0 +1,506 @@
+//! `check --routes [--since D]`: which queues each (table, aggregate_type,
+//! event_type) would reach, before it is published (issue #43; docs/routing.md,
+//! "Checking routes before deploying").
+//!
+//! ```text
+//!   the slot's pending events (peek's decoding, logical messages included:
+//!   table message:<prefix>)  +  each outbox table's rows with created_at >= now() - since
+//!        │ distinct (table, aggregate_type, event_type, exchange, routing key)
+//!        ▼
+//!   publisher::routing::Topology: the broker's exchanges, bindings and queues
+//!   (management_url) + the relay's exchange(s) as run would declare them
+//!        │ route(exchange, key, headers)
+//!        ▼
+//!   one line each: the queues reached, NONE, or "not evaluated" (and why)
+//!   exit 2 when some reach no queue (not-evaluated ones are listed, not counted)
+//! ```
+//!
+//! Read-only everywhere: the slot is peeked (not consumed; skipped with a `warn`
+//! while a relay streams from it, or when it does not exist yet), the tables are read
+//! with one `SELECT DISTINCT` each, the broker through its management API's GETs.
+
+mod management;
+mod sources;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::Duration;
+
+use outbox_event::redact::printable;
+use publisher::message::ExchangeRule;
+use publisher::routing::{Binding, Destination, Exchange, Headers, Kind, Route, Topology, Verdict};
+use serde_json::Value;
+
+use crate::config::{Config, HeaderProfileKind};
+use crate::error::CliError;
+
+pub use sources::Seen;
+
+/// Default `--since`.
+pub const DEFAULT_SINCE: Duration = Duration::from_secs(24 * 3600);
+
+/// One distinct event shape and where it comes from.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Shape {
+    pub table: String,
+    pub aggregate_type: Option<String>,
+    pub event_type: Option<String>,
+    pub exchange: String,
+    pub routing_key: String,
+}
+
+/// The fields an exchange or routing-key template may use.
+#[derive(Debug, Clone, Default)]
+pub struct Fields {
+    pub table: String,
+    pub aggregate_type: Option<String>,
+    pub aggregate_id: Option<String>,
+    pub event_type: Option<String>,
+}
+
+/// A template (already checked by `RoutingKeyTemplate::parse` at load) over the
+/// fields: NULL fields render as empty text, and the result is cut to 255 bytes, as
+/// the publisher renders it.
+pub fn render(template: &str, f: &Fields) -> String {
+    let mut out = String::new();
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            out.push_str(&rest[open..]);
+            rest = "";
+            break;
+        };
+        let empty = String::new();
+        out.push_str(match &after[..close] {
+            "aggregate_type" => f.aggregate_type.as_ref().unwrap_or(&empty),
+            "aggregate_id" => f.aggregate_id.as_ref().unwrap_or(&empty),
+            "event_type" => f.event_type.as_ref().unwrap_or(&empty),
+            "table" => &f.table,
+            _ => &empty,
+        });
+        rest = &after[close + 1..];
+    }
+    out.push_str(rest);
+    let mut end = out.len().min(255);
+    while !out.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.truncate(end);
+    out
+}
+
+/// The exchange a table row goes to, as the publisher's `ExchangeRule::of` decides
+/// it for an event (pending events carry the publisher's own answer): the row's
+/// exchange column when it is not empty, else `[rabbitmq] exchange` rendered when it
+/// is a template (possibly empty: such an event is poison), else as written.
+pub fn exchange_of(cfg: &Config, column: Option<&str>, f: &Fields) -> String {
+    if let Some(x) = column.filter(|x| !x.is_empty()) {
+        let mut name = x.to_string();
+        let mut end = name.len().min(255);
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+        return name;
+    }
+    let configured = &cfg.rabbitmq.exchange;
+    if is_template(cfg) {
+        render(configured, f)
+    } else {
+        configured.clone()
+    }
+}
+
+/// Whether `[rabbitmq] exchange` is a template (checked at load).
+fn is_template(cfg: &Config) -> bool {
+    ExchangeRule::new(&cfg.rabbitmq.exchange, false)
+        .map(|r| r.is_template())
+        .unwrap_or(false)
+}
+
+/// The headers every message of a shape carries (docs/design.md §5); the others
+/// (aggregate_id, commit_lsn, xid, the headers column's keys) vary per row.
+fn headers_of(cfg: &Config, shape: &Shape) -> Headers {
+    let mut values = BTreeMap::new();
+    let text = |v: &Option<String>| v.clone().unwrap_or_default();
+    values.insert("event_type".to_string(), text(&shape.event_type));
+    if cfg.message.headers == HeaderProfileKind::Full {
+        values.insert("aggregate_type".to_string(), text(&shape.aggregate_type));
+        values.insert("outbox_table".to_string(), shape.table.clone());
+    }
+    Headers {
+        values,
+        complete: false,
+    }
+}
+
+/// The broker default exchanges (`amq.*`), which always exist.
+fn broker_defaults(t: &mut Topology) {
+    for (name, kind) in [
+        ("amq.direct", Kind::Direct),
+        ("amq.fanout", Kind::Fanout),
+        ("amq.topic", Kind::Topic),
+        ("amq.headers", Kind::Headers),
+        ("amq.match", Kind::Headers),
+    ] {
+        t.exchanges
+            .entry(name.to_string())
+            .or_insert_with(|| Exchange::new(kind));
+    }
+}
+
+/// `into` plus what `from` has that it lacks: exchanges, bindings (by destination,
+/// key and arguments) and queues.
+fn merge(into: &mut Topology, from: Topology) {
+    for (name, x) in from.exchanges {
+        match into.exchanges.get_mut(&name) {
+            None => {
+                into.exchanges.insert(name, x);
+            }
+            Some(have) => {
+                if have.alternate.is_none() {
+                    have.alternate = x.alternate;
+                }
+                for b in x.bindings {
+                    if !have.bindings.contains(&b) {
+                        have.bindings.push(b);
+                    }
+                }
+            }
+        }
+    }
+    into.queues.extend(from.queues);
+}
+
+/// `check --routes`.
+pub async fn execute(cfg: &Config, since: Option<Duration>) -> Result<(), CliError> {
+    let since = since.unwrap_or(DEFAULT_SINCE);
+    let mut out = std::io::stdout().lock();
+    let mut say = |text: &str| {
+        let _ = writeln!(out, "{}", printable(text));
+        let _ = out.flush();
+    };
+    if let Some(stream) = cfg.stream() {
+        say(&format!(
+            "ok    routes: every event goes to stream {stream} ([rabbitmq] stream), which has no routing"
+        ));
+        return Ok(());
+    }
+    // The broker's own topology first: it decides whether the rest is complete.
+    let mut topology = Topology::default();
+    let management = management::Management::from_config(cfg).map_err(CliError::Usage)?;
+    if let Some(m) = &management {
+        let t = m
+            .topology(cfg.ca_file())
+            .await
+            .map_err(CliError::Precondition)?;
+        let bindings: usize = t.exchanges.values().map(|x| x.bindings.len()).sum();
+        say(&format!(
+            "ok    management API: {} (vhost {:?}): {} exchanges, {} queues, {bindings} bindings",
+            m.shown,
+            m.vhost(),
+            t.exchanges.len(),
+            t.queues.len()
+        ));
+        topology = t;
+    } else {
+        say("warn  management API: [rabbitmq] management_url is not set: only the declared topology is matched, and the broker's own bindings are not seen");
+    }
+    let declared = declared_topology(cfg);
+    say(&format!(
+        "ok    declared topology: {} exchanges, {} queues ([[topology.*]] and [rabbitmq] exchange)",
+        cfg.topology.exchanges.len() + usize::from(!is_template(cfg)),
+        cfg.topology.queues.len()
+    ));
+    merge(&mut topology, declared);
+    broker_defaults(&mut topology);
+
+    let seen = sources::collect(cfg, since, &mut say).await?;
+    if seen.is_empty() {
+        say(&format!(
+            "ok    routes: no pending event and no row created in the last {}: nothing to check",
+            span(since)
+        ));
+        return Ok(());
+    }
+    // The exchanges events go to that the broker lacks: run declares them (with
+    // declare_exchange), without bindings.
+    let mut declared_by_run = BTreeSet::new();
+    for shape in seen.keys() {
+        if !shape.exchange.is_empty()
+            && !topology.exchanges.contains_key(&shape.exchange)
+            && cfg.rabbitmq.declare_exchange
+        {
+            let kind = Kind::of(cfg.rabbitmq.exchange_type.as_str(), &BTreeMap::new());
+            topology
+                .exchanges
+                .insert(shape.exchange.clone(), Exchange::new(kind));
+            declared_by_run.insert(shape.exchange.clone());
+        }
+    }
+    if management.is_some() {
+        for x in &declared_by_run {
+            say(&format!(
+                "warn  exchange {x}: missing on the broker; run declares it ({}, declare_exchange = true), with no binding",
+                cfg.rabbitmq.exchange_type.as_str()
+            ));
+        }
+    }
+
+    let rows: Vec<(&Shape, &Seen, Route)> = seen
+        .iter()
+        .map(|(shape, s)| {
+            let route = if shape.exchange.is_empty() && is_template(cfg) {
+                Route {
+                    notes: vec![
+                        "[rabbitmq] exchange renders no name for it: the relay holds it as poison"
+                            .into(),
+                    ],
+                    ..Route::default()
+                }
+            } else {
+                topology.route(&shape.exchange, &shape.routing_key, &headers_of(cfg, shape))
+            };
+            (shape, s, route)
+        })
+        .collect();
+    for line in table(&rows).lines() {
+        say(line);
+    }
+    let unroutable: Vec<&Shape> = rows
+        .iter()
+        .filter(|(_, _, r)| r.verdict() == Verdict::Unroutable)
+        .map(|(s, _, _)| *s)
+        .collect();
+    let not_evaluated = rows
+        .iter()
+        .filter(|(_, _, r)| r.verdict() == Verdict::NotEvaluated)
+        .count();
+    if not_evaluated > 0 {
+        say(&format!(
+            "warn  routes: {not_evaluated} not evaluated (an exchange type or headers this check cannot decide): check them on the broker"
+        ));
+    }
+    if unroutable.is_empty() {
+        say(&format!(
+            "ok    routes: every one of {} reaches a queue",
+            rows.len()
+        ));
+        return Ok(());
+    }
+    let list: Vec<String> = unroutable
+        .iter()
+        .map(|s| {
+            format!(
+                "{} {}/{} (exchange {:?}, routing key {:?})",
+                s.table,
+                shown(&s.aggregate_type),
+                shown(&s.event_type),
+                s.exchange,
+                s.routing_key
+            )
+        })
+        .collect();
+    say(&format!(
+        "FAIL  routes: {} of {} reach no queue",
+        unroutable.len(),
+        rows.len()
+    ));
+    Err(CliError::Precondition(format!(
+        "{} (table, aggregate_type, event_type) reach no queue: {}; bind a queue to their exchange with a matching key (docs/routing.md), or set [rabbitmq] dead_letter_exchange",
+        unroutable.len(),
+        list.join("; ")
+    )))
+}
+
+/// The topology `[topology]` declares (issue #43 part 3), with the relay's own
+/// exchange as run declares it (when it is one name, not a template).
+fn declared_topology(cfg: &Config) -> Topology {
+    let mut t = Topology::default();
+    let run_kind = || Kind::of(cfg.rabbitmq.exchange_type.as_str(), &BTreeMap::new());
+    let exchange = &cfg.rabbitmq.exchange;
+    if !exchange.is_empty() && !is_template(cfg) {
+        t.exchanges
+            .insert(exchange.clone(), Exchange::new(run_kind()));
+    }
+    let topology = &cfg.topology;
+    for x in &topology.exchanges {
+        let mut e = Exchange::new(Kind::of(&x.kind, &x.arguments));
+        e.internal = x.internal;
+        e.alternate = x
+            .arguments
+            .get("alternate-exchange")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        t.exchanges.insert(x.name.clone(), e);
+    }
+    broker_defaults(&mut t);
+    let mut bind = |source: &str, destination: Destination, b: &publisher::settings::Binding| {
+        t.exchanges
+            .entry(source.to_string())
+            .or_insert_with(|| Exchange::new(run_kind()))
+            .bindings
+            .push(Binding {
+                destination,
+                routing_key: b.routing_key.clone(),
+                arguments: b.arguments.clone(),
+            });
+    };
+    for x in &topology.exchanges {
+        for b in &x.bindings {
+            bind(&b.exchange, Destination::Exchange(x.name.clone()), b);
+        }
+    }
+    for q in &topology.queues {
+        for b in &q.bindings {
+            bind(&b.exchange, Destination::Queue(q.name.clone()), b);
+        }
+    }
+    t.queues
+        .extend(topology.queues.iter().map(|q| q.name.clone()));
+    t
+}
+
+/// A `--since` as an operator writes it: `24h`, `7d`.
+pub fn span(d: Duration) -> String {
+    match d.as_secs() {
+        s if s > 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s > 0 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        _ => humantime::format_duration(d).to_string(),
+    }
+}
+
+fn shown(v: &Option<String>) -> String {
+    v.clone().unwrap_or_else(|| "NULL".into())
+}
+
+/// The report: one row per shape, columns padded.
+fn table(rows: &[(&Shape, &Seen, Route)]) -> String {
+    let mut cells = vec![[
+        "TABLE".to_string(),
+        "AGGREGATE_TYPE".into(),
+        "EVENT_TYPE".into(),
+        "EXCHANGE".into(),
+        "ROUTING_KEY".into(),
+        "SEEN".into(),
+        "QUEUES".into(),
+    ]];
+    for (shape, seen, route) in rows {
+        let queues = match route.verdict() {
+            Verdict::Routed => {
+                let mut q = route.queues.iter().cloned().collect::<Vec<_>>().join(", ");
+                if !route.not_evaluated.is_empty() {
+                    q.push_str(" (and not evaluated: ");
+                    q.push_str(&route.not_evaluated.join("; "));
+                    q.push(')');
+                }
+                q
+            }
+            Verdict::NotEvaluated => {
+                format!("not evaluated: {}", route.not_evaluated.join("; "))
+            }
+            Verdict::Unroutable => {
+                let mut q = "NONE".to_string();
+                if !route.notes.is_empty() {
+                    let _ = write!(q, " ({})", route.notes.join("; "));
+                }
+                q
+            }
+        };
+        let exchange = if shape.exchange.is_empty() {
+            "(default)".to_string()
+        } else {
+            shape.exchange.clone()
+        };
+        cells.push([
+            shape.table.clone(),
+            shown(&shape.aggregate_type),
+            shown(&shape.event_type),
+            exchange,
+            shape.routing_key.clone(),
+            seen.to_string(),
+            queues,
+        ]);
+    }
+    let mut widths = [0usize; 7];
+    for row in &cells {
+        for (i, c) in row.iter().enumerate() {
+            widths[i] = widths[i].max(printable(c).chars().count());
+        }
+    }
+    let mut out = String::new();
+    for (n, row) in cells.iter().enumerate() {
+        if n > 0 {
+            out.push('\n');
+        }
+        let mut line = String::new();
+        for (i, c) in row.iter().enumerate() {
+            let c = printable(c);
+            if i + 1 == row.len() {
+                line.push_str(&c);
+            } else {
+                let pad = widths[i] - c.chars().count();
+                let _ = write!(line, "{c}{}  ", " ".repeat(pad));
+            }
+        }
+        out.push_str(line.trim_end());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn fields() -> Fields {
+        Fields {
+            table: "public.outbox".into(),
+            aggregate_type: Some("order".into()),
+            aggregate_id: Some("o-1".into()),
+            event_type: None,
+        }
+    }
+
+    #[test]
+    fn templates_render_as_the_publisher_does() {
+        let f = fields();
+        assert_eq!(render("{aggregate_type}.{event_type}", &f), "order.");
+        assert_eq!(
+            render("x.{table}.{aggregate_id}", &f),
+            "x.public.outbox.o-1"
+        );
+        assert_eq!(render("plain", &f), "plain");
+        let long = Fields {
+            aggregate_type: Some("é".repeat(200)),
+            ..f
+        };
+        let key = render("{aggregate_type}", &long);
+        assert_eq!(key.len(), 254);
+    }
+
+    #[test]
+    fn merge_adds_what_is_missing_only() {
+        let mut a = Topology::default();
+        a.exchanges.insert("x".into(), Exchange::new(Kind::Topic));
+        let mut b = Topology::default();
+        let mut x = Exchange::new(Kind::Direct);
+        x.bindings.push(publisher::routing::Binding {
+            destination: publisher::routing::Destination::Queue("q".into()),
+            routing_key: "k".into(),
+            arguments: BTreeMap::new(),
+        });
+        b.exchanges.insert("x".into(), x.clone());
+        b.exchanges.insert("y".into(), x);
+        b.queues.insert("q".into());
+        merge(&mut a, b.clone());
+        merge(&mut a, b);
+        assert_eq!(a.exchanges["x"].kind, Kind::Topic);
+        assert_eq!(a.exchanges["x"].bindings.len(), 1);
+        assert_eq!(a.exchanges.len(), 2);
+    }
+}
