@@ -2,8 +2,8 @@
 //! per topic: hostile passwords (`secrets`), secrets from files (`secret_files`),
 //! hostile servers (`hostile_peers`), the broker over TLS (`broker_tls`), the
 //! metrics endpoint against hostile clients (`metrics_endpoint`), functions
-//! planted in the database (`search_path`) and outbox text on the operator's
-//! terminal (`operator_output`).
+//! planted in the database (`search_path`), outbox text on the operator's
+//! terminal (`operator_output`), and who may emit logical messages (`emit`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: the
 //! RabbitMQ users they add, change the password of and close the connections of
