@@ -42,6 +42,17 @@ impl RabbitMqConfig {
                 "the default exchange \"\" cannot be declared: name an exchange, or set declare_exchange = false to publish to the default exchange",
             )));
         }
+        let management = r.management_url.expose_secret();
+        if !management.is_empty()
+            && !management.starts_with("http://")
+            && !management.starts_with("https://")
+        {
+            // The value may hold a password: never quoted.
+            check(Err(SettingError::new(
+                "rabbitmq.management_url",
+                "is not an http:// or https:// URL: give the management plugin's address, e.g. http://127.0.0.1:15672, or leave it empty",
+            )));
+        }
         check(
             check_routing_key(&r.routing_key)
                 .map_err(|reason| SettingError::new("rabbitmq.routing_key", reason)),

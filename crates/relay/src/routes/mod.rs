@@ -483,6 +483,92 @@ mod tests {
         assert_eq!(key.len(), 254);
     }
 
+    /// `[[topology.*]]` as the matcher's model: exchange-to-exchange and queue
+    /// bindings, the alternate exchange, plugin types, the relay's own exchange.
+    #[test]
+    fn declared_topology_is_the_configs() {
+        use publisher::settings::{Binding as B, ExchangeDecl, QueueDecl, QueueType};
+        use serde_json::json;
+        let bind = |exchange: &str, key: &str| B {
+            exchange: exchange.into(),
+            routing_key: key.into(),
+            arguments: Default::default(),
+        };
+        let exchange = |name: &str, kind: &str, bindings: Vec<B>| ExchangeDecl {
+            name: name.into(),
+            kind: kind.into(),
+            durable: true,
+            auto_delete: false,
+            internal: false,
+            arguments: Default::default(),
+            bindings,
+        };
+        let queue = |name: &str, bindings: Vec<B>| QueueDecl {
+            name: name.into(),
+            kind: QueueType::Quorum,
+            durable: true,
+            arguments: Default::default(),
+            bindings,
+        };
+        let mut cfg = Config::default();
+        let mut orders = exchange("orders", "direct", vec![bind("outbox", "order.#")]);
+        orders
+            .arguments
+            .insert("alternate-exchange".into(), json!("unrouted"));
+        cfg.topology.exchanges = vec![
+            orders,
+            exchange("unrouted", "fanout", vec![]),
+            exchange(
+                "hash",
+                "x-consistent-hash",
+                vec![bind("outbox", "shipment.*")],
+            ),
+        ];
+        cfg.topology.queues = vec![
+            queue("billing", vec![bind("orders", "order.created")]),
+            queue("parking", vec![bind("unrouted", "")]),
+            queue("everything", vec![bind("amq.topic", "#")]),
+        ];
+        let t = declared_topology(&cfg);
+        let h = Headers::default();
+        let queues = |x: &str, key: &str| -> Vec<String> {
+            t.route(x, key, &h).queues.into_iter().collect()
+        };
+        // outbox (the relay's, a topic exchange) → orders (direct) → billing.
+        assert_eq!(queues("outbox", "order.created"), ["billing"]);
+        // orders matches nothing: its alternate exchange takes it.
+        assert_eq!(queues("outbox", "order.deleted"), ["parking"]);
+        assert_eq!(
+            t.route("outbox", "shipment.sent", &h).verdict(),
+            Verdict::NotEvaluated
+        );
+        assert_eq!(
+            t.route("outbox", "invoice.paid", &h).verdict(),
+            Verdict::Unroutable
+        );
+        assert_eq!(queues("amq.topic", "x"), ["everything"]);
+        assert!(!t.queues_complete);
+    }
+
+    #[test]
+    fn management_url_must_be_http() {
+        let mut r = crate::config::RabbitMqConfig::default();
+        for (url, ok) in [
+            ("", true),
+            ("http://127.0.0.1:15672", true),
+            ("https://u:p@mq/admin", true),
+            ("amqp://u:secret@mq", false),
+        ] {
+            r.management_url = url.into();
+            let errors = r.validate();
+            assert_eq!(errors.is_empty(), ok, "{url}: {errors:?}");
+            if !ok {
+                assert_eq!(errors[0].key, "rabbitmq.management_url");
+                assert!(!errors[0].reason.contains("secret"));
+            }
+        }
+    }
+
     #[test]
     fn merge_adds_what_is_missing_only() {
         let mut a = Topology::default();

@@ -154,6 +154,7 @@ fn every_key_has_a_working_env_var() {
             // Checked with ordering (more than one channel needs "aggregate"): below.
             ("rabbitmq.channels", _) => continue,
             ("rabbitmq.routing_key", _) => "{table}",
+            ("rabbitmq.management_url", _) => "http://h:15672",
             ("rabbitmq.ca_file", _) => "Cargo.toml",
             ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => secret.as_str(),
             // A pair, checked against each other (like the metrics keys below).
