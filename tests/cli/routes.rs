@@ -197,3 +197,44 @@ fn run(env: &Env, management_url: &str) -> std::process::Output {
         &[("OUTBOX_RELAY_RABBITMQ_MANAGEMENT_URL", management_url)],
     )
 }
+
+/// An exchange per aggregate type (`[rabbitmq] exchange = "<prefix>.{aggregate_type}"`):
+/// each shape is matched on its own exchange; one the broker lacks is said to be
+/// declared by run, without bindings, so its events reach no queue.
+#[tokio::test]
+async fn check_routes_follows_the_exchange_of_each_event() {
+    let mut env = Env::new().await;
+    let prefix = testkit::unique_name("ctx");
+    let orders = format!("{prefix}.order");
+    env.broker.declare_exchange(&orders, "topic").await;
+    let q = env.broker.queue_bound(&orders, "order.#").await;
+    env.create_slot();
+    env.insert_tx(&[
+        ("order", "o-1", "created", "{}"),
+        ("invoice", "i-1", "paid", "{}"),
+    ]);
+    let template = format!("{prefix}.{{aggregate_type}}");
+    let out = env.cli_env(
+        &["check", "--routes"],
+        &[
+            ("OUTBOX_RELAY_RABBITMQ_MANAGEMENT_URL", &management_url()),
+            ("OUTBOX_RELAY_RABBITMQ_EXCHANGE", &template),
+        ],
+    );
+    let (text, err) = (stdout(&out), stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{text}\n{err}");
+    let order = row(&text, "order", "created");
+    assert!(order.contains(&orders) && order.ends_with(&q), "{text}");
+    let invoice = row(&text, "invoice", "paid");
+    assert!(
+        invoice.contains(&format!("{prefix}.invoice")) && invoice.contains("NONE"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "warn  exchange {prefix}.invoice: missing on the broker; run declares it"
+        )),
+        "{text}"
+    );
+    env.cleanup().await;
+}
