@@ -2,7 +2,9 @@
 //! errors and exit codes (`config_cli`, `first_hour`), completions, the man page and
 //! progress lines (`cli_extras`), `check`'s preconditions (`preconditions`), and the
 //! recovery commands (`replay`, `replay_targets`, `skip`), and the commands with
-//! logical messages (`messages`).
+//! logical messages (`messages`), and `[topology]` declared by `check --declare` and
+//! `run` and compared by `check` (`topology`; its one policy matches only its own
+//! queue).
 //!
 //! The modules run in parallel in one process. None changes anything shared: each
 //! test has its own database, slot, publication, exchange, queue, stream and role
@@ -19,3 +21,4 @@ mod replay;
 mod replay_targets;
 mod routes;
 mod skip;
+mod topology;
