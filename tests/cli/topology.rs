@@ -402,3 +402,69 @@ bindings = [{{ exchange = "{exchange}", routing_key = "#" }}]
     delete_queues(&env, &[&q, &dead]).await;
     env.cleanup().await;
 }
+
+/// An exchange named per event (`exchange = "<prefix>.{aggregate_type}"`) that
+/// `[topology]` declares with arguments is declared as the topology says when its
+/// first event comes, not plainly (which the broker would refuse as inequivalent):
+/// its events are delivered, and one its bindings do not route goes to its
+/// alternate exchange.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_exchange_named_per_event_is_declared_as_the_topology_says() {
+    let _shared = testkit::BROKER.read().await;
+    let mut env = Env::new().await;
+    env.create_slot();
+    let prefix = env.exchange.clone();
+    let order_x = format!("{prefix}.order");
+    let ae = env.broker.exchange_name("tae");
+    let (q, unrouted) = (unique_name("tq"), unique_name("tunrouted"));
+    env.extra = format!(
+        r##"
+[[topology.exchange]]
+name = "{ae}"
+type = "fanout"
+
+[[topology.exchange]]
+name = "{order_x}"
+type = "topic"
+arguments = {{ alternate-exchange = "{ae}" }}
+
+[[topology.queue]]
+name = "{unrouted}"
+bindings = [{{ exchange = "{ae}" }}]
+
+[[topology.queue]]
+name = "{q}"
+bindings = [{{ exchange = "{order_x}", routing_key = "order.placed" }}]
+"##
+    );
+    let template = format!("{prefix}.{{aggregate_type}}");
+    let vars = [
+        ("OUTBOX_RELAY_RABBITMQ_EXCHANGE", template.as_str()),
+        ("OUTBOX_RELAY_RABBITMQ_DECLARE_TOPOLOGY", "true"),
+    ];
+    let relay = env.start_env(&[], &vars);
+    wait_for_queue(&env, &q).await;
+    wait_for_queue(&env, &unrouted).await;
+    let placed = env.broker.consume(&q).await;
+    let other = env.broker.consume(&unrouted).await;
+    env.insert_tx(&[
+        ("order", "o1", "placed", "{}"),
+        ("order", "o1", "cancelled", "{}"),
+    ]);
+    let got = tokio::time::timeout(WAIT, placed.wait_for(1, WAIT * 2))
+        .await
+        .unwrap_or_else(|_| panic!("nothing arrived; the relay's log:\n{}", relay.log_text()));
+    assert_eq!(got[0].header("event_type").as_deref(), Some("placed"));
+    assert_eq!(got[0].exchange, order_x);
+    let got = other.wait_for(1, WAIT).await;
+    assert_eq!(got[0].header("event_type").as_deref(), Some("cancelled"));
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    delete_queues(&env, &[&q, &unrouted]).await;
+    let _ = env
+        .broker
+        .channel
+        .exchange_delete(order_x.as_str().into(), Default::default())
+        .await;
+    env.cleanup().await;
+}

@@ -310,11 +310,18 @@ impl Runner {
         } else {
             Declare::Passive
         };
-        match self
-            .conn
-            .declare_exchange(name.as_str(), &self.config.exchange_type, how)
-            .await
-        {
+        // An exchange of the declared `[topology]` is declared as configured there
+        // (its type, flags and arguments): a plain declaration would be refused.
+        let topology = self.config.topology.clone();
+        let declared = match topology.as_deref().and_then(|t| t.exchange(name.as_str())) {
+            Some(e) => super::topology::declare_exchange(&mut self.conn, e, Declare::Active).await,
+            None => {
+                self.conn
+                    .declare_exchange(name.as_str(), &self.config.exchange_type, how)
+                    .await
+            }
+        };
+        match declared {
             Ok(()) => {
                 tracing::debug!(exchange = %name, "exchange ready");
                 self.exchanges.insert(name);
