@@ -216,6 +216,12 @@ fn compare(
             fix: topology::fix(object, 406, &text),
             text: scrub(&text, url),
         }),
+        Err(ConnError::ChannelClosed { code: 403, text }) => Ok(TopologyState::NotCompared {
+            reason: scrub(
+                &format!("(403) {text}: it exists (looking it up needs no permission), but comparing its arguments declares it again, which needs `configure` on it (docs/security.md); run `check` as a user who may configure it to compare them"),
+                url,
+            ),
+        }),
         Err(ConnError::ChannelClosed { code, text }) | Err(ConnError::Closed { code, text })
             if code != 320 =>
         {

@@ -300,3 +300,86 @@ pub(crate) fn fix(object: Object<'_>, code: u16, text: &str) -> String {
         _ => "fix the [topology] entry".to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::{QueueType, TopologyConfig};
+
+    fn queue(json: serde_json::Value) -> QueueDecl {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// TOML values become the AMQP values RabbitMQ reads: whole numbers as signed
+    /// 64-bit integers (never strings, which it refuses for x-message-ttl), strings
+    /// as long strings, tables and arrays nested; the queue's type is always sent.
+    #[test]
+    fn arguments_are_typed_and_the_queue_type_is_always_sent() {
+        let q = queue(serde_json::json!({
+            "name": "billing",
+            "type": "quorum",
+            "arguments": {
+                "x-message-ttl": 60000,
+                "x-dead-letter-exchange": "dlx",
+                "x-single-active-consumer": true,
+                "ratio": 0.5,
+                "nested": {"a": [1, "b"]}
+            }
+        }));
+        assert_eq!(q.kind, QueueType::Quorum);
+        let t = queue_arguments(&q);
+        let get = |k: &str| t.inner().get(k).cloned();
+        assert_eq!(get("x-message-ttl"), Some(AMQPValue::LongLongInt(60_000)));
+        assert_eq!(
+            get("x-dead-letter-exchange"),
+            Some(AMQPValue::LongString("dlx".into()))
+        );
+        assert_eq!(
+            get("x-single-active-consumer"),
+            Some(AMQPValue::Boolean(true))
+        );
+        assert_eq!(get("ratio"), Some(AMQPValue::Double(0.5)));
+        assert_eq!(
+            get("x-queue-type"),
+            Some(AMQPValue::LongString("quorum".into()))
+        );
+        let Some(AMQPValue::FieldTable(nested)) = get("nested") else {
+            panic!("nested is not a table")
+        };
+        let Some(AMQPValue::FieldArray(items)) = nested.inner().get("a") else {
+            panic!("a is not an array")
+        };
+        assert_eq!(
+            items.as_slice(),
+            [AMQPValue::LongLongInt(1), AMQPValue::LongString("b".into())]
+        );
+        let classic = queue(serde_json::json!({"name": "audit"}));
+        assert_eq!(
+            queue_arguments(&classic).inner().get("x-queue-type"),
+            Some(&AMQPValue::LongString("classic".into()))
+        );
+        assert!(TopologyConfig::default().is_empty());
+    }
+
+    /// The argument a 406 names, and a fix that says what to do with it.
+    #[test]
+    fn a_406_names_the_argument_and_the_fix() {
+        let text = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in vhost '/': received 'quorum' but current is 'classic'";
+        assert_eq!(inequivalent_argument(text), Some("x-queue-type"));
+        let what = fix_of_queue(text);
+        assert!(what.contains("its type cannot change"), "{what}");
+        assert!(what.contains("rabbitmqctl delete_queue q"), "{what}");
+        assert!(what.contains("change its [[topology.queue]]"), "{what}");
+        let ttl = "PRECONDITION_FAILED - inequivalent arg 'x-message-ttl' for queue 'q' in vhost '/': received '1000' but current is '60000'";
+        assert!(fix_of_queue(ttl).contains("another x-message-ttl"));
+        let kind = "PRECONDITION_FAILED - inequivalent arg 'type' for exchange 'x' in vhost '/': received 'fanout' but current is 'topic'";
+        assert_eq!(inequivalent_argument(kind), Some("type"));
+        assert!(fix(Object::Exchange("x"), 406, kind).contains("another type"));
+        assert_eq!(inequivalent_argument("NOT_FOUND - no queue 'q'"), None);
+        assert!(fix(Object::Queue("q"), 403, "ACCESS_REFUSED").contains("configure"));
+    }
+
+    fn fix_of_queue(text: &str) -> String {
+        fix(Object::Queue("q"), 406, text)
+    }
+}
