@@ -149,8 +149,9 @@ async fn delete_queues(env: &Env, queues: &[&str]) {
 /// `check` reports the topology missing (FAIL: declare_topology = false), `check
 /// --declare` declares it as configured (bindings included), `check` then finds it
 /// present; changed to another x-message-ttl, then to a quorum queue, `check` names
-/// the differing argument and the fix and exits 2, `check --declare` refuses the same
-/// way, and the broker's queue is left as it was.
+/// the differing argument and the fix and exits 2, `check --declare` and `run` (with
+/// `declare_topology`) refuse the same way with exit 2, and the broker's queue is left
+/// as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_declare_declares_the_topology_and_check_names_each_difference() {
     let _shared = testkit::BROKER.read().await;
@@ -240,6 +241,19 @@ async fn check_declare_declares_the_topology_and_check_names_each_difference() {
         t.contains(&format!("queue \"{q}\" cannot be declared: (406)"))
             && t.contains("inequivalent arg 'x-queue-type'"),
         "{t}"
+    );
+    declared_as(&env, &q, &classic).await.unwrap();
+    // `run` declaring it (declare_topology = true) stops at start with exit 2 and
+    // the broker's words, publishing nothing.
+    let vars = [("OUTBOX_RELAY_RABBITMQ_DECLARE_TOPOLOGY", "true")];
+    let mut relay = env.start_env(&[], &vars);
+    let code = relay.wait(Duration::from_secs(30));
+    let log = relay.log_text();
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains(&format!("queue \"{q}\" cannot be declared"))
+            && log.contains("inequivalent arg 'x-queue-type'"),
+        "{log}"
     );
     declared_as(&env, &q, &classic).await.unwrap();
 
