@@ -328,7 +328,7 @@ async fn run_declares_the_topology_and_declares_it_again_after_a_reconnect() {
 /// A quorum queue with a dead-letter exchange, a delivery limit and a message TTL
 /// of its own, declared by `check --declare` with its dead-letter exchange and
 /// queue: an event the relay publishes expires there and is dead-lettered by the
-/// broker to the dead-letter queue. A policy on the queue is not an argument:
+/// broker to the dead-letter queue. A dead-letter policy on the queue is not an argument:
 /// `check` still finds it as configured.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_quorum_queue_dead_letters_by_its_own_arguments() {
@@ -366,7 +366,7 @@ bindings = [{{ exchange = "{exchange}", routing_key = "#" }}]
             "set_policy",
             &policy,
             &format!("^{q}$"),
-            r#"{"max-length":5000}"#,
+            &format!(r#"{{"dead-letter-exchange":"{dlx}","max-length":5000}}"#),
             "--apply-to",
             "queues",
         ])
