@@ -482,3 +482,64 @@ bindings = [{{ exchange = "{order_x}", routing_key = "order.placed" }}]
         .await;
     env.cleanup().await;
 }
+
+/// The relay's user without `configure` (the topology declared once by another
+/// user): `check` still looks every object up (passive declarations need no
+/// permission) and says it cannot compare the arguments of those that exist (a
+/// `warn` naming the permission, exit 0); `check --declare` as that user is refused
+/// with exit 2 and the permission named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_configure_check_looks_up_and_says_what_it_cannot_compare() {
+    let _shared = testkit::BROKER.read().await;
+    let mut env = Env::new().await;
+    env.create_slot();
+    let x = env.broker.exchange_name("tx");
+    let q = unique_name("tq");
+    env.extra = topology(&env.exchange, &x, &q, "classic", 60_000);
+    let out = env.cli(&["check", "--declare"]);
+    assert!(out.status.success(), "{}", text(&out));
+
+    let password = "Vt4pQ9wz";
+    let user = testkit::hostile::BrokerUser::new("topo", password);
+    testkit::hostile::rabbitmqctl(&[
+        "set_permissions",
+        "-p",
+        "/",
+        &user.0,
+        "^$",
+        &format!("^{}$", env.exchange),
+        "^$",
+    ]);
+    let url = testkit::amqp_url().replacen("guest:guest@", &format!("{}:{password}@", user.0), 1);
+    assert_ne!(
+        url,
+        testkit::amqp_url(),
+        "the test broker's URL logs in as guest"
+    );
+    let vars = [
+        ("OUTBOX_RELAY_RABBITMQ_URL", url.as_str()),
+        ("OUTBOX_RELAY_RABBITMQ_DECLARE_EXCHANGE", "false"),
+    ];
+    let out = env.cli_env(&["check"], &vars);
+    let t = text(&out);
+    assert!(out.status.success(), "{t}");
+    for name in [format!("queue {q}"), format!("exchange {x}")] {
+        let l = line_of(&t, &name);
+        assert!(
+            l.starts_with("warn")
+                && l.contains("(403) ACCESS_REFUSED")
+                && l.contains("needs `configure`"),
+            "{t}"
+        );
+    }
+    let out = env.cli_env(&["check", "--declare"], &vars);
+    let t = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{t}");
+    assert!(
+        t.contains("cannot be declared: (403)") && t.contains("`configure`"),
+        "{t}"
+    );
+    drop(user);
+    delete_queues(&env, &[&q]).await;
+    env.cleanup().await;
+}
