@@ -287,6 +287,17 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         "rabbitmq.stream_url" => {
             "a URL in quotes, or a list of URLs like [\"rabbitmq-stream://...\"]"
         }
+        // `[[topology.*]]` tables: `topology.queue.0.durable`, ...
+        t if t.starts_with("topology.") => match t.rsplit('.').next().unwrap_or_default() {
+            "exchange" | "queue" if t.matches('.').count() == 1 => {
+                "an array of tables, each written [[topology.queue]] (or [[topology.exchange]]) with its keys below it"
+            }
+            "durable" | "auto_delete" | "internal" => "true or false",
+            "name" | "type" | "routing_key" => "text in quotes",
+            "arguments" => "a table like { x-message-ttl = 60000, x-dead-letter-exchange = \"dlx\" }",
+            "bindings" => "a list of tables like [{ exchange = \"orders\", routing_key = \"order.*\" }]",
+            _ => "another kind of value",
+        },
         _ => match kind {
             Some(Kind::Bool) => "true or false",
             Some(Kind::UInt) => "a whole number like 100",

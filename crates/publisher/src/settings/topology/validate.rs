@@ -287,6 +287,10 @@ fn unusable(value: &ArgValue) -> Option<&'static str> {
             Some("is a number out of range (a signed 64-bit whole number at most)")
         }
         ArgValue::Array(items) => items.iter().find_map(unusable),
+        // How a TOML date or time comes through serde.
+        ArgValue::Object(map) if map.contains_key("$__toml_private_datetime") => {
+            Some("is a date or time, which AMQP arguments cannot hold: give a number or a string")
+        }
         ArgValue::Object(map) => map.values().find_map(unusable),
         _ => None,
     }

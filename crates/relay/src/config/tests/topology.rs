@@ -161,3 +161,32 @@ fn unknown_topology_keys_are_refused() {
     let e = load_toml("[[topology.queue]]\nname = \"q\"\ntype = \"lazy\"\n").expect_err("accepted");
     assert!(e.to_string().contains("classic, quorum, stream"), "{e}");
 }
+
+/// A value of the wrong kind in a topology table says what the key takes.
+#[test]
+fn wrong_kinds_in_topology_tables_say_what_the_key_takes() {
+    for (toml, key, expected) in [
+        (
+            "[[topology.queue]]\nname = \"q\"\ndurable = \"yes\"\n",
+            "topology.queue.0.durable",
+            "true or false",
+        ),
+        (
+            "[[topology.queue]]\nname = \"q\"\nbindings = { exchange = \"x\" }\n",
+            "topology.queue.0.bindings",
+            "a list of tables",
+        ),
+        (
+            "[topology]\nqueue = 5\n",
+            "topology.queue",
+            "[[topology.queue]]",
+        ),
+    ] {
+        let e = load_toml(toml).expect_err("accepted");
+        assert_eq!(e.key(), Some(key), "{e}");
+        assert!(e.to_string().contains(expected), "{e}");
+    }
+    let e = load_toml("[[topology.queue]]\nname = \"q\"\narguments = { x-expires = 2019-01-01 }\n")
+        .expect_err("accepted");
+    assert!(e.to_string().contains("is a date or time"), "{e}");
+}
