@@ -543,3 +543,52 @@ async fn without_configure_check_looks_up_and_says_what_it_cannot_compare() {
     delete_queues(&env, &[&q]).await;
     env.cleanup().await;
 }
+
+/// The relay's own exchange declared by `[topology]` with an alternate exchange: a
+/// message neither routes is returned (mandatory) and retried on a new channel, and
+/// each retry declares the exchange again as the topology says (a plain declaration
+/// would be refused as inequivalent and stop the relay). Once a queue is bound to
+/// the alternate exchange, the retry delivers there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_declare_the_relays_exchange_as_the_topology_says() {
+    let _shared = testkit::BROKER.read().await;
+    let mut env = Env::new().await;
+    env.create_slot();
+    let ae = env.broker.exchange_name("tae");
+    env.extra = format!(
+        r##"
+[[topology.exchange]]
+name = "{ae}"
+type = "fanout"
+
+[[topology.exchange]]
+name = "{exchange}"
+type = "topic"
+arguments = {{ alternate-exchange = "{ae}" }}
+"##,
+        exchange = env.exchange
+    );
+    let vars = [("OUTBOX_RELAY_RABBITMQ_DECLARE_TOPOLOGY", "true")];
+    let mut relay = env.start_env(&[], &vars);
+    env.insert_tx(&[("order", "o1", "cancelled", "{}")]);
+    // Returned (no queue behind either exchange) and retried for a while.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // (Looked at without waiting: `Relay::wait` kills a relay still running.)
+    assert!(
+        relay.child.try_wait().unwrap().is_none(),
+        "the relay stopped: {}",
+        relay.log_text()
+    );
+    let parked = env.broker.queue_bound(&ae, "").await;
+    let received = env.broker.consume(&parked).await;
+    let msgs = tokio::time::timeout(WAIT, received.wait_for(1, WAIT * 2))
+        .await
+        .unwrap_or_else(|_| panic!("nothing arrived; the relay's log:\n{}", relay.log_text()));
+    assert_eq!(msgs[0].header("event_type").as_deref(), Some("cancelled"));
+    let log = relay.log_text();
+    assert!(log.contains("unroutable"), "{log}");
+    assert!(!log.contains("inequivalent"), "{log}");
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    env.cleanup().await;
+}

@@ -12,7 +12,8 @@ use tokio::time::Instant;
 
 use super::{Runner, CLOSE_TIMEOUT};
 use crate::amqp::engine::{Failure, Outgoing};
-use crate::amqp::session::{connect_any, declare};
+use crate::amqp::session::connect_any;
+use crate::amqp::topology::declare_all;
 use crate::backoff;
 use crate::error::redact_url;
 use crate::status::{self, PoisonMessage};
@@ -247,9 +248,10 @@ impl Runner {
         self.reconnect().await
     }
 
-    /// Declares again and opens the next channel on the live connection.
+    /// Declares again (with `[topology]` when it is declared: its exchanges keep
+    /// their arguments) and opens the next channel on the live connection.
     async fn reopen_channel(&mut self) -> Result<(), PublishError> {
-        declare(&mut self.conn, &self.config).await?;
+        declare_all(&mut self.conn, &self.config).await?;
         let opened = tokio::time::timeout(CLOSE_TIMEOUT * 5, self.conn.open_channel()).await;
         match opened {
             Ok(Ok(())) => Ok(()),
