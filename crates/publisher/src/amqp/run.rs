@@ -330,10 +330,13 @@ impl Runner {
                 let why = format!(
                     "its exchange {:?} was refused: ({code}) {text}; {}",
                     name.as_str(),
-                    if self.config.declare_exchange {
-                        "the relay's user may not declare it (configure permission)"
-                    } else {
-                        "declare it, or set declare_exchange = true"
+                    match code {
+                        403 => "grant the relay's user configure (to declare) and write on it (docs/security.md)",
+                        406 => "it exists with another type or arguments: delete it, or declare it in [topology] as it is",
+                        404 if !self.config.declare_exchange => {
+                            "declare it, or set declare_exchange = true"
+                        }
+                        _ => "see the broker's answer",
                     }
                 );
                 tracing::error!(exchange = %name, reason = %why, "an exchange named by an event is refused; its events are poison (docs/routing.md)");
