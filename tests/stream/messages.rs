@@ -17,8 +17,15 @@ use support::*;
 const WAIT: Duration = Duration::from_secs(60);
 const QUIET: Duration = Duration::from_secs(2);
 
-/// Events `from..=to` of the producer in transactions of sizes cycling from 1 to 40.
-async fn produce(client: &tokio_postgres::Client, from: u64, to: u64, with_rows: bool) {
+/// Events `from..=to` of the producer in transactions of sizes cycling from 1 to 40,
+/// `pause` after each.
+async fn produce(
+    client: &tokio_postgres::Client,
+    from: u64,
+    to: u64,
+    with_rows: bool,
+    pause: Duration,
+) {
     let (mut next, mut size) = (from, 1);
     while next <= to {
         let end = (next + size - 1).min(to);
@@ -28,6 +35,7 @@ async fn produce(client: &tokio_postgres::Client, from: u64, to: u64, with_rows:
             .unwrap();
         next = end + 1;
         size = size % 40 + 7;
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -65,7 +73,7 @@ async fn exactly_once_through_a_kill(with_rows: bool) {
     assert!(out.status.success(), "{}{}", stdout(&out), stderr(&out));
     env.db.psql(MESSAGE_PRODUCER);
     let client = env.db.client().await;
-    produce(&client, 1, 500, with_rows).await;
+    produce(&client, 1, 500, with_rows, Duration::ZERO).await;
     env.db.psql(
         "BEGIN;
          SELECT pg_catalog.pg_logical_emit_message(true, 'outbox',
@@ -75,7 +83,8 @@ async fn exactly_once_through_a_kill(with_rows: bool) {
     let relay = env.start_env(&[], &vars);
     read_stream(&stream, 500, Duration::ZERO, WAIT).await;
     let loader = tokio::spawn(async move {
-        produce(&client, 501, 2_500, with_rows).await;
+        // Slow enough that the kill lands while events are being published.
+        produce(&client, 501, 2_500, with_rows, Duration::from_millis(10)).await;
         client
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -105,7 +114,7 @@ async fn exactly_once_through_a_kill(with_rows: bool) {
         env.db.psql(&sql);
     }
     let relay = env.start_env(&[], &vars);
-    produce(&client, 2_501, N, with_rows).await;
+    produce(&client, 2_501, N, with_rows, Duration::ZERO).await;
     let msgs = read_stream(&stream, N as usize, QUIET, WAIT).await;
     assert_exactly_once(&msgs, N);
 
