@@ -26,9 +26,9 @@ pub mod stream;
 pub mod window;
 
 pub mod probe;
-pub mod routing;
 mod progress;
 mod report;
+pub mod routing;
 pub mod settings;
 mod target;
 mod tls;
