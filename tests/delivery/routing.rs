@@ -262,3 +262,65 @@ async fn ttl_and_priority_set_per_event_are_observed_by_the_broker() {
     let (_, _) = relay.terminate();
     env.cleanup().await;
 }
+
+/// `[mapping] priority` names a column: its value sets the property (and wins over
+/// the headers column's key), a NULL leaves the key's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mapped_priority_column_sets_the_property() {
+    use lapin::types::{AMQPValue, FieldTable, ShortString};
+    let _shared = testkit::BROKER.read().await;
+    let mut env = Env::with_ddl(
+        &format!("{OUTBOX_DDL}; ALTER TABLE outbox ADD COLUMN prio int"),
+        &["public.outbox"],
+    )
+    .await;
+    env.create_slot();
+    let exchange = env.exchange.clone();
+    env.broker.declare_exchange(&exchange, "topic").await;
+    let mut args = FieldTable::default();
+    args.insert(
+        ShortString::from("x-max-priority"),
+        AMQPValue::ShortShortUInt(10),
+    );
+    let queue = env.broker.queue_bound_with(&exchange, "p.#", args).await;
+    let relay = env.start_env(&[], &[("OUTBOX_RELAY_MAPPING_PRIORITY", "prio")]);
+    env.db.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers, prio) VALUES
+           ('p', '1', 'low', '{}', NULL, 1),
+           ('p', '2', 'high', '{}', '{\"priority\": 2}', 9),
+           ('p', '3', 'middle', '{}', '{\"priority\": 5}', NULL)",
+    );
+    // All three published before anyone consumes: the queue orders them.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let q = env
+            .broker
+            .channel
+            .queue_declare(
+                queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        if q.message_count() >= 3 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", relay.log_text());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let got = env.broker.consume(&queue).await;
+    let msgs = got.wait_for(3, WAIT).await;
+    let order: Vec<String> = msgs
+        .iter()
+        .map(|m| m.header("event_type").unwrap())
+        .collect();
+    assert_eq!(order, ["high", "middle", "low"]);
+    let priorities: Vec<Option<u8>> = msgs.iter().map(|m| *m.properties.priority()).collect();
+    assert_eq!(priorities, [Some(9), Some(5), Some(1)]);
+    let (_, _) = relay.terminate();
+    env.cleanup().await;
+}

@@ -78,6 +78,10 @@ pub struct OutboxEvent {
     /// The exchange column's value (`[mapping] exchange`): the exchange this event
     /// goes to; `None` (or empty) for the configured one (docs/routing.md).
     pub exchange: Option<Bytes>,
+    /// The values of the property columns (`[mapping] priority`, …) that are not
+    /// NULL, by property name (docs/routing.md, "Properties per event"); empty for
+    /// most events, and without an allocation then.
+    pub properties: Vec<(&'static str, Bytes)>,
     /// Why this event cannot be published as it is: a logical message whose content
     /// is not the JSON object of docs/messages.md. The publisher treats it as poison
     /// (held, or a notice to the dead-letter exchange), named by its id and LSN, as it

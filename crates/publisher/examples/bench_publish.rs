@@ -90,6 +90,7 @@ async fn main() {
                 headers: None,
                 correlation_id: None,
                 exchange: None,
+                properties: Vec::new(),
                 malformed: None,
             }));
         }

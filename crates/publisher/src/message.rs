@@ -585,19 +585,16 @@ impl MessageBuilder {
         }
         // Checked before the publish (`check_row_properties`): invalid ones are
         // poison and never reach here for the event itself.
-        match event.headers.as_deref().map(RowProperties::of) {
-            Some(Ok(row)) => row.apply(properties),
-            _ => properties,
+        match RowProperties::of_event(event) {
+            Ok(row) => row.apply(properties),
+            Err(_) => properties,
         }
     }
 
     /// Why the properties `event`'s headers column sets are invalid, if they are
     /// ([`row_properties`]): the event is then poison, named by the key.
     pub fn check_row_properties(event: &OutboxEvent) -> Result<(), String> {
-        match event.headers.as_deref() {
-            Some(raw) => RowProperties::of(raw).map(|_| ()),
-            None => Ok(()),
-        }
+        RowProperties::of_event(event).map(|_| ())
     }
 }
 

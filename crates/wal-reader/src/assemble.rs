@@ -34,6 +34,8 @@ struct RelayedRelation {
     headers: Option<usize>,
     correlation_id: Option<usize>,
     exchange: Option<usize>,
+    /// Property columns: (property, position).
+    properties: Vec<(&'static str, usize)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -215,6 +217,11 @@ impl Assembler {
                 Some(c) => Some(require("exchange", c)?),
                 None => None,
             },
+            properties: m
+                .properties
+                .iter()
+                .map(|(key, c)| Ok((*key, require(key, c)?)))
+                .collect::<Result<_, ReaderError>>()?,
             table: Arc::new(pgtype::outbox_table(
                 table,
                 r.columns[payload].type_oid,
@@ -249,6 +256,11 @@ fn build_event(rel: &RelayedRelation, tx: &OpenTx, tuple: &TupleData) -> OutboxE
         headers: rel.headers.and_then(|i| column(tuple, i)),
         correlation_id: rel.correlation_id.and_then(|i| column(tuple, i)),
         exchange: rel.exchange.and_then(|i| column(tuple, i)),
+        properties: rel
+            .properties
+            .iter()
+            .filter_map(|&(key, i)| Some((key, column(tuple, i)?)))
+            .collect(),
         malformed: None,
     }
 }

@@ -44,6 +44,14 @@ pub struct MappingConfig {
     /// Optional column naming each event's exchange (docs/routing.md); `""` means
     /// none, and an empty value the configured `[rabbitmq] exchange`.
     pub exchange: String,
+    /// Optional columns setting the AMQP properties of the same names per event
+    /// (docs/routing.md, "Properties per event"); `""` means none. A column's value
+    /// wins over the headers column's key of the same name.
+    pub expiration: String,
+    pub priority: String,
+    pub content_type: String,
+    pub content_encoding: String,
+    pub reply_to: String,
 }
 
 impl Default for MappingConfig {
@@ -57,6 +65,11 @@ impl Default for MappingConfig {
             headers: DEFAULT_HEADERS_COLUMN.into(),
             correlation_id: DEFAULT_CORRELATION_ID_COLUMN.into(),
             exchange: DEFAULT_EXCHANGE_COLUMN.into(),
+            expiration: String::new(),
+            priority: String::new(),
+            content_type: String::new(),
+            content_encoding: String::new(),
+            reply_to: String::new(),
         }
     }
 }
@@ -95,6 +108,17 @@ impl MappingConfig {
             headers: optional(&self.headers),
             correlation_id: optional(&self.correlation_id),
             exchange: optional(&self.exchange),
+            properties: [
+                ("expiration", &self.expiration),
+                ("priority", &self.priority),
+                ("content_type", &self.content_type),
+                ("content_encoding", &self.content_encoding),
+                ("reply_to", &self.reply_to),
+            ]
+            .into_iter()
+            .filter(|(_, column)| !column.is_empty())
+            .map(|(key, column)| (key, column.clone()))
+            .collect(),
         }
     }
 }
@@ -112,6 +136,8 @@ pub struct ColumnMapping {
     pub correlation_id: Option<String>,
     /// The column naming each event's exchange, if any.
     pub exchange: Option<String>,
+    /// Property columns: (`[mapping]` key, which is the property's name, column).
+    pub properties: Vec<(&'static str, String)>,
 }
 
 impl Default for ColumnMapping {

@@ -141,6 +141,7 @@ impl MessageSource {
                 headers: c.headers,
                 correlation_id: None,
                 exchange: None,
+                properties: Vec::new(),
                 malformed: None,
             },
             Err(reason) => OutboxEvent {
@@ -158,6 +159,7 @@ impl MessageSource {
                 headers: None,
                 correlation_id: None,
                 exchange: None,
+                properties: Vec::new(),
                 malformed: Some(Arc::from(format!(
                     "the logical message at LSN {} (prefix {:?}) is not the JSON object docs/messages.md describes: {reason}",
                     message.lsn,

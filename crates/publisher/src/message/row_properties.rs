@@ -9,7 +9,9 @@
 //! | `content_encoding` | `content_encoding` | text |
 //! | `reply_to` | `reply_to` | text |
 //!
-//! They are taken out of the message's headers. An invalid value makes the event
+//! Columns can set them too (`[mapping] expiration`, `priority`, `content_type`,
+//! `content_encoding`, `reply_to`); a column's value (not NULL) wins over the headers
+//! column's key. They are taken out of the message's headers. An invalid value makes the event
 //! poison, naming the key (it is held, or a notice goes to the dead-letter
 //! exchange), rather than being sent without the property its producer asked for.
 //! On the stream target they stay application properties (a stream keeps every
@@ -19,6 +21,7 @@ use std::time::Duration;
 
 use amq_protocol::protocol::BasicProperties;
 use amq_protocol::types::ShortString;
+use outbox_event::OutboxEvent;
 
 /// The headers-column keys that set properties.
 pub const PROPERTY_KEYS: [&str; 5] = [
@@ -27,6 +30,15 @@ pub const PROPERTY_KEYS: [&str; 5] = [
     "content_type",
     "content_encoding",
     "reply_to",
+];
+
+/// [`PROPERTY_KEYS`] as they appear in JSON text.
+const QUOTED_KEYS: [&[u8]; 5] = [
+    b"\"expiration\"",
+    b"\"priority\"",
+    b"\"content_type\"",
+    b"\"content_encoding\"",
+    b"\"reply_to\"",
 ];
 
 /// Whether `key` sets a property rather than a header.
@@ -51,10 +63,7 @@ impl RowProperties {
     pub fn of(raw: &[u8]) -> Result<RowProperties, String> {
         let mut out = RowProperties::default();
         // Most headers set no property: look before parsing.
-        if !PROPERTY_KEYS
-            .iter()
-            .any(|k| contains(raw, format!("\"{k}\"").as_bytes()))
-        {
+        if !QUOTED_KEYS.iter().any(|k| contains(raw, k)) {
             return Ok(out);
         }
         let Ok(map) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw)
@@ -62,39 +71,57 @@ impl RowProperties {
             return Ok(out);
         };
         for (key, value) in map {
-            let bad = |why: &str| format!("header {key:?} = {value} {why}");
-            match key.as_str() {
-                "expiration" => {
-                    out.expiration = Some(expiration(&value).ok_or_else(|| {
-                        bad("is not a TTL: give \"30s\", \"5m\", \"250ms\", \"1h\" or milliseconds")
-                    })?)
-                }
-                "priority" => {
-                    out.priority = Some(
-                        whole(&value)
-                            .and_then(|n| u8::try_from(n).ok())
-                            .ok_or_else(|| {
-                                bad("is not a priority: give a whole number from 0 to 255")
-                            })?,
-                    )
-                }
-                "content_type" | "content_encoding" | "reply_to" => {
-                    let text = match &value {
-                        serde_json::Value::String(s) if !s.is_empty() && s.len() <= 255 => {
-                            s.clone()
-                        }
-                        _ => return Err(bad("is not a text of 1 to 255 bytes")),
-                    };
-                    match key.as_str() {
-                        "content_type" => out.content_type = Some(text),
-                        "content_encoding" => out.content_encoding = Some(text),
-                        _ => out.reply_to = Some(text),
-                    }
-                }
-                _ => {}
-            }
+            out.set(&key, &value)
+                .map_err(|why| format!("header {key:?} = {value} {why}"))?;
         }
         Ok(out)
+    }
+
+    /// The properties of `event`: its headers column's keys, then its property
+    /// columns (`[mapping] priority`, …), whose values win.
+    pub fn of_event(event: &OutboxEvent) -> Result<RowProperties, String> {
+        let mut out = match event.headers.as_deref() {
+            Some(raw) => RowProperties::of(raw)?,
+            None => RowProperties::default(),
+        };
+        for (key, value) in &event.properties {
+            let value = serde_json::Value::String(String::from_utf8_lossy(value).into_owned());
+            out.set(key, &value)
+                .map_err(|why| format!("the column of [mapping] {key} = {value} {why}"))?;
+        }
+        Ok(out)
+    }
+
+    /// Sets the property `key` names (other keys are not properties); why `value`
+    /// is not one.
+    fn set(&mut self, key: &str, value: &serde_json::Value) -> Result<(), &'static str> {
+        match key {
+            "expiration" => {
+                self.expiration = Some(expiration(value).ok_or(
+                    "is not a TTL: give \"30s\", \"5m\", \"250ms\", \"1h\" or milliseconds",
+                )?)
+            }
+            "priority" => {
+                self.priority = Some(
+                    whole(value)
+                        .and_then(|n| u8::try_from(n).ok())
+                        .ok_or("is not a priority: give a whole number from 0 to 255")?,
+                )
+            }
+            "content_type" | "content_encoding" | "reply_to" => {
+                let text = match value {
+                    serde_json::Value::String(s) if !s.is_empty() && s.len() <= 255 => s.clone(),
+                    _ => return Err("is not a text of 1 to 255 bytes"),
+                };
+                match key {
+                    "content_type" => self.content_type = Some(text),
+                    "content_encoding" => self.content_encoding = Some(text),
+                    _ => self.reply_to = Some(text),
+                }
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// `properties` with these set.

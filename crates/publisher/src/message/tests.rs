@@ -34,6 +34,7 @@ fn event(content_type: &'static str, payload: Option<&'static [u8]>) -> OutboxEv
         )),
         correlation_id: None,
         exchange: None,
+        properties: Vec::new(),
         malformed: None,
     }
 }
@@ -285,6 +286,7 @@ mod reserved_tests {
             headers: Some(Bytes::from_static(headers)),
             correlation_id: None,
             exchange: None,
+            properties: Vec::new(),
             malformed: None,
         }
     }

@@ -254,6 +254,7 @@ mod tests {
             )),
             correlation_id: None,
             exchange: None,
+            properties: Vec::new(),
             malformed: None,
         }
     }

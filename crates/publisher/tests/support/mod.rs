@@ -291,6 +291,7 @@ impl Stream {
             ))),
             correlation_id: Some(Bytes::from(format!("corr-{n}"))),
             exchange: None,
+            properties: Vec::new(),
             malformed: None,
         }
     }

@@ -374,6 +374,7 @@ mod tests {
             headers: None,
             correlation_id: None,
             exchange: None,
+            properties: Vec::new(),
             malformed: None,
         }
     }

@@ -43,6 +43,8 @@ pub struct TableColumns {
     pub correlation_id: Option<ColumnInfo>,
     /// The exchange column, if configured (then it is present).
     pub exchange: Option<ColumnInfo>,
+    /// The property columns configured, with their `[mapping]` keys.
+    pub properties: Vec<(&'static str, ColumnInfo)>,
 }
 
 impl TableColumns {
@@ -63,6 +65,9 @@ impl TableColumns {
         }
         if let Some(c) = &self.exchange {
             all.push(("exchange", c));
+        }
+        for (key, c) in &self.properties {
+            all.push((key, c));
         }
         all
     }
@@ -126,6 +131,11 @@ fn resolve(
             Some(name) => Some(require("exchange", name)?),
             None => None,
         },
+        properties: mapping
+            .properties
+            .iter()
+            .map(|(key, name)| Ok((*key, require(key, name)?)))
+            .collect::<Result<_, AdminError>>()?,
     })
 }
 

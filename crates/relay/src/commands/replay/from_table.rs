@@ -293,6 +293,7 @@ fn page_batch(p: &TablePlan, rows: &[tokio_postgres::Row], sent: u64) -> WalBatc
             headers: text(5),
             correlation_id: text(6),
             exchange: text(10),
+            properties: Vec::new(),
             malformed: None,
         }));
     }
