@@ -85,10 +85,11 @@ async fn replay_from_lsn_replays_messages_under_their_ids_and_from_table_explain
     let addr = free_addr();
     let config = env.config_file("m.toml", &env.db.url(), &testkit::amqp_url(), &addr);
     let relay = env.start_with_env(&config, "info", &env_vars);
-    env.db.psql(&emit("m1"));
-    env.db.psql(&emit("m2"));
+    // Before the two events: counted by the time they are delivered.
     env.db
         .psql("SELECT pg_logical_emit_message(false, 'outbox', 'survives rollbacks')");
+    env.db.psql(&emit("m1"));
+    env.db.psql(&emit("m2"));
     let live = got.wait_for(2, WAIT).await;
     let first = lsn(&live[0].header("commit_lsn").unwrap());
     let last = lsn(&live[1].header("commit_lsn").unwrap());

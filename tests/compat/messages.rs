@@ -7,36 +7,11 @@
 //! cluster is not running; none restarts a cluster.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Command;
 use std::time::Instant;
 
 use support::scenarios;
 
-/// The port of the cluster of `major`, after checking that it answers and runs that
-/// major.
-fn cluster(major: u32) -> u16 {
-    let port = std::env::var(format!("OUTBOX_TEST_PG{major}_PORT"))
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(55500 + major as u16);
-    let out = Command::new("psql")
-        .args(["-XAtq", "-h127.0.0.1", "-Upostgres", "-dpostgres"])
-        .args(["-p", &port.to_string(), "-c", "SHOW server_version_num"])
-        .output()
-        .expect("psql runs");
-    assert!(
-        out.status.success(),
-        "no Postgres {major} on port {port} ({}): start it with `scripts/pg-versions.sh start {major}`",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    let version: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
-    assert_eq!(
-        version / 10000,
-        major,
-        "port {port} runs Postgres {version}"
-    );
-    port
-}
+use crate::versions::cluster;
 
 async fn messages_on(major: u32) {
     let port = cluster(major);

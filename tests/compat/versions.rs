@@ -14,7 +14,7 @@ use std::time::Instant;
 
 /// The port of the cluster of `major`, after checking that it answers and runs that
 /// major.
-fn cluster(major: u32) -> u16 {
+pub(crate) fn cluster(major: u32) -> u16 {
     let port = std::env::var(format!("OUTBOX_TEST_PG{major}_PORT"))
         .ok()
         .and_then(|p| p.parse().ok())

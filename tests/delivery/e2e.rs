@@ -85,7 +85,9 @@ async fn publishes_committed_inserts_exactly_as_specified() {
     assert!(m.header("commit_lsn").unwrap().contains('/'));
     assert!(m.header("xid").unwrap().parse::<u64>().unwrap() > 0);
     assert_eq!(m.header("tenant").unwrap(), "acme");
-    assert_eq!(m.header("priority").unwrap(), "5");
+    // `priority` sets the property, not a header (docs/routing.md).
+    assert_eq!(m.header("priority"), None);
+    assert_eq!(*m.properties.priority(), Some(5));
     assert_eq!(m.header("traceparent").unwrap(), "00-abc-def-01");
     // Same transaction: same commit LSN and xid.
     assert_eq!(msgs[1].header("commit_lsn"), m.header("commit_lsn"));

@@ -149,11 +149,7 @@ async fn a_malformed_message_is_poison_until_skipped_by_its_id() {
     );
     env.db.psql(&emit("1", "after", ""));
     got.wait_for(1, WAIT).await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while !relay.log_text().contains("content is malformed") {
-        assert!(std::time::Instant::now() < deadline, "{}", relay.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    relay.wait_log("content is malformed", WAIT).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         got.len(),

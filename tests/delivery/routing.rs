@@ -254,11 +254,7 @@ async fn ttl_and_priority_set_per_event_are_observed_by_the_broker() {
         "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
            VALUES ('p', '5', 'bad', '{}', '{\"priority\": 300}')",
     );
-    let deadline = std::time::Instant::now() + WAIT;
-    while !relay.log_text().contains("header \"priority\" = 300") {
-        assert!(std::time::Instant::now() < deadline, "{}", relay.log_text());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    relay.wait_log("header \"priority\" = 300", WAIT).await;
     let (_, _) = relay.terminate();
     env.cleanup().await;
 }

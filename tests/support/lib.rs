@@ -431,6 +431,22 @@ impl Relay {
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// Waits until the log contains `needle`; panics with the log after `timeout`.
+    pub async fn wait_log(&self, needle: &str, timeout: Duration) -> String {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let log = self.log_text();
+            if log.contains(needle) {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {needle:?} in the relay's log after {timeout:?}:\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 impl Drop for Relay {
