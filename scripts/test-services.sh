@@ -291,6 +291,9 @@ port_ok() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 stream_ok() { port_ok "$STREAM_PORT" && port_ok "$STREAM_TLS_PORT"; }
 for i in $(seq 1 60); do stream_ok && break; sleep 1; done
 stream_ok || { log "RabbitMQ stream ports $STREAM_PORT/$STREAM_TLS_PORT do not accept connections"; exit 1; }
+# The management plugin, enabled online above, opens its listener a moment later.
+for i in $(seq 1 60); do port_ok "$MANAGEMENT_PORT" && break; sleep 1; done
+port_ok "$MANAGEMENT_PORT" || { log "RabbitMQ management port $MANAGEMENT_PORT does not accept connections"; exit 1; }
 
 mkdir -p "$ROOT/target"
 cat > "$ROOT/target/test-services.env" <<ENVEOF
