@@ -19,3 +19,4 @@ mod e2e;
 mod messages;
 mod observability;
 mod routing;
+mod tracing;

@@ -23,6 +23,7 @@ pub mod error;
 pub mod message;
 pub mod status;
 pub mod stream;
+pub mod trace;
 pub mod window;
 
 pub mod probe;

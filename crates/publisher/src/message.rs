@@ -21,6 +21,7 @@ use outbox_event::{Lsn, OutboxEvent, OutboxTable};
 
 use crate::amqp::engine::{DeadLetterReason, EventKey, Keyed};
 use crate::error::PublishError;
+use crate::trace::{EventSpan, TRACEPARENT, TRACESTATE};
 use cloudevents::{CloudEvents, CloudEventsFormat};
 use row_properties::{is_property_key, RowProperties};
 
@@ -315,6 +316,9 @@ pub struct OutboundMessage {
     pub event: OutboxEvent,
     /// Properties published instead of the built ones (the dead-letter copies).
     pub fixed_properties: Option<BasicProperties>,
+    /// Its `publish` span, with `[tracing]` on (crate::trace): its context is the
+    /// message's `traceparent`.
+    pub trace: Option<Arc<EventSpan>>,
 }
 
 impl Keyed for Arc<OutboundMessage> {
@@ -554,6 +558,7 @@ impl MessageBuilder {
             body: event.body.clone(),
             event: event.clone(),
             fixed_properties: None,
+            trace: None,
         }
     }
 
@@ -562,18 +567,43 @@ impl MessageBuilder {
     pub fn properties_of(&mut self, message: &OutboundMessage) -> BasicProperties {
         match &message.fixed_properties {
             Some(fixed) => fixed.clone(),
-            None => self.properties(&message.event),
+            None => self.properties_traced(&message.event, message.trace.as_deref()),
         }
     }
 
     /// The AMQP properties of one event (docs/design.md §5).
     pub fn properties(&mut self, event: &OutboxEvent) -> BasicProperties {
+        self.properties_traced(event, None)
+    }
+
+    /// The AMQP properties of one event whose `publish` span is `trace`: its
+    /// `traceparent` and `tracestate` replace the row's (docs/tracing.md).
+    fn properties_traced(
+        &mut self,
+        event: &OutboxEvent,
+        trace: Option<&EventSpan>,
+    ) -> BasicProperties {
+        let mut headers = self.headers(event);
+        if let Some(span) = trace {
+            let text = |s: &str| AMQPValue::LongString(LongString::from(s));
+            headers.insert(TRACEPARENT.into(), text(span.traceparent()));
+            match span.tracestate() {
+                Some(state) => {
+                    headers.insert(TRACESTATE.into(), text(state));
+                }
+                // The row's, if it has one, belongs to a parent the span did not take.
+                None if headers.contains_key(TRACESTATE) => {
+                    headers.insert(TRACESTATE.into(), text(""));
+                }
+                None => {}
+            }
+        }
         let mut properties = BasicProperties::default()
             .with_content_type(event.table.content_type.into())
             .with_delivery_mode(self.delivery_mode)
             .with_timestamp(u64::try_from(event.commit_time_micros / 1_000_000).unwrap_or(0))
             .with_app_id(self.app_id.clone())
-            .with_headers(self.headers(event));
+            .with_headers(headers);
         if let Some(id) = short(event.id.as_ref()) {
             properties = properties.with_message_id(id);
         }

@@ -129,6 +129,8 @@ pub struct Config {
     pub relay: RelayConfig,
     /// `[retention]`: deletion of confirmed outbox rows.
     pub retention: RetentionConfig,
+    /// `[tracing]`: OpenTelemetry spans per event (docs/tracing.md).
+    pub tracing: TracingConfig,
     /// `[topology]`: exchanges, queues and bindings to declare or check (the
     /// publisher's [`TopologyConfig`]). File only: environment variables cannot
     /// express its arrays of tables.
@@ -249,6 +251,40 @@ pub struct RetentionConfig {
     /// Delete confirmed outbox rows older than this, e.g. `"7d"`; `""` = keep all.
     #[serde(deserialize_with = "de_duration")]
     pub keep: Option<Duration>,
+}
+
+/// Default `tracing.sampling_ratio`: every trace the relay starts is sampled.
+pub const DEFAULT_SAMPLING_RATIO: f64 = 1.0;
+/// Default `tracing.max_queue_size`: spans waiting for export, at most.
+pub const DEFAULT_TRACE_QUEUE_SIZE: usize = 8192;
+
+/// `[tracing]`: OpenTelemetry spans per event, exported over OTLP/HTTP
+/// (docs/tracing.md). Off unless an endpoint is set here or in
+/// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The OTLP/HTTP receiver, e.g. `http://collector:4318` (`/v1/traces` is
+    /// added to a URL without a path); `""` = the `OTEL_EXPORTER_OTLP_*` variables.
+    pub endpoint: String,
+    /// The share of new traces sampled, 0.0 to 1.0; a row's sampled (or not)
+    /// `traceparent` is always followed (parent-based). Checked at load.
+    pub sampling_ratio: f64,
+    /// A file of `key=value` request headers (authentication); never logged.
+    pub headers_file: String,
+    /// Spans waiting for export, at most; more are dropped and counted. Checked at load.
+    pub max_queue_size: usize,
+}
+
+impl Default for TracingConfig {
+    fn default() -> TracingConfig {
+        TracingConfig {
+            endpoint: String::new(),
+            sampling_ratio: DEFAULT_SAMPLING_RATIO,
+            headers_file: String::new(),
+            max_queue_size: DEFAULT_TRACE_QUEUE_SIZE,
+        }
+    }
 }
 
 #[cfg(test)]

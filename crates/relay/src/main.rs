@@ -53,6 +53,7 @@ mod shutdown;
 mod slot_metrics;
 mod sql;
 mod state;
+mod telemetry;
 
 use std::process::ExitCode;
 

@@ -215,6 +215,18 @@ fn describe() {
         Unit::Count,
         "confirmed outbox rows deleted by retention, by table (with [retention] keep)"
     );
+    describe_counter!(
+        crate::telemetry::SPANS_DROPPED,
+        Unit::Count,
+        "trace spans not exported: the export queue was full or the OTLP receiver did not take them (with [tracing] on)"
+    );
+    metrics::counter!(crate::telemetry::SPANS_DROPPED).increment(0);
+    describe_counter!(
+        crate::telemetry::SPANS_EXPORTED,
+        Unit::Count,
+        "trace spans the OTLP receiver accepted (with [tracing] on)"
+    );
+    metrics::counter!(crate::telemetry::SPANS_EXPORTED).increment(0);
     build_info();
 }
 

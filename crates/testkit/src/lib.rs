@@ -11,6 +11,8 @@
 pub mod amqp;
 pub mod connections;
 pub mod hostile;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod proxy;
 pub mod recording;
 pub mod stream;

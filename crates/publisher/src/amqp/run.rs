@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use amq_protocol::types::ShortString;
+use opentelemetry::KeyValue;
 use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
@@ -26,6 +27,7 @@ use crate::message::{returned_key, ExchangeRule, MessageBuilder, OutboundMessage
 use crate::progress::{self, changed_lsn, sleep_until_opt};
 use crate::report::PublisherReport;
 use crate::status::{self, PublisherStatus};
+use crate::trace::EventTracer;
 use recover::{Episode, Recovered};
 
 mod recover;
@@ -81,6 +83,8 @@ pub(crate) struct Runner {
     missing_exchanges: HashMap<ShortString, String>,
     /// An exchange to declare before the next send.
     to_declare: Option<ShortString>,
+    /// Starts each event's `publish` span; `None` while tracing is off.
+    tracer: Option<EventTracer>,
 }
 
 impl Runner {
@@ -137,6 +141,7 @@ impl Runner {
             exchanges: HashSet::new(),
             missing_exchanges: HashMap::new(),
             to_declare: None,
+            tracer: EventTracer::get(),
             config,
         })
     }
@@ -261,6 +266,9 @@ impl Runner {
                 match conn.publish(exchange, message.routing_key.as_str(), properties, body) {
                     Ok(tag) => {
                         if let Outgoing::Main { .. } = send {
+                            if let Some(span) = &original.trace {
+                                span.published();
+                            }
                             report.published += 1;
                             metrics::counter!(status::EVENTS_PUBLISHED).increment(1);
                         }
@@ -283,8 +291,14 @@ impl Runner {
 
     fn on_input(&mut self, batch: WalBatch) {
         let builder = &mut self.builder;
+        let (tracer, exchange) = (&self.tracer, &self.exchange);
         let built: Result<(), Infallible> = progress::feed(&mut self.engine, batch, |event| {
-            Ok(Arc::new(builder.build(event)))
+            let mut message = builder.build(event);
+            if let Some(tracer) = tracer {
+                let to = message.exchange.as_ref().unwrap_or(exchange).as_str();
+                message.trace = Some(tracer.start(event, to, Some(message.routing_key.as_str())));
+            }
+            Ok(Arc::new(message))
         });
         let Ok(()) = built;
     }
@@ -438,9 +452,22 @@ impl Runner {
                         self.report.dead_lettered += 1;
                         metrics::counter!(status::EVENTS_DEAD_LETTERED).increment(1);
                     }
+                    if let Some(span) = &message.trace {
+                        if target == Target::DeadLetter {
+                            let dlx = self.dead_letter.as_ref().map_or("", |d| d.as_str());
+                            span.event(
+                                "dead_lettered",
+                                vec![KeyValue::new("exchange", dlx.to_string())],
+                            );
+                        }
+                        span.end();
+                    }
                     self.failures = 0;
                 }
-                Settled::Returned { .. } => {
+                Settled::Returned { seq } => {
+                    if let Some(span) = self.engine.message(seq).and_then(|m| m.trace.as_ref()) {
+                        span.event("returned", Vec::new());
+                    }
                     self.report.returned += 1;
                     metrics::counter!(status::EVENTS_RETURNED).increment(1);
                 }

@@ -18,6 +18,8 @@ use crate::shutdown::Shutdown;
 pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
     crate::build_info::log();
     crate::background::validate(cfg)?;
+    // Before the first publisher starts: each takes the tracer when it starts.
+    let telemetry = crate::telemetry::start(&cfg.tracing)?;
     let mut shutdown = Shutdown::new();
     spawn_signal_handler(shutdown.clone())?;
     let health = Health::default();
@@ -63,6 +65,10 @@ pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
     }
     let result = pipeline::run_sessions(pcfg, shutdown, health).await;
     background.stop().await;
+    if let Some(telemetry) = telemetry {
+        // Sends the spans still queued (bounded), off the runtime's one thread.
+        let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+    }
     result
 }
 

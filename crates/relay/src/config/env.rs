@@ -16,6 +16,8 @@ pub(super) enum Kind {
     Bool,
     /// A non-negative integer.
     UInt,
+    /// A number.
+    Float,
     /// A TOML array of strings, or a comma-separated list.
     List,
     /// A single URL, or a TOML array of URLs (never split on commas). Secret.
@@ -81,6 +83,10 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("relay", "metrics_tls_cert_file", Kind::Str),
     ("relay", "metrics_tls_key_file", Kind::Str),
     ("retention", "keep", Kind::Str),
+    ("tracing", "endpoint", Kind::Str),
+    ("tracing", "sampling_ratio", Kind::Float),
+    ("tracing", "headers_file", Kind::Str),
+    ("tracing", "max_queue_size", Kind::UInt),
 ];
 
 pub(super) const ENV_METADATA_NAME: &str = "environment variable";
@@ -198,6 +204,10 @@ impl EnvOverrides {
                 Kind::UInt => match text.trim().parse::<u64>() {
                     Ok(n) => Value::from(n),
                     Err(_) => return Err(wrong()),
+                },
+                Kind::Float => match text.trim().parse::<f64>() {
+                    Ok(n) if n.is_finite() => Value::from(n),
+                    _ => return Err(wrong()),
                 },
                 Kind::List => {
                     if text.trim_start().starts_with('[') {

@@ -268,6 +268,8 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         "relay.shutdown_timeout_ms" => "a whole number of milliseconds like 30000",
         "relay.metrics_read_timeout_ms" => "a whole number of milliseconds like 10000",
         "relay.metrics_max_connections" => "a whole number like 64",
+        "tracing.sampling_ratio" => "a number from 0.0 to 1.0 like 0.1",
+        "tracing.max_queue_size" => "a whole number of spans like 8192",
         "relay.replay_window" | "retention.keep" | "rabbitmq.max_age" => {
             "a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none"
         }
@@ -301,6 +303,7 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         _ => match kind {
             Some(Kind::Bool) => "true or false",
             Some(Kind::UInt) => "a whole number like 100",
+            Some(Kind::Float) => "a number like 0.5",
             Some(Kind::Str) => "text in quotes",
             Some(Kind::List | Kind::UrlList) => "a string or a list of strings",
             // A section: `[rabbitmq] = 5`.

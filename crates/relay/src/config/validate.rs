@@ -43,6 +43,7 @@ impl Config {
             )));
         }
         check(validate_metrics_endpoint(&self.relay));
+        check(validate_tracing(&self.tracing));
         errors
     }
 
@@ -120,4 +121,34 @@ fn validate_metrics_endpoint(r: &super::RelayConfig) -> Result<(), ConfigError> 
 pub fn validate_routing_key(template: &str) -> Result<(), ConfigError> {
     publisher::settings::check_routing_key(template)
         .map_err(|reason| ConfigError::invalid("rabbitmq.routing_key", reason))
+}
+
+/// `[tracing]`: the ratio is a share, the queue holds at least one span, the
+/// endpoint is an HTTP URL (never quoted: it may hold credentials).
+fn validate_tracing(t: &super::TracingConfig) -> Result<(), ConfigError> {
+    if !(0.0..=1.0).contains(&t.sampling_ratio) {
+        return Err(ConfigError::invalid(
+            "tracing.sampling_ratio",
+            format!(
+                "{} is not a share of traces: use a number from 0.0 (none) to 1.0 (all)",
+                t.sampling_ratio
+            ),
+        ));
+    }
+    if t.max_queue_size == 0 {
+        return Err(ConfigError::invalid(
+            "tracing.max_queue_size",
+            "must be at least 1: set the number of spans that may wait for export, e.g. 8192",
+        ));
+    }
+    let endpoint = t.endpoint.trim();
+    if !endpoint.is_empty()
+        && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
+    {
+        return Err(ConfigError::invalid(
+            "tracing.endpoint",
+            "is not an http:// or https:// URL: set the OTLP/HTTP receiver, e.g. \"http://collector:4318\"",
+        ));
+    }
+    Ok(())
 }

@@ -1,0 +1,296 @@
+//! The per-event `publish` spans (docs/tracing.md, docs/design.md §8).
+//!
+//! With tracing on, every event gets one span of kind PRODUCER, named
+//! `publish <destination>` after OpenTelemetry's messaging conventions. It starts
+//! when the publisher takes the event's transaction from the reader (the commit is
+//! known then) and ends at the broker's confirm; retries, returns and dead-lettering
+//! are events on it. Its parent is the W3C `traceparent` the row carries in its
+//! headers column, else it starts a new trace; its own context is written into the
+//! published message as `traceparent` (and the row's `tracestate`), so that a
+//! consumer's span is its child.
+//!
+//! The spans are built with the OpenTelemetry API directly, not through `tracing`
+//! spans: see docs/design.md §8 for why. With tracing off, [`EventTracer::get`] is
+//! `None`, no message carries a span, and the hot path pays one branch.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, SpanKind, TraceContextExt as _, TraceFlags, TraceId,
+    TraceState, Tracer as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::trace::{SdkTracer, Span};
+use outbox_event::OutboxEvent;
+
+/// The `traceparent` header (W3C Trace Context).
+pub const TRACEPARENT: &str = "traceparent";
+/// The `tracestate` header (W3C Trace Context).
+pub const TRACESTATE: &str = "tracestate";
+/// The longest `tracestate` carried on (W3C: at least 512 bytes must be kept).
+const TRACESTATE_MAX: usize = 512;
+
+/// The span attributes' keys: the messaging conventions' and the relay's own.
+pub mod attributes {
+    pub const SYSTEM: &str = "messaging.system";
+    pub const OPERATION_NAME: &str = "messaging.operation.name";
+    pub const OPERATION_TYPE: &str = "messaging.operation.type";
+    pub const DESTINATION: &str = "messaging.destination.name";
+    pub const ROUTING_KEY: &str = "messaging.rabbitmq.destination.routing_key";
+    pub const MESSAGE_ID: &str = "messaging.message.id";
+    pub const BODY_SIZE: &str = "messaging.message.body.size";
+    pub const COMMIT_LSN: &str = "outbox.commit_lsn";
+    pub const TX_INDEX: &str = "outbox.tx_index";
+    pub const TABLE: &str = "outbox.table";
+}
+
+/// A parsed W3C `traceparent`: `00-<trace id>-<span id>-<flags>`, lower-case hex.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TraceParent {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+    pub flags: TraceFlags,
+}
+
+impl TraceParent {
+    /// Parses a `traceparent` value; `None` for anything W3C Trace Context says to
+    /// ignore (wrong length or version `ff`, upper-case or non-hex digits, an all-zero
+    /// trace or span id). A later version's extra fields are accepted and ignored.
+    pub fn parse(value: &str) -> Option<TraceParent> {
+        let b = value.as_bytes();
+        if b.len() < 55 {
+            return None;
+        }
+        let version = hex_u8(&b[0..2])?;
+        if version == 0xff || (version == 0 && b.len() != 55) {
+            return None;
+        }
+        if b[2] != b'-' || b[35] != b'-' || b[52] != b'-' || (b.len() > 55 && b[55] != b'-') {
+            return None;
+        }
+        let trace_id = hex_u128(&b[3..35])?;
+        let span_id = hex_u64(&b[36..52])?;
+        let flags = hex_u8(&b[53..55])?;
+        if trace_id == 0 || span_id == 0 {
+            return None;
+        }
+        Some(TraceParent {
+            trace_id: TraceId::from(trace_id),
+            span_id: SpanId::from(span_id),
+            flags: TraceFlags::new(flags),
+        })
+    }
+
+    /// The `traceparent` value of version `00` (the only one written).
+    pub fn format(&self) -> String {
+        let mut out = String::with_capacity(55);
+        let _ = write!(
+            out,
+            "00-{:032x}-{:016x}-{:02x}",
+            self.trace_id,
+            self.span_id,
+            self.flags.to_u8()
+        );
+        out
+    }
+
+    fn of(context: &SpanContext) -> TraceParent {
+        TraceParent {
+            trace_id: context.trace_id(),
+            span_id: context.span_id(),
+            flags: context.trace_flags(),
+        }
+    }
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        _ => None,
+    }
+}
+
+fn hex_u128(digits: &[u8]) -> Option<u128> {
+    digits
+        .iter()
+        .try_fold(0u128, |n, &c| Some(n << 4 | u128::from(hex_digit(c)?)))
+}
+
+fn hex_u64(digits: &[u8]) -> Option<u64> {
+    digits
+        .iter()
+        .try_fold(0u64, |n, &c| Some(n << 4 | u64::from(hex_digit(c)?)))
+}
+
+fn hex_u8(digits: &[u8]) -> Option<u8> {
+    digits
+        .iter()
+        .try_fold(0u8, |n, &c| Some(n << 4 | hex_digit(c)?))
+}
+
+/// The trace context keys of a headers column's JSON object (the rest is skipped
+/// without being built).
+#[derive(serde::Deserialize)]
+struct RowContext<'a> {
+    #[serde(borrow, default)]
+    traceparent: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    tracestate: Option<Cow<'a, str>>,
+}
+
+/// The parent a row names in its headers column (`traceparent`, and `tracestate`
+/// when it is printable ASCII of at most 512 bytes), if it names a valid one. A
+/// malformed or missing `traceparent`, or headers that are not a JSON object, give
+/// `None`: the event's span starts a new trace.
+pub fn row_parent(headers: Option<&Bytes>) -> Option<(TraceParent, Option<String>)> {
+    let row: RowContext<'_> = serde_json::from_slice(headers?).ok()?;
+    let parent = TraceParent::parse(row.traceparent.as_deref()?.trim())?;
+    let state = row
+        .tracestate
+        .map(Cow::into_owned)
+        .filter(|s| !s.is_empty() && s.len() <= TRACESTATE_MAX)
+        .filter(|s| s.bytes().all(|c| (0x20..0x7f).contains(&c)));
+    Some((parent, state))
+}
+
+/// Starts the events' spans (cheap to clone: the SDK's tracer is shared).
+#[derive(Clone, Debug)]
+pub struct EventTracer {
+    tracer: SdkTracer,
+}
+
+static TRACER: OnceLock<EventTracer> = OnceLock::new();
+
+impl EventTracer {
+    pub fn new(tracer: SdkTracer) -> EventTracer {
+        EventTracer { tracer }
+    }
+
+    /// Makes `tracer` the one every publisher started afterwards uses (the relay's
+    /// `run` with `[tracing]` on). Only the first call counts.
+    pub fn install(tracer: EventTracer) {
+        let _ = TRACER.set(tracer);
+    }
+
+    /// The installed tracer; `None` while tracing is off.
+    pub fn get() -> Option<EventTracer> {
+        TRACER.get().cloned()
+    }
+
+    /// Starts the `publish` span of `event`, bound for `destination` (an exchange
+    /// or a stream) with `routing_key` (`None` on a stream).
+    pub fn start(
+        &self,
+        event: &OutboxEvent,
+        destination: &str,
+        routing_key: Option<&str>,
+    ) -> Arc<EventSpan> {
+        use attributes as a;
+        let parent = row_parent(event.headers.as_ref());
+        let mut attributes = Vec::with_capacity(10);
+        attributes.push(KeyValue::new(a::SYSTEM, "rabbitmq"));
+        attributes.push(KeyValue::new(a::OPERATION_NAME, "publish"));
+        attributes.push(KeyValue::new(a::OPERATION_TYPE, "send"));
+        attributes.push(KeyValue::new(a::DESTINATION, destination.to_string()));
+        if let Some(key) = routing_key {
+            attributes.push(KeyValue::new(a::ROUTING_KEY, key.to_string()));
+        }
+        if let Some(id) = &event.id {
+            attributes.push(KeyValue::new(
+                a::MESSAGE_ID,
+                String::from_utf8_lossy(id).into_owned(),
+            ));
+        }
+        attributes.push(KeyValue::new(a::BODY_SIZE, event.body.len() as i64));
+        attributes.push(KeyValue::new(a::COMMIT_LSN, event.commit_lsn.to_string()));
+        attributes.push(KeyValue::new(
+            a::TX_INDEX,
+            i64::try_from(event.index).unwrap_or(i64::MAX),
+        ));
+        attributes.push(KeyValue::new(a::TABLE, event.table.qualified_name.clone()));
+        let builder = self
+            .tracer
+            .span_builder(format!("publish {destination}"))
+            .with_kind(SpanKind::Producer)
+            .with_attributes(attributes);
+        let (span, tracestate) = match parent {
+            Some((parent, state)) => {
+                let context = Context::new().with_remote_span_context(SpanContext::new(
+                    parent.trace_id,
+                    parent.span_id,
+                    parent.flags,
+                    true,
+                    TraceState::NONE,
+                ));
+                (self.tracer.build_with_context(builder, &context), state)
+            }
+            None => (
+                self.tracer.build_with_context(builder, &Context::new()),
+                None,
+            ),
+        };
+        Arc::new(EventSpan {
+            traceparent: TraceParent::of(span.span_context()).format(),
+            tracestate,
+            sends: AtomicU32::new(0),
+            span: Mutex::new(span),
+        })
+    }
+}
+
+/// One event's `publish` span, shared by the message and its retries; it ends at
+/// the confirm (or, if the relay stops first, when the last copy is dropped).
+#[derive(Debug)]
+pub struct EventSpan {
+    traceparent: String,
+    tracestate: Option<String>,
+    /// Publishes of the event so far: every one after the first is a retry.
+    sends: AtomicU32,
+    span: Mutex<Span>,
+}
+
+impl EventSpan {
+    /// The `traceparent` the message carries: this span's own context.
+    pub fn traceparent(&self) -> &str {
+        &self.traceparent
+    }
+
+    /// The `tracestate` the message carries: the row's, passed on.
+    pub fn tracestate(&self) -> Option<&str> {
+        self.tracestate.as_deref()
+    }
+
+    /// Counts a publish of the event; every one after the first is a `retry` event
+    /// with its attempt number.
+    pub fn published(&self) {
+        let before = self.sends.fetch_add(1, Ordering::Relaxed);
+        if before > 0 {
+            self.event(
+                "retry",
+                vec![KeyValue::new("attempt", i64::from(before) + 1)],
+            );
+        }
+    }
+
+    /// Adds an event (`returned`, `dead_lettered`, `refused`...) to the span.
+    pub fn event(&self, name: &'static str, attributes: Vec<KeyValue>) {
+        if let Ok(mut span) = self.span.lock() {
+            span.add_event(name, attributes);
+        }
+    }
+
+    /// Ends the span (at the broker's confirm); later calls do nothing.
+    pub fn end(&self) {
+        if let Ok(mut span) = self.span.lock() {
+            span.end();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

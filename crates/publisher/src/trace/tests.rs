@@ -1,0 +1,180 @@
+#![allow(clippy::unwrap_used)]
+use super::*;
+use opentelemetry_sdk::trace::SpanData;
+use outbox_event::{Lsn, OutboxTable};
+use proptest::prelude::*;
+
+/// A span processor that keeps the ended spans.
+#[derive(Debug, Clone, Default)]
+struct Collect(Arc<Mutex<Vec<SpanData>>>);
+
+impl opentelemetry_sdk::trace::SpanProcessor for Collect {
+    fn on_start(&self, _: &mut Span, _: &Context) {}
+    fn on_end(&self, span: SpanData) {
+        self.0.lock().unwrap().push(span);
+    }
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+    fn shutdown_with_timeout(
+        &self,
+        _: std::time::Duration,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        Ok(())
+    }
+}
+
+fn event() -> OutboxEvent {
+    OutboxEvent {
+        table: Arc::new(OutboxTable {
+            qualified_name: "public.outbox".into(),
+            schema: "public".into(),
+            name: "outbox".into(),
+            payload_type: 0,
+            headers_type: None,
+            content_type: "application/json",
+        }),
+        xid: 4242,
+        commit_lsn: Lsn(0x1_0000_00A0),
+        commit_time_micros: 1_700_000_000_123_456,
+        index: 3,
+        id: Some(Bytes::from_static(b"6f1c2a4e-0000-4000-8000-000000000001")),
+        aggregate_type: Some(Bytes::from_static(b"order")),
+        aggregate_id: Some(Bytes::from_static(b"42")),
+        event_type: Some(Bytes::from_static(b"created")),
+        payload: None,
+        body: Bytes::new(),
+        headers: None,
+        correlation_id: None,
+        exchange: None,
+        properties: Vec::new(),
+        malformed: None,
+    }
+}
+
+const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+#[test]
+fn a_valid_traceparent_round_trips() {
+    let p = TraceParent::parse(VALID).expect("valid");
+    assert_eq!(
+        p.trace_id,
+        TraceId::from(0x4bf92f3577b34da6a3ce929d0e0e4736u128)
+    );
+    assert_eq!(p.span_id, SpanId::from(0x00f067aa0ba902b7u64));
+    assert!(p.flags.is_sampled());
+    assert_eq!(p.format(), VALID);
+    let unsampled = "00-0000000000000000000000000000000a-000000000000000b-00";
+    assert_eq!(
+        TraceParent::parse(unsampled).expect("valid").format(),
+        unsampled
+    );
+}
+
+#[test]
+fn malformed_traceparents_are_ignored() {
+    for bad in [
+        "",
+        "00",
+        "00-abc-def-01",
+        // upper-case hex
+        "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        // all-zero trace id, all-zero span id
+        "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+        // version ff, version 00 with extra fields, bad separators
+        "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+        "00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7_01",
+        "0g-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "00-4bf92f3577b34da6a3ce929d0e0e473z-00f067aa0ba902b7-01",
+        // a multi-byte character where a digit should be
+        "00-4bf92f3577b34da6a3ce929d0e0e47é-00f067aa0ba902b7-01",
+    ] {
+        assert_eq!(TraceParent::parse(bad), None, "{bad:?}");
+    }
+    // A later version may add fields after a dash.
+    assert!(TraceParent::parse(&format!("01{}-extra", &VALID[2..])).is_some());
+}
+
+#[test]
+fn the_row_parent_comes_from_the_headers_column() {
+    let headers = |s: &str| Bytes::from(s.to_string());
+    let (p, state) = row_parent(Some(&headers(&format!(
+        r#"{{"a":1,"traceparent":"{VALID}","tracestate":"vendor=x"}}"#
+    ))))
+    .expect("parent");
+    assert_eq!(p.format(), VALID);
+    assert_eq!(state.as_deref(), Some("vendor=x"));
+    // Malformed: no parent (the span starts a new trace), never a failure.
+    for bad in [
+        r#"{"traceparent":"00-abc-def-01"}"#,
+        r#"{"traceparent":5}"#,
+        r#"["not an object"]"#,
+        "not json",
+        r#"{"tracestate":"vendor=x"}"#,
+    ] {
+        assert!(row_parent(Some(&headers(bad))).is_none(), "{bad}");
+    }
+    assert!(row_parent(None).is_none());
+    // A tracestate that is not printable ASCII is not carried on.
+    let (_, state) = row_parent(Some(&headers(&format!(
+        r#"{{"traceparent":"{VALID}","tracestate":"a=\n"}}"#
+    ))))
+    .expect("parent");
+    assert_eq!(state, None);
+}
+
+proptest! {
+    #[test]
+    fn any_text_parses_without_panicking(s in "\\PC{0,80}") {
+        let _ = TraceParent::parse(&s);
+        let _ = row_parent(Some(&Bytes::from(format!(r#"{{"traceparent":{}}}"#, serde_json::Value::String(s)))));
+    }
+
+    #[test]
+    fn any_valid_context_round_trips(t in 1u128.., s in 1u64.., f in any::<u8>()) {
+        let p = TraceParent { trace_id: TraceId::from(t), span_id: SpanId::from(s), flags: TraceFlags::new(f) };
+        prop_assert_eq!(TraceParent::parse(&p.format()), Some(p));
+    }
+}
+
+/// The span of an event: its parent from the row, its context in the message.
+#[test]
+fn an_event_span_is_the_child_of_the_rows_traceparent() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    let exporter = Collect::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(exporter.clone())
+        .build();
+    let tracer = EventTracer::new(provider.tracer("test"));
+    let mut event = event();
+    event.headers = Some(Bytes::from(format!(r#"{{"traceparent":"{VALID}"}}"#)));
+    let span = tracer.start(&event, "orders", Some("order.created"));
+    let own = TraceParent::parse(span.traceparent()).expect("own context");
+    assert_eq!(format!("{:032x}", own.trace_id), &VALID[3..35]);
+    assert_ne!(format!("{:016x}", own.span_id), &VALID[36..52]);
+    span.published();
+    span.published();
+    span.end();
+    let spans = exporter.0.lock().expect("lock").clone();
+    assert_eq!(spans.len(), 1);
+    let s = &spans[0];
+    assert_eq!(s.name, "publish orders");
+    assert_eq!(s.span_kind, SpanKind::Producer);
+    assert_eq!(format!("{:016x}", s.parent_span_id), &VALID[36..52]);
+    assert_eq!(s.span_context.span_id(), own.span_id);
+    assert_eq!(s.events.events.len(), 1, "one retry");
+    // Without a traceparent: a new trace (no parent).
+    event.headers = None;
+    let root = tracer.start(&event, "orders", None);
+    root.end();
+    let spans = exporter.0.lock().expect("lock").clone();
+    assert_eq!(spans[1].parent_span_id, SpanId::INVALID);
+    assert_ne!(
+        spans[1].span_context.trace_id(),
+        TraceId::from(0x4bf92f3577b34da6a3ce929d0e0e4736u128)
+    );
+}
