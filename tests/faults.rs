@@ -13,6 +13,8 @@
 //! frames of scripts/rabbitmq-cluster.sh) for reading.
 //! `messages` (issue 42) runs the relay's and Postgres's faults with logical messages
 //! in the load, under the same rule (its crashes on the fault cluster, `FAULT_PG`).
+//! `control` (issue 44) pauses, resumes and drains a relay under load; its pause
+//! across a broker restart holds `BROKER` for writing, the others for reading.
 //! docs/reliability.md maps each guarantee to the test that proves it.
 #![allow(clippy::unwrap_used)]
 
@@ -45,3 +47,6 @@ mod amqp_edges;
 
 #[path = "faults/messages.rs"]
 mod messages;
+
+#[path = "faults/control.rs"]
+mod control;

@@ -3,7 +3,8 @@
 //! hostile servers (`hostile_peers`), the broker over TLS (`broker_tls`), the
 //! metrics endpoint against hostile clients (`metrics_endpoint`), functions
 //! planted in the database (`search_path`), outbox text on the operator's
-//! terminal (`operator_output`), and who may emit logical messages (`emit`).
+//! terminal (`operator_output`), who may emit logical messages (`emit`), and
+//! reloading a running relay's password file, log filter and settings (`reload`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: the
 //! RabbitMQ users they add, change the password of and close the connections of
@@ -17,6 +18,7 @@ mod emit;
 mod hostile_peers;
 mod metrics_endpoint;
 mod operator_output;
+mod reload;
 mod search_path;
 mod secret_files;
 mod secrets;

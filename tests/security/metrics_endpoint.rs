@@ -369,3 +369,167 @@ fn start_tls(extra: &str) -> Relay {
             .is_ok_and(|out| out.stdout == b"200")
     })
 }
+
+/// One request with `method` on its own connection: (status, body).
+fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n"
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).ok()?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).ok()?;
+    let status = resp.split(' ').nth(1)?.parse().ok()?;
+    let body = resp.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
+    Some((status, body))
+}
+
+/// `outbox-relay --config cfg ctl args`.
+fn ctl(cfg: &Path, args: &[&str]) -> std::process::Output {
+    Command::new(bin())
+        .arg("--config")
+        .arg(cfg)
+        .arg("ctl")
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+/// Control (issue 44) needs the credentials whenever some are configured: without
+/// them or with wrong ones every `/control/` route answers 401 and changes nothing;
+/// `ctl` with the relay's configuration sends them, and `ctl pause` pauses
+/// (`/readyz`: not ready: paused) and `ctl resume` resumes.
+#[test]
+fn control_needs_the_credentials() {
+    let relay = start(
+        "metrics_bearer_token_file = \"{dir}/token\"\n",
+        &[("token", "Tk-control-0123456789\n")],
+    );
+    for (method, path) in [
+        ("POST", "/control/pause"),
+        ("POST", "/control/resume"),
+        ("POST", "/control/drain"),
+        ("POST", "/control/reload"),
+        ("GET", "/control/status"),
+    ] {
+        assert_eq!(
+            send(relay.port, method, path, &[]).map(|r| r.0),
+            Some(401),
+            "{path}"
+        );
+        assert_eq!(
+            send(
+                relay.port,
+                method,
+                path,
+                &[("Authorization", "Bearer wrong")]
+            )
+            .map(|r| r.0),
+            Some(401),
+            "{path}"
+        );
+    }
+    let (status, body) = send(
+        relay.port,
+        "GET",
+        "/control/status",
+        &[("Authorization", "Bearer Tk-control-0123456789")],
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"state\":\"running\""),
+        "the refused drain changed the state: {body}"
+    );
+    let cfg = relay.dir.join("relay.toml");
+    let out = ctl(&cfg, &["pause"]);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("state: paused since"), "{said}");
+    let (status, body) = get(relay.port, "/readyz", &[]).unwrap();
+    assert_eq!((status, body.trim()), (503, "not ready: paused"));
+    let out = ctl(&cfg, &["status", "--json"]);
+    assert!(out.status.success());
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["state"], "paused", "{json}");
+    let out = ctl(&cfg, &["resume"]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("state: running"));
+    // Without the token file, `ctl` is refused with the fix named.
+    let bare = relay.dir.join("bare.toml");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &bare,
+        text.replace("metrics_bearer_token_file", "# metrics_bearer_token_file"),
+    )
+    .unwrap();
+    let out = ctl(&bare, &["pause"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("401") && err.contains("metrics_bearer_token_file"),
+        "{err}"
+    );
+    assert_eq!(
+        get(relay.port, "/readyz", &[]).map(|r| r.1),
+        Some("not ready\n".into())
+    );
+    let log = relay.log();
+    assert!(!log.contains("Tk-control"), "{log}");
+}
+
+/// Without credentials, control is refused on a listener beyond loopback (403,
+/// and `ctl` exits 2 naming the fix), while the probes still answer; on loopback it
+/// is allowed.
+#[test]
+fn control_beyond_loopback_needs_credentials() {
+    let dir = std::env::temp_dir().join(unique_name("metrics"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let cfg = write_config(&dir, &format!("0.0.0.0:{port}"), "");
+    let mut child = Command::new(bin())
+        .arg("--config")
+        .arg(&cfg)
+        .arg("run")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while get(port, "/healthz", &[]).map(|r| r.0) != Some(200) {
+        assert!(Instant::now() < deadline, "/healthz never answered");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (method, path) in [("POST", "/control/pause"), ("GET", "/control/status")] {
+        let (status, body) = send(port, method, path, &[]).unwrap();
+        assert_eq!(status, 403, "{path}: {body}");
+        assert!(
+            body.contains("beyond loopback without credentials"),
+            "{body}"
+        );
+    }
+    let out = ctl(&cfg, &["pause"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("loopback") && err.contains("metrics_bearer_token_file"),
+        "{err}"
+    );
+    assert_eq!(
+        get(port, "/readyz", &[]).map(|r| r.1),
+        Some("not ready\n".into())
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+}

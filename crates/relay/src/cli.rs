@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! outbox-relay [--config FILE] [--log-format text|json] <COMMAND>
-//!   run [--start-lsn LSN | --skip-through MESSAGE_ID [--yes]]
+//!   run [--start-lsn LSN | --skip-through MESSAGE_ID [--yes]] [--paused]
 //!   slot create [--if-not-exists] [--failover]
 //!   slot drop [--if-exists] [--force]
 //!   slot skip <MESSAGE_ID | --lsn LSN> [--yes]
@@ -13,6 +13,7 @@
 //!          [--where FIELD=VALUE]... [--exchange NAME | --stream NAME]
 //!          [--routing-key TEMPLATE] [--dry-run]
 //!   check [--declare] | check --routes [--since DURATION]
+//!   ctl pause | resume | drain [--wait] | status [--json] | reload
 //!   completions <bash|zsh|fish|elvish|powershell>
 //!   man                       (hidden: the man page, docs/man/outbox-relay.1)
 //! ```
@@ -84,6 +85,10 @@ pub enum Command {
     /// Validate the configuration and every precondition, one line each. Changes
     /// nothing unless --declare is given.
     Check(CheckArgs),
+    /// Control the running relay through its endpoint ([relay] metrics_listen, with
+    /// the same credentials and TLS as /metrics): pause, resume, drain, status, reload.
+    #[command(subcommand)]
+    Ctl(CtlCommand),
     /// Print a shell completion script to stdout, e.g.
     /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`.
     Completions(CompletionsArgs),
@@ -135,6 +140,45 @@ pub struct RunArgs {
     /// Skip without asking (with --skip-through).
     #[arg(long, requires = "skip_through")]
     pub yes: bool,
+    /// Start paused, as after `ctl pause`: the slot is held and nothing is published
+    /// until `ctl resume`. Without it a restarted relay runs.
+    #[arg(long)]
+    pub paused: bool,
+}
+
+/// `ctl`: commands to the running relay (docs/operations.md, "Incident levers").
+#[derive(Debug, Subcommand)]
+pub enum CtlCommand {
+    /// Stop publishing at the next transaction boundary; in-flight messages are
+    /// confirmed, the slot stays held (no standby takes over).
+    Pause,
+    /// Publish again from where the pause stopped.
+    Resume,
+    /// Confirm everything read so far, then stop cleanly (exit 0), as SIGTERM does.
+    Drain(CtlDrainArgs),
+    /// The state (running, paused since, draining), the positions and the in-flight
+    /// count.
+    Status(CtlStatusArgs),
+    /// Reread the configuration file as SIGHUP does: the log filter, the secret
+    /// files, retention and alert settings; other changed keys are reported as
+    /// needing a restart and are not applied.
+    Reload,
+}
+
+/// `ctl drain`.
+#[derive(Debug, Args)]
+pub struct CtlDrainArgs {
+    /// Return only when the relay has stopped.
+    #[arg(long)]
+    pub wait: bool,
+}
+
+/// `ctl status`.
+#[derive(Debug, Args)]
+pub struct CtlStatusArgs {
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `slot create` / `slot drop` / `slot skip`.

@@ -89,6 +89,8 @@ pub const DEFAULT_METRICS_LISTEN: &str = "127.0.0.1:9187";
 pub const DEFAULT_SHUTDOWN_TIMEOUT_MS: u64 = publisher::DEFAULT_SHUTDOWN_TIMEOUT.as_millis() as u64;
 /// Default `relay.metrics_read_timeout_ms`.
 pub const DEFAULT_METRICS_READ_TIMEOUT_MS: u64 = 10_000;
+/// Default `relay.pause_alert_after`.
+pub const DEFAULT_PAUSE_ALERT_AFTER: Duration = Duration::from_secs(3600);
 /// Default `relay.metrics_max_connections`.
 pub const DEFAULT_METRICS_MAX_CONNECTIONS: usize = 64;
 
@@ -141,6 +143,22 @@ pub struct Config {
     /// Which connection settings were given rather than defaulted (not a key).
     #[serde(skip)]
     pub given: Given,
+    /// A hash of each key's value as given by the file and the environment (not a
+    /// key): what a reload compares (crate::reload). Hashes, so that no secret is
+    /// kept or shown twice.
+    #[serde(skip)]
+    pub fingerprint: Fingerprint,
+}
+
+/// A hash of each key's value as given, by dotted key (see [`Config::fingerprint`]).
+/// Its `Debug` shows nothing: two configurations of the same values print alike.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Fingerprint(pub std::collections::BTreeMap<String, u64>);
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fingerprint")
+    }
 }
 
 /// `message.format` values.
@@ -224,6 +242,15 @@ pub struct RelayConfig {
     /// PEM certificate chain and key to serve the endpoint over HTTPS; `""` = HTTP.
     pub metrics_tls_cert_file: String,
     pub metrics_tls_key_file: String,
+    /// The log filter (`tracing_subscriber::EnvFilter` syntax, e.g.
+    /// `"info,outbox_relay=debug"`); `""` = `RUST_LOG`, else `info`. Reloaded by
+    /// SIGHUP and `ctl reload`. Checked at load.
+    pub log_filter: String,
+    /// How long a pause (`ctl pause`) may last before the alert
+    /// `OutboxRelayPausedTooLong` fires, e.g. `"1h"` (exported as
+    /// `outbox_relay_pause_alert_after_seconds`). Reloaded by SIGHUP and `ctl reload`.
+    #[serde(deserialize_with = "de_duration")]
+    pub pause_alert_after: Option<Duration>,
 }
 
 impl Default for RelayConfig {
@@ -240,6 +267,8 @@ impl Default for RelayConfig {
             metrics_basic_auth_password_file: String::new(),
             metrics_tls_cert_file: String::new(),
             metrics_tls_key_file: String::new(),
+            log_filter: String::new(),
+            pause_alert_after: Some(DEFAULT_PAUSE_ALERT_AFTER),
         }
     }
 }

@@ -1,4 +1,4 @@
-//! The HTTP server under `/metrics`, `/healthz`, `/readyz` and `/poison`
+//! The HTTP server under `/metrics`, `/healthz`, `/readyz`, `/poison` and `/control/`
 //! (`[relay] metrics_*`), fit for `0.0.0.0` (docs/security.md):
 //!
 //! ```text
@@ -6,7 +6,8 @@
 //!          ─► [TLS handshake, within the read timeout]
 //!          ─► hyper HTTP/1: request headers within the read timeout (also the
 //!             longest idle time between requests of a kept-alive connection)
-//!          ─► credentials (bearer token or basic) for /metrics and /poison
+//!          ─► credentials (bearer token or basic) for /metrics, /poison and
+//!             /control/ (control beyond loopback without credentials: refused)
 //!          ─► the router (crate::metrics)
 //!   every connection ends after CONNECTION_LIFETIME whatever it does
 //! ```
@@ -147,11 +148,29 @@ pub struct Authorized(pub bool);
 
 /// Paths that need credentials when some are configured.
 const GUARDED: &[&str] = &["/metrics", "/poison"];
+/// The control routes (crate::control_endpoint): credentials whenever some are
+/// configured, and refused beyond loopback without them.
+const CONTROL: &str = "/control/";
 
-async fn authorize(State(auth): State<Arc<Credentials>>, mut req: Request, next: Next) -> Response {
+/// The credentials and whether the listener is on loopback.
+struct Guard {
+    auth: Credentials,
+    loopback: bool,
+}
+
+async fn authorize(State(guard): State<Arc<Guard>>, mut req: Request, next: Next) -> Response {
+    let auth = &guard.auth;
+    let control = req.uri().path().starts_with(CONTROL);
+    if control && !guard.loopback && !auth.is_set() {
+        return (
+            StatusCode::FORBIDDEN,
+            "control refused: the endpoint listens beyond loopback without credentials; set [relay] metrics_bearer_token_file (or metrics_basic_auth_user and metrics_basic_auth_password_file), or listen on 127.0.0.1\n",
+        )
+            .into_response();
+    }
     let ok = auth.allow(req.headers());
     req.extensions_mut().insert(Authorized(ok));
-    if !ok && GUARDED.contains(&req.uri().path()) {
+    if !ok && (control || GUARDED.contains(&req.uri().path())) {
         return (
             StatusCode::UNAUTHORIZED,
             [(
@@ -180,13 +199,16 @@ pub async fn serve(cfg: EndpointConfig, router: Router) -> Result<(), CliError> 
     })?;
     if !addr.ip().is_loopback() {
         if !cfg.auth.is_set() {
-            warn!(%addr, "the metrics endpoint listens beyond loopback without credentials: anyone who reaches it reads /metrics and /poison (message ids, routing keys); set [relay] metrics_bearer_token_file or metrics_basic_auth_user and metrics_basic_auth_password_file (docs/security.md)");
+            warn!(%addr, "the metrics endpoint listens beyond loopback without credentials: anyone who reaches it reads /metrics and /poison (message ids, routing keys), and control (ctl) is refused; set [relay] metrics_bearer_token_file or metrics_basic_auth_user and metrics_basic_auth_password_file (docs/security.md)");
         } else if tls.is_none() {
             warn!(%addr, "the metrics endpoint takes credentials over plain HTTP beyond loopback: anyone on the path reads them; set [relay] metrics_tls_cert_file and metrics_tls_key_file (docs/security.md)");
         }
     }
-    let auth = Arc::new(cfg.auth.clone());
-    let router = router.layer(axum::middleware::from_fn_with_state(auth, authorize));
+    let guard = Arc::new(Guard {
+        auth: cfg.auth.clone(),
+        loopback: addr.ip().is_loopback(),
+    });
+    let router = router.layer(axum::middleware::from_fn_with_state(guard, authorize));
     let limits = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     let read_timeout = cfg.read_timeout;
     tokio::spawn(async move {

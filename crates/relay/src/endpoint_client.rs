@@ -1,6 +1,7 @@
 //! Asking the running relay's endpoint (`[relay] metrics_*`) a question, as a
 //! scraper does: with its credentials (bearer token, else basic) and over its TLS.
-//! `status` reads `/poison` this way (docs/security.md).
+//! `status` reads `/poison` this way (docs/security.md), and `ctl` sends its
+//! commands to `/control/`.
 //!
 //! ```text
 //!   metrics_listen (0.0.0.0 / :: → the loopback address of that family)
@@ -32,15 +33,37 @@ const MAX_ANSWER: u64 = 1 << 20;
 /// `GET path` on the endpoint: the body of a 200 answer, else why there is none (a
 /// sentence fragment without any secret).
 pub async fn get(ep: &EndpointConfig, path: &str) -> Result<String, String> {
-    match tokio::time::timeout(ASK_TIMEOUT, ask(ep, path)).await {
+    let (status, body) = request(ep, "GET", path).await?;
+    match status {
+        200 => Ok(body),
+        other => Err(refusal(other)),
+    }
+}
+
+/// `method path` on the endpoint (`ctl`): the status code and the body, whatever
+/// the status; `Err` when no HTTP answer came.
+pub async fn request(
+    ep: &EndpointConfig,
+    method: &str,
+    path: &str,
+) -> Result<(u16, String), String> {
+    match tokio::time::timeout(ASK_TIMEOUT, ask(ep, method, path)).await {
         Ok(answer) => answer,
         Err(_) => Err(format!("no answer within {} s", ASK_TIMEOUT.as_secs())),
     }
 }
 
-async fn ask(ep: &EndpointConfig, path: &str) -> Result<String, String> {
+/// Why a status other than 200 gave no answer.
+pub fn refusal(status: u16) -> String {
+    match status {
+        401 => "the endpoint refused the credentials (HTTP 401): check [relay] metrics_bearer_token_file or metrics_basic_auth_* here and in the running relay".into(),
+        other => format!("the endpoint answered HTTP {other}"),
+    }
+}
+
+async fn ask(ep: &EndpointConfig, method: &str, path: &str) -> Result<(u16, String), String> {
     let request = format!(
-        "GET {path} HTTP/1.0\r\nHost: outbox-relay\r\n{}\r\n",
+        "{method} {path} HTTP/1.0\r\nHost: outbox-relay\r\nContent-Length: 0\r\n{}\r\n",
         authorization(ep)?
     );
     let addr = reachable(ep.addr);
@@ -60,15 +83,11 @@ async fn ask(ep: &EndpointConfig, path: &str) -> Result<String, String> {
         }
     };
     let text = String::from_utf8_lossy(&answer);
-    let status = text.split(' ').nth(1).unwrap_or("");
+    let status = text.split(' ').nth(1).and_then(|s| s.parse::<u16>().ok());
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
     match status {
-        "200" => Ok(body.to_string()),
-        "401" => Err(
-            "the endpoint refused the credentials (HTTP 401): check [relay] metrics_bearer_token_file or metrics_basic_auth_* here and in the running relay".into(),
-        ),
-        "" => Err("the endpoint sent no HTTP answer".into()),
-        other => Err(format!("the endpoint answered HTTP {other}")),
+        Some(status) => Ok((status, body.to_string())),
+        None => Err("the endpoint sent no HTTP answer".into()),
     }
 }
 

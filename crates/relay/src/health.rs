@@ -4,7 +4,9 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use outbox_event::Lsn;
 use publisher::PublisherStatus;
+use tokio::sync::watch;
 use wal_reader::OldestUnacked;
 
 /// Live state for `/readyz` and metrics.
@@ -13,6 +15,8 @@ pub struct Health {
     streaming: Arc<AtomicBool>,
     publisher: Arc<std::sync::Mutex<Option<PublisherStatus>>>,
     reader: Arc<std::sync::Mutex<Option<OldestUnacked>>>,
+    /// The flush positions the session's reader sent Postgres.
+    confirmed: Arc<std::sync::Mutex<Option<watch::Receiver<Lsn>>>>,
 }
 
 impl Health {
@@ -45,6 +49,20 @@ impl Health {
         match (reader, publisher) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
+        }
+    }
+
+    /// The last position confirmed to Postgres in the current session.
+    pub fn confirmed(&self) -> Option<Lsn> {
+        self.confirmed
+            .lock()
+            .ok()
+            .and_then(|c| c.as_ref().map(|r| *r.borrow()))
+    }
+
+    pub(crate) fn set_confirmed(&self, c: Option<watch::Receiver<Lsn>>) {
+        if let Ok(mut p) = self.confirmed.lock() {
+            *p = c;
         }
     }
 

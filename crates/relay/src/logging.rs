@@ -45,6 +45,32 @@ pub fn filter(value: Option<&str>) -> Result<EnvFilter, CliError> {
     })
 }
 
+/// Parses a log filter (`[relay] log_filter`), for the configuration's checks.
+pub fn parse_filter(directives: &str) -> Result<EnvFilter, String> {
+    EnvFilter::builder()
+        .parse(directives.trim())
+        .map_err(|e| e.to_string())
+}
+
+/// Replaces the installed subscriber's filter (`[relay] log_filter`, at start and on
+/// a reload); `""` goes back to `RUST_LOG`'s (or `info`).
+type SetFilter = Box<dyn Fn(EnvFilter) -> Result<(), String> + Send + Sync>;
+static SET_FILTER: std::sync::OnceLock<SetFilter> = std::sync::OnceLock::new();
+
+/// Sets the log filter of the running process: `directives`, or `RUST_LOG`'s (else
+/// `info`) when empty. Fails without changing it on an invalid filter.
+pub fn set_filter(directives: &str) -> Result<(), String> {
+    let filter = if directives.trim().is_empty() {
+        filter(std::env::var(LOG_FILTER_ENV).ok().as_deref()).map_err(|e| e.to_string())?
+    } else {
+        parse_filter(directives)?
+    };
+    match SET_FILTER.get() {
+        Some(set) => set(filter),
+        None => Err("no logger is installed".into()),
+    }
+}
+
 /// Installs the global subscriber. Call once, before anything logs.
 pub fn init(format: LogFormat) -> Result<(), CliError> {
     let value = std::env::var(LOG_FILTER_ENV).ok();
@@ -59,14 +85,26 @@ pub fn init(format: LogFormat) -> Result<(), CliError> {
         })
         .with_ansi(ansi);
     let result = match format {
-        LogFormat::Text => builder.finish().with(HideCredentials).try_init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .finish()
-            .with(HideCredentials)
-            .try_init(),
+        LogFormat::Text => {
+            let builder = builder.with_filter_reloading();
+            let handle = builder.reload_handle();
+            let _ = SET_FILTER.set(Box::new(move |f| {
+                handle.reload(f).map_err(|e| e.to_string())
+            }));
+            builder.finish().with(HideCredentials).try_init()
+        }
+        LogFormat::Json => {
+            let builder = builder
+                .json()
+                .flatten_event(true)
+                .with_current_span(true)
+                .with_filter_reloading();
+            let handle = builder.reload_handle();
+            let _ = SET_FILTER.set(Box::new(move |f| {
+                handle.reload(f).map_err(|e| e.to_string())
+            }));
+            builder.finish().with(HideCredentials).try_init()
+        }
     };
     result.map_err(|e| CliError::Runtime(format!("cannot install the logger: {e}")))
 }

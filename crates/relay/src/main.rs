@@ -19,7 +19,7 @@
 //!   conversions from the lower layers' errors.
 //! - `logging`: the tracing subscriber.
 //! - `commands`: one module per command (docs/design.md §6): `check`, `run`, `slot`,
-//!   `status` (with `standby`), `peek`, `replay`; `completions` (with the hidden
+//!   `status` (with `standby`), `peek`, `replay`, `ctl`; `completions` (with the hidden
 //!   `man`), which `main` runs before loading any configuration.
 //!
 //! What `run` runs:
@@ -27,6 +27,8 @@
 //! - `state`: the stored acked position (the table `outbox_relay_state`).
 //! - `health`: the live state `/readyz` and the metrics read.
 //! - `shutdown`: the clean-stop request shared by everything `run` starts.
+//! - `control`: pause, resume and drain (docs/design.md §9); `control_endpoint`:
+//!   their routes; `reload`: SIGHUP and `ctl reload`.
 //! - `background`: the tasks beside the pipeline: `anchor` (the replay window's
 //!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges).
 //! - `metrics`: `/metrics`, `/healthz`, `/readyz`; `endpoint`: the HTTP server
@@ -40,6 +42,8 @@ mod build_info;
 mod cli;
 mod commands;
 mod config;
+mod control;
+mod control_endpoint;
 mod endpoint;
 mod endpoint_client;
 mod error;
@@ -47,6 +51,7 @@ mod health;
 mod logging;
 mod metrics;
 mod pipeline;
+mod reload;
 mod retention;
 mod routes;
 mod shutdown;
@@ -130,9 +135,15 @@ async fn execute_command(cli: Cli) -> Result<(), CliError> {
         Command::Slot(SlotCommand::Skip(_)) => ("slot skip", true, false),
         Command::Status(_) => ("status", true, false),
         Command::Peek(_) => ("peek", true, false),
-        Command::Completions(_) | Command::Man => ("", false, false),
+        Command::Ctl(_) | Command::Completions(_) | Command::Man => ("", false, false),
     };
     config.require_connection_settings(name, postgres, broker)?;
+    // `[relay] log_filter` wins over RUST_LOG (a reload can change only it).
+    if !config.relay.log_filter.trim().is_empty() {
+        if let Err(e) = logging::set_filter(&config.relay.log_filter) {
+            tracing::warn!(error = %e, "[relay] log_filter not applied");
+        }
+    }
     // `check` prints them as lines of its own.
     if !matches!(cli.command, Command::Check(_)) {
         for warning in config.warnings() {
@@ -141,7 +152,8 @@ async fn execute_command(cli: Cli) -> Result<(), CliError> {
     }
     match cli.command {
         Command::Check(args) => commands::check::execute(&config, &args).await,
-        Command::Run(args) => commands::run::execute(&config, &args).await,
+        Command::Run(args) => commands::run::execute(&config, &args, cli.config).await,
+        Command::Ctl(cmd) => commands::ctl::execute(&config, &cmd).await,
         Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
         Command::Slot(SlotCommand::Skip(args)) => commands::skip::skip(&config, &args).await,

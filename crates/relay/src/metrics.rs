@@ -7,6 +7,8 @@ use axum::{Extension, Router};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::Instrument;
 
+use crate::control::{Control, RunState};
+use crate::control_endpoint::Live;
 use crate::endpoint::{Authorized, EndpointConfig};
 use crate::error::CliError;
 use crate::health::Health;
@@ -17,7 +19,7 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 /// Installs the Prometheus recorder and serves the endpoints in the background.
-pub async fn serve(endpoint: EndpointConfig, health: Health) -> Result<(), CliError> {
+pub async fn serve(endpoint: EndpointConfig, health: Health, live: Live) -> Result<(), CliError> {
     let handle = PrometheusBuilder::new()
         .set_buckets_for_metric(
             Matcher::Full("outbox_relay_publish_latency_seconds".into()),
@@ -27,21 +29,27 @@ pub async fn serve(endpoint: EndpointConfig, health: Health) -> Result<(), CliEr
         .install_recorder()
         .map_err(|e| CliError::Runtime(format!("cannot install the metrics recorder: {e}")))?;
     describe();
-    spawn_gauges(health.clone());
+    spawn_gauges(health.clone(), live.control.clone());
     let addr = endpoint.addr;
-    crate::endpoint::serve(endpoint, router(handle, health)).await?;
-    tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+    let control = crate::control_endpoint::routes(live.clone(), health.clone());
+    crate::endpoint::serve(
+        endpoint,
+        router(handle, health, live.control).merge(control),
+    )
+    .await?;
+    tracing::info!(%addr, "serving /metrics, /healthz, /readyz and /control/");
     Ok(())
 }
 
-fn router(handle: PrometheusHandle, health: Health) -> Router {
+fn router(handle: PrometheusHandle, health: Health, control: Control) -> Router {
     let gauges = health.clone();
+    let gauges_control = control.clone();
     let poison = health.clone();
     Router::new()
         .route(
             "/metrics",
             get(move || {
-                update_gauges(&gauges);
+                update_gauges(&gauges, &gauges_control);
                 std::future::ready(handle.render())
             }),
         )
@@ -50,7 +58,8 @@ fn router(handle: PrometheusHandle, health: Health) -> Router {
             "/readyz",
             get(
                 move |Extension(Authorized(authorized)): Extension<Authorized>| {
-                    let ready = health.ready();
+                    let paused = matches!(control.state(), RunState::Paused { .. });
+                    let ready = health.ready() && !paused;
                     // Without credentials (when some are configured): ready or not only.
                     let poison = health
                         .publisher()
@@ -58,6 +67,11 @@ fn router(handle: PrometheusHandle, health: Health) -> Router {
                         .filter(|_| authorized);
                     std::future::ready(match (ready, poison) {
                         (true, _) => (StatusCode::OK, "ready\n".to_string()),
+                        // A deliberate state, no secret: said to everyone.
+                        (false, _) if paused => (
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not ready: paused\n".to_string(),
+                        ),
                         (false, Some(p)) => (
                             StatusCode::SERVICE_UNAVAILABLE,
                             format!(
@@ -172,6 +186,18 @@ fn describe() {
     );
     describe_gauge!("outbox_relay_ready", "1 while /readyz answers 200");
     describe_gauge!(
+        PAUSED,
+        "1 while `ctl pause` holds publishing (the slot stays held)"
+    );
+    describe_gauge!(
+        PAUSED_SECONDS,
+        "how long the current pause has lasted, in seconds (0 when not paused)"
+    );
+    describe_gauge!(
+        crate::reload::PAUSE_ALERT_AFTER,
+        "[relay] pause_alert_after in seconds (+Inf: none): OutboxRelayPausedTooLong fires past it"
+    );
+    describe_gauge!(
         BROKER_BLOCKED,
         "1 while RabbitMQ blocks the relay's connection (a memory or disk alarm), else 0"
     );
@@ -247,7 +273,7 @@ fn build_info() {
 
 /// Gauges derived from live state, set at every scrape (so a scrape never sees a
 /// stale value) and every second (for recorders that are read otherwise).
-fn update_gauges(health: &Health) {
+fn update_gauges(health: &Health, control: &Control) {
     let lag = health
         .oldest_unacked_commit_micros()
         .map(|commit| {
@@ -259,11 +285,28 @@ fn update_gauges(health: &Health) {
         })
         .unwrap_or(0.0);
     metrics::gauge!("outbox_relay_outbox_lag_seconds").set(lag);
-    metrics::gauge!("outbox_relay_ready").set(if health.ready() { 1.0 } else { 0.0 });
+    let (paused, paused_for) = match control.state() {
+        RunState::Paused { since } => (
+            true,
+            std::time::SystemTime::now()
+                .duration_since(since)
+                .map(|d| d.as_secs_f64())
+                .unwrap_or(0.0),
+        ),
+        _ => (false, 0.0),
+    };
+    let ready = health.ready() && !paused;
+    metrics::gauge!("outbox_relay_ready").set(if ready { 1.0 } else { 0.0 });
+    metrics::gauge!(PAUSED).set(if paused { 1.0 } else { 0.0 });
+    metrics::gauge!(PAUSED_SECONDS).set(paused_for);
     let blocked = health.publisher().is_some_and(|p| p.blocked());
     metrics::gauge!(BROKER_BLOCKED).set(if blocked { 1.0 } else { 0.0 });
 }
 
+/// Gauge: 1 while `ctl pause` holds publishing.
+const PAUSED: &str = "outbox_relay_paused";
+/// Gauge: how long the current pause has lasted (0 when not paused).
+const PAUSED_SECONDS: &str = "outbox_relay_paused_seconds";
 /// Gauge: the broker blocks publishing (derived from the publisher's status).
 const BROKER_BLOCKED: &str = "outbox_relay_broker_blocked";
 /// Gauge: where the relay publishes, as labels.
@@ -280,12 +323,12 @@ pub fn set_target(stream: Option<&str>, exchange: &str) {
     metrics::gauge!(TARGET_INFO, "target" => target, "name" => name).set(1.0);
 }
 
-fn spawn_gauges(health: Health) {
+fn spawn_gauges(health: Health, control: Control) {
     let task = async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
         loop {
             tick.tick().await;
-            update_gauges(&health);
+            update_gauges(&health, &control);
         }
     }
     .instrument(tracing::info_span!("gauges"));

@@ -212,6 +212,25 @@ pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
     Some(tokio::spawn(task.run_until_stopped(stop).instrument(span)))
 }
 
+/// `keep` as a reload set it (crate::reload), in milliseconds; 0: as configured at
+/// start. The task's tick stays the one of its start.
+static RELOADED_KEEP_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Sets the `keep` the running retention task deletes by (a reload).
+pub fn set_keep(keep: Duration) {
+    RELOADED_KEEP_MS.store(
+        keep.as_millis().clamp(1, u64::MAX as u128) as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+}
+
+fn live_keep(configured: Duration) -> Duration {
+    match RELOADED_KEEP_MS.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => configured,
+        ms => Duration::from_millis(ms),
+    }
+}
+
 /// How often markers are taken and old rows deleted.
 fn tick_for(keep: Duration) -> Duration {
     (keep / 10).clamp(TICK_MIN, TICK_MAX)
@@ -336,8 +355,14 @@ impl Retention {
                 if stop.is_requested() {
                     return Ok(false);
                 }
-                let n =
-                    delete_batch(client, table, filter.as_deref(), self.keep, usable.xmin).await?;
+                let n = delete_batch(
+                    client,
+                    table,
+                    filter.as_deref(),
+                    live_keep(self.keep),
+                    usable.xmin,
+                )
+                .await?;
                 total += n;
                 metrics::counter!(DELETED_ROWS, "table" => table.qualified()).increment(n);
                 if n < BATCH as u64 {

@@ -140,6 +140,9 @@ pub struct WalReader {
     held_bytes: usize,
     /// The open transaction outgrew the hold: its events go on as decoded.
     streaming_tx: bool,
+    /// The relay's pause (`ctl pause`): true stops reading at the next transaction
+    /// boundary ([`WalReader::with_pause`]).
+    pause: Option<watch::Receiver<bool>>,
 }
 
 /// The end LSN of the last transaction with outbox events the reader read (0: none
@@ -236,6 +239,17 @@ impl WalReader {
         &self.info
     }
 
+    /// Pauses reading while `pause` is true: the open transaction is read to its
+    /// Commit and handed on, then the socket is left unread (as when the consumer
+    /// has no room) while status updates go on with the acked watermark, so the
+    /// walsender keeps the connection and the slot stays held; no keepalive position
+    /// is passed on, so the confirmed position stops at the last transaction handed
+    /// on. False resumes where it stopped.
+    pub fn with_pause(mut self, pause: watch::Receiver<bool>) -> WalReader {
+        self.pause = Some(pause);
+        self
+    }
+
     /// Streams until `stop` turns true (then finishes at a transaction boundary) or an
     /// error. `out` receives batches in order; `acked` is the consumer's acked
     /// watermark, reported to Postgres as the flush position.
@@ -264,6 +278,10 @@ impl WalReader {
         let mut consumer_gone = false;
         // A moved watermark waiting for its coalesced status update.
         let mut status_due: Option<Instant> = None;
+        // A pause requested (it takes effect at the next transaction boundary).
+        let mut pause = self.pause.take();
+        let mut pausing = pause.as_ref().is_some_and(|p| *p.borrow());
+        let mut paused_logged = false;
 
         loop {
             if consumer_gone {
@@ -275,7 +293,14 @@ impl WalReader {
                 out = None;
                 debug!("reader stopped at a transaction boundary");
             }
-            let reading = out.is_some() && pending.is_empty();
+            let paused = pausing && !self.assembler.in_transaction() && pending.is_empty();
+            if paused != paused_logged {
+                paused_logged = paused;
+                if paused {
+                    info!(flushed = %self.flushed, "reader paused at a transaction boundary");
+                }
+            }
+            let reading = out.is_some() && pending.is_empty() && !paused;
             if !reading {
                 last_recv = Instant::now();
                 asked_at = None;
@@ -313,6 +338,25 @@ impl WalReader {
                         stopping = true;
                     }
                 }
+                res = async { pause.as_mut().expect("guarded").changed().await }, if pause.is_some() => {
+                    let was = pausing;
+                    pausing = match (res, pause.as_ref()) {
+                        (Ok(()), Some(p)) => *p.borrow(),
+                        // The pause's owner is gone: read on.
+                        _ => { pause = None; false }
+                    };
+                    if was && !pausing {
+                        info!("reader resumed");
+                        // Frames read before the pause took effect wait in the buffer.
+                        if pending.is_empty() && out.is_some() {
+                            let reply = self.drain_frames(&mut pending, stopping)?;
+                            if reply {
+                                let a = *acked.borrow();
+                                self.send_status(a, false).await?;
+                            }
+                        }
+                    }
+                }
                 _ = tick.tick() => {
                     let a = *acked.borrow();
                     let mut reply = false;
@@ -346,7 +390,7 @@ impl WalReader {
                     }
                     last_recv = Instant::now();
                     asked_at = None;
-                    let reply = self.drain_frames(&mut pending, stopping)?;
+                    let reply = self.drain_frames(&mut pending, stopping || pausing)?;
                     if reply {
                         let a = *acked.borrow();
                         self.send_status(a, false).await?;
@@ -357,8 +401,9 @@ impl WalReader {
     }
 
     /// Decodes every CopyData payload in the read buffer into `pending`. Returns true
-    /// when the server asked for an immediate reply. When `stopping`, stops after the
-    /// first Commit that closes the open transaction.
+    /// when the server asked for an immediate reply. When `stopping` (or pausing),
+    /// stops after the first Commit that closes the open transaction and passes no
+    /// keepalive position on.
     fn drain_frames(
         &mut self,
         pending: &mut WalBatch,

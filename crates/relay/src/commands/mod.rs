@@ -3,6 +3,7 @@
 
 pub mod check;
 pub mod completions;
+pub mod ctl;
 pub mod peek;
 pub mod replay;
 pub mod run;

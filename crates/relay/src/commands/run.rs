@@ -1,6 +1,8 @@
-//! `run [--start-lsn LSN | --skip-through MESSAGE_ID]`: the relay until
-//! SIGTERM/SIGINT.
+//! `run [--start-lsn LSN | --skip-through MESSAGE_ID] [--paused]`: the relay until
+//! SIGTERM/SIGINT or `ctl drain`; SIGHUP reloads the configuration.
 
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tracing::{info, warn};
@@ -8,23 +10,40 @@ use wal_reader::admin::{CheckStatus, Preflight};
 
 use crate::cli::RunArgs;
 use crate::config::Config;
+use crate::control::Control;
+use crate::control_endpoint::Live;
 use crate::error::CliError;
 use crate::health::Health;
 use crate::pipeline::sink::target_config;
 use crate::pipeline::{self, PipelineConfig};
+use crate::reload::Reloader;
 use crate::shutdown::Shutdown;
 
 /// Runs the relay until a signal asks it to stop; exits 0 after a clean stop.
-pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
+pub async fn execute(
+    cfg: &Config,
+    args: &RunArgs,
+    config_path: Option<PathBuf>,
+) -> Result<(), CliError> {
     crate::build_info::log();
     crate::background::validate(cfg)?;
     // Before the first publisher starts: each takes the tracer when it starts.
     let telemetry = crate::telemetry::start(&cfg.tracing)?;
     let mut shutdown = Shutdown::new();
     spawn_signal_handler(shutdown.clone())?;
+    let control = Control::new(args.paused, shutdown.clone());
+    if args.paused {
+        info!("starting paused (--paused): nothing is published until `ctl resume`");
+    }
+    let reloader = Arc::new(Reloader::new(config_path, cfg));
+    spawn_reload_handler(reloader.clone())?;
     let health = Health::default();
     if let Some(endpoint) = cfg.metrics_endpoint() {
-        crate::metrics::serve(endpoint, health.clone()).await?;
+        let live = Live {
+            control: control.clone(),
+            reloader,
+        };
+        crate::metrics::serve(endpoint, health.clone(), live).await?;
         crate::metrics::set_target(cfg.stream(), &cfg.rabbitmq.exchange);
     }
     // A poison event to skip first (docs/recovery.md): before any session reads the
@@ -63,7 +82,7 @@ pub async fn execute(cfg: &Config, args: &RunArgs) -> Result<(), CliError> {
         None => info!(slot = %cfg.postgres.slot, exchange = %cfg.rabbitmq.exchange,
             brokers = ?cfg.amqp_urls_redacted(), "relay starting"),
     }
-    let result = pipeline::run_sessions(pcfg, shutdown, health).await;
+    let result = pipeline::run_sessions(pcfg, shutdown, health, &control).await;
     background.stop().await;
     if let Some(telemetry) = telemetry {
         // Sends the spans still queued (bounded), off the runtime's one thread.
@@ -90,6 +109,22 @@ async fn preflight(cfg: &Config) -> Result<(), CliError> {
         }
     }
     crate::retention::preflight(cfg, &client).await
+}
+
+/// SIGHUP reloads the configuration (crate::reload), as `ctl reload` does.
+fn spawn_reload_handler(reloader: Arc<Reloader>) -> Result<(), CliError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup())
+        .map_err(|e| CliError::Runtime(format!("cannot install signal handlers: {e}")))?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            info!("SIGHUP: reloading the configuration");
+            // Reading files: off the runtime's one thread.
+            let r = reloader.clone();
+            let _ = tokio::task::spawn_blocking(move || r.reload()).await;
+        }
+    });
+    Ok(())
 }
 
 /// SIGTERM or SIGINT asks for a clean stop; a second one exits at once.

@@ -137,6 +137,7 @@ impl Config {
             None => ConfigSource::Defaults,
         };
         config.given = given;
+        config.fingerprint = fingerprint(&figment);
         let checks = config.validate_all().into_iter();
         errors.extend(checks.chain(config.check_secret_files()).map(|e| {
             e.with_origin(|key| figment.find_metadata(key).map(|m| describe_origin(m, key)))
@@ -187,6 +188,40 @@ impl Config {
             variables,
         })
     }
+}
+
+/// A hash of every key's value as the file and the environment give it, by dotted
+/// key (a `[[topology.*]]` array is one key): what a reload compares.
+fn fingerprint(figment: &Figment) -> super::Fingerprint {
+    use std::hash::{Hash, Hasher};
+    fn walk(
+        prefix: &str,
+        v: &serde_json::Value,
+        out: &mut std::collections::BTreeMap<String, u64>,
+    ) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            other => {
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                other.to_string().hash(&mut h);
+                out.insert(prefix.to_string(), h.finish());
+            }
+        }
+    }
+    let mut out = std::collections::BTreeMap::new();
+    if let Ok(value) = figment.extract::<serde_json::Value>() {
+        walk("", &value, &mut out);
+    }
+    super::Fingerprint(out)
 }
 
 /// Which connection settings the file or the environment gave (not the defaults).

@@ -44,6 +44,20 @@ impl Config {
         }
         check(validate_metrics_endpoint(&self.relay));
         check(validate_tracing(&self.tracing));
+        if !self.relay.log_filter.trim().is_empty() {
+            if let Err(e) = crate::logging::parse_filter(&self.relay.log_filter) {
+                check(Err(ConfigError::invalid(
+                    "relay.log_filter",
+                    format!("is not a valid log filter ({e}): use a level such as info or debug, or directives such as \"info,outbox_relay=debug\""),
+                )));
+            }
+        }
+        if self.relay.pause_alert_after.is_some_and(|d| d.is_zero()) {
+            check(Err(ConfigError::invalid(
+                "relay.pause_alert_after",
+                "must be more than 0: use e.g. \"1h\", or \"\" for no pause alert",
+            )));
+        }
         errors
     }
 

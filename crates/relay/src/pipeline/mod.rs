@@ -57,6 +57,7 @@ use publisher::PublishError;
 use tracing::{error, warn};
 use wal_reader::{ReaderConfig, ReaderError};
 
+use crate::control::Control;
 use crate::error::CliError;
 use crate::health::Health;
 use crate::shutdown::Shutdown;
@@ -185,8 +186,9 @@ pub async fn run_sessions(
     cfg: PipelineConfig,
     shutdown: Shutdown,
     health: Health,
+    control: &Control,
 ) -> Result<(), CliError> {
-    let mut sessions = session::Sessions::new(cfg, shutdown, health);
+    let mut sessions = session::Sessions::new(cfg, shutdown, health, control.pause_watch());
     let mut attempt: u32 = 0;
     loop {
         if sessions.stop_requested() {

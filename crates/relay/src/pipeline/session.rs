@@ -29,6 +29,9 @@ pub(super) struct Sessions {
     cfg: PipelineConfig,
     shutdown: Shutdown,
     health: Health,
+    /// True while `ctl pause` holds publishing (crate::control): every session's
+    /// reader watches it.
+    pause: watch::Receiver<bool>,
     /// The acked watermark of the last session, with where it was read.
     carried: Option<Carried>,
     /// A reader has started once (only before that does `run --start-lsn` apply).
@@ -66,11 +69,17 @@ struct Wired {
 }
 
 impl Sessions {
-    pub(super) fn new(cfg: PipelineConfig, shutdown: Shutdown, health: Health) -> Self {
+    pub(super) fn new(
+        cfg: PipelineConfig,
+        shutdown: Shutdown,
+        health: Health,
+        pause: watch::Receiver<bool>,
+    ) -> Self {
         Sessions {
             cfg,
             shutdown,
             health,
+            pause,
             carried: None,
             started: false,
             broker_connected: false,
@@ -225,7 +234,10 @@ impl Sessions {
                 state = None;
             }
         }
-        let reader = prepared.start(plan.from).await?;
+        let reader = prepared
+            .start(plan.from)
+            .await?
+            .with_pause(self.pause.clone());
         self.started = true;
         Ok(Some(Planned {
             reader,
@@ -255,6 +267,7 @@ impl Sessions {
         let acked = acked_tx.subscribe();
         let (stop_tx, stop_rx) = watch::channel(false);
         let flushed = reader.flushed();
+        self.health.set_confirmed(Some(reader.flushed()));
         let last_event = reader.last_event_commit();
         let mut reader_task = tokio::spawn(
             reader
@@ -405,6 +418,7 @@ impl Sessions {
         self.health.set_streaming(false);
         self.health.set_publisher(None);
         self.health.set_reader(None);
+        self.health.set_confirmed(None);
         // Only broker acks moved it: where the next session may start.
         self.carried = Some(Carried {
             lsn: *acked.borrow(),

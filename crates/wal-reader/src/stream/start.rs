@@ -181,6 +181,7 @@ impl Prepared {
             held: Vec::new(),
             held_bytes: 0,
             streaming_tx: false,
+            pause: None,
             oldest_unacked: OldestUnacked::default(),
             last_event_commit: LastEventCommit::default(),
             cfg,

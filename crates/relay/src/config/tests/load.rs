@@ -165,8 +165,10 @@ fn every_key_has_a_working_env_var() {
             ("relay.metrics_basic_auth_user" | "relay.metrics_basic_auth_password_file", _)
             | ("relay.metrics_tls_cert_file" | "relay.metrics_tls_key_file", _) => continue,
             ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
+            ("relay.pause_alert_after", _) => "5m",
             ("tracing.endpoint", _) => "http://h:4318",
             ("tracing.headers_file", _) => secret.as_str(),
+            ("relay.log_filter", _) => "debug",
             ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
             ("message.format", _) => "cloudevents",
             ("message.headers", _) => "minimal",
@@ -238,10 +240,14 @@ fn every_key_has_a_working_env_var() {
             "relay.metrics_max_connections" => c.relay.metrics_max_connections == 123,
             "relay.metrics_bearer_token_file" => c.relay.metrics_bearer_token_file == value,
             "retention.keep" => c.retention_keep() == Some(Duration::from_secs(300)),
+            "relay.log_filter" => c.relay.log_filter == value,
             "tracing.endpoint" => c.tracing.endpoint == value,
             "tracing.sampling_ratio" => c.tracing.sampling_ratio == 0.5,
             "tracing.headers_file" => c.tracing.headers_file == value,
             "tracing.max_queue_size" => c.tracing.max_queue_size == 123,
+            "relay.pause_alert_after" => {
+                c.relay.pause_alert_after == Some(Duration::from_secs(300))
+            }
             other => panic!("key {other} missing from this test"),
         };
         assert!(changed, "{var}={value} did not change {dotted}");
