@@ -552,11 +552,17 @@ impl MessageBuilder {
 
     /// The message of one event, to publish with [`Self::properties_of`].
     pub fn build(&mut self, event: &OutboxEvent) -> OutboundMessage {
+        self.build_owned(event.clone())
+    }
+
+    /// [`Self::build`] of an event the caller gives up: the hot path's, which
+    /// saves a copy of every event.
+    pub fn build_owned(&mut self, event: OutboxEvent) -> OutboundMessage {
         OutboundMessage {
-            exchange: self.exchange.of(event).map(ShortString::from),
-            routing_key: ShortString::from(self.template.render(event)),
+            exchange: self.exchange.of(&event).map(ShortString::from),
+            routing_key: ShortString::from(self.template.render(&event)),
             body: event.body.clone(),
-            event: event.clone(),
+            event,
             fixed_properties: None,
             trace: None,
         }
@@ -615,16 +621,16 @@ impl MessageBuilder {
         }
         // Checked before the publish (`check_row_properties`): invalid ones are
         // poison and never reach here for the event itself.
-        match RowProperties::of_event(event) {
-            Ok(row) => row.apply(properties),
-            Err(_) => properties,
+        match RowProperties::of_event_if_any(event) {
+            Ok(Some(row)) => row.apply(properties),
+            Ok(None) | Err(_) => properties,
         }
     }
 
     /// Why the properties `event`'s headers column sets are invalid, if they are
     /// ([`row_properties`]): the event is then poison, named by the key.
     pub fn check_row_properties(event: &OutboxEvent) -> Result<(), String> {
-        RowProperties::of_event(event).map(|_| ())
+        RowProperties::of_event_if_any(event).map(|_| ())
     }
 }
 

@@ -28,11 +28,11 @@ pub(crate) trait Progress<M> {
 pub(crate) fn feed<M, E>(
     engine: &mut impl Progress<M>,
     batch: WalBatch,
-    mut build: impl FnMut(&OutboxEvent) -> Result<M, E>,
+    mut build: impl FnMut(OutboxEvent) -> Result<M, E>,
 ) -> Result<(), E> {
     for item in batch {
         match item {
-            WalItem::Event(event) => engine.push_message(build(&event)?),
+            WalItem::Event(event) => engine.push_message(build(event)?),
             WalItem::Commit(commit) => engine.push_mark(commit.end_lsn),
             WalItem::Keepalive(lsn) => engine.push_mark(lsn),
         }

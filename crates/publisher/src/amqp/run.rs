@@ -80,6 +80,10 @@ pub(crate) struct Runner {
     /// connection's broker, and those refused (with why): a message for one of
     /// those is poison.
     exchanges: HashSet<ShortString>,
+    /// Whether any message so far was given an exchange of its own: until one is,
+    /// there is nothing to declare and no peek at the next message (the default
+    /// single exchange pays nothing for routing per event).
+    named_exchanges: bool,
     missing_exchanges: HashMap<ShortString, String>,
     /// An exchange to declare before the next send.
     to_declare: Option<ShortString>,
@@ -139,6 +143,7 @@ impl Runner {
             deadline: None,
             nack_wait: None,
             exchanges: HashSet::new(),
+            named_exchanges: false,
             missing_exchanges: HashMap::new(),
             to_declare: None,
             tracer: EventTracer::get(),
@@ -292,11 +297,14 @@ impl Runner {
     fn on_input(&mut self, batch: WalBatch) {
         let builder = &mut self.builder;
         let (tracer, exchange) = (&self.tracer, &self.exchange);
+        let named = &mut self.named_exchanges;
         let built: Result<(), Infallible> = progress::feed(&mut self.engine, batch, |event| {
-            let mut message = builder.build(event);
+            let mut message = builder.build_owned(event);
+            *named |= message.exchange.is_some();
             if let Some(tracer) = tracer {
                 let to = message.exchange.as_ref().unwrap_or(exchange).as_str();
-                message.trace = Some(tracer.start(event, to, Some(message.routing_key.as_str())));
+                let span = tracer.start(&message.event, to, Some(message.routing_key.as_str()));
+                message.trace = Some(span);
             }
             Ok(Arc::new(message))
         });
@@ -306,6 +314,9 @@ impl Runner {
     /// The exchange of the next message to publish when it is named per event and
     /// not yet declared (or checked) on this connection.
     fn next_unknown_exchange(&mut self) -> Option<ShortString> {
+        if !self.named_exchanges {
+            return None;
+        }
         let message = self.engine.peek_next_main()?;
         let name = message.exchange.as_ref()?;
         (!name.as_str().is_empty()

@@ -63,7 +63,7 @@ impl RowProperties {
     pub fn of(raw: &[u8]) -> Result<RowProperties, String> {
         let mut out = RowProperties::default();
         // Most headers set no property: look before parsing.
-        if !QUOTED_KEYS.iter().any(|k| contains(raw, k)) {
+        if !names_a_key(raw) {
             return Ok(out);
         }
         let Ok(map) = serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw)
@@ -90,6 +90,16 @@ impl RowProperties {
                 .map_err(|why| format!("the column of [mapping] {key} = {value} {why}"))?;
         }
         Ok(out)
+    }
+
+    /// The properties of `event` when it sets any ([`Self::of_event`]); `None`, at
+    /// the cost of one scan of its headers, for the many events that set none.
+    pub fn of_event_if_any(event: &OutboxEvent) -> Result<Option<RowProperties>, String> {
+        let in_headers = event.headers.as_deref().is_some_and(names_a_key);
+        if !in_headers && event.properties.is_empty() {
+            return Ok(None);
+        }
+        Self::of_event(event).map(Some)
     }
 
     /// Sets the property `key` names (other keys are not properties); why `value`
@@ -145,8 +155,12 @@ impl RowProperties {
     }
 }
 
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
+/// Whether JSON text `raw` may hold a property key: one pass over its quotes
+/// rather than one search per key (this runs for every event).
+fn names_a_key(raw: &[u8]) -> bool {
+    raw.iter()
+        .enumerate()
+        .any(|(at, &b)| b == b'"' && QUOTED_KEYS.iter().any(|k| raw[at..].starts_with(k)))
 }
 
 /// A whole non-negative number, as a JSON number or digits.
@@ -229,6 +243,25 @@ mod tests {
             let e = RowProperties::of(bad.as_bytes()).expect_err(bad);
             assert!(e.starts_with(&format!("header {key:?}")), "{e}");
         }
+    }
+
+    #[test]
+    fn the_quick_look_finds_every_key_wherever_it_is() {
+        for key in PROPERTY_KEYS {
+            for text in [
+                format!(r#"{{"{key}":"1"}}"#),
+                format!(r#"{{"a":1, "{key}" :"1"}}"#),
+                format!(r#""{key}""#),
+            ] {
+                assert!(names_a_key(text.as_bytes()), "{text}");
+            }
+            // A longer key, or the name without its quotes, sets nothing.
+            for text in [format!(r#"{{"{key}s":1}}"#), format!("{{{key}:1}}")] {
+                assert!(!names_a_key(text.as_bytes()), "{text}");
+            }
+        }
+        assert!(!names_a_key(br#"{"tenant":"a","traceparent":"00-x"}"#));
+        assert!(!names_a_key(b""));
     }
 
     #[test]

@@ -215,7 +215,8 @@ impl Runner {
 
     fn on_input(&mut self, batch: WalBatch) {
         let builder = &mut self.builder;
-        if let Err(too_many) = progress::feed(&mut self.engine, batch, |event| builder.build(event))
+        if let Err(too_many) =
+            progress::feed(&mut self.engine, batch, |event| builder.build(&event))
         {
             self.halt = Some(self.halted(too_many.to_string()));
         }
