@@ -119,6 +119,12 @@ pub struct Args {
     /// target/bench-quick.md).
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Run the relays with tracing on at 100% sampling (docs/tracing.md), exporting
+    /// every span to an OTLP/HTTP receiver in this process (testkit::otlp): the
+    /// relays inherit OTEL_EXPORTER_OTLP_ENDPOINT pointing at it. Compare the relay
+    /// CPU per event with a run without it (docs/benchmarks.md, "Tracing").
+    #[arg(long)]
+    pub tracing: bool,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -146,8 +152,26 @@ async fn main() -> anyhow::Result<()> {
         args.large_rows = args.large_rows.min(100_000);
         args.seconds = args.seconds.min(5);
     }
+    // The relays are children of this process: they inherit the variable.
+    let receiver = if args.tracing {
+        let receiver = testkit::otlp::Receiver::sink()
+            .await
+            .context("start the OTLP receiver")?;
+        // The relay's default sampling_ratio is 1.0: every span is exported.
+        std::env::set_var("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint());
+        Some(receiver)
+    } else {
+        None
+    };
     let report = scenarios::run_all(&args).await?;
     println!("{}", report.table());
+    if let Some(receiver) = &receiver {
+        println!(
+            "tracing: the OTLP receiver took {} spans in {} requests",
+            receiver.span_count(),
+            receiver.requests()
+        );
+    }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
     let out = args.out.clone().unwrap_or_else(|| {
         if args.quick {

@@ -99,8 +99,9 @@ async fn each_event_gets_a_publish_span_whose_context_the_message_carries() {
     env.cleanup().await;
 }
 
-/// A receiver that accepts connections and never answers: every event is still
-/// delivered, promptly, while spans are dropped and counted.
+/// A receiver that accepts connections and never answers (each export waits 30 s
+/// for it): every event is still delivered, promptly, while spans are dropped and
+/// counted. A publisher that waited for the export queue would take minutes.
 #[tokio::test]
 async fn a_silent_receiver_costs_spans_not_events() {
     let _shared = testkit::BROKER.read().await;
@@ -122,13 +123,19 @@ async fn a_silent_receiver_costs_spans_not_events() {
         &[],
         &[
             ("OUTBOX_RELAY_RELAY_METRICS_LISTEN", metrics.as_str()),
-            ("OTEL_EXPORTER_OTLP_TIMEOUT", "2000"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "30000"),
         ],
     );
 
+    let started = Instant::now();
     env.insert_seq(1, 3000, 100);
     let msgs = got.wait_for(3000, WAIT).await;
     check_sequence(&msgs, 3000);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "3000 events took {:?} with a silent receiver",
+        started.elapsed()
+    );
     let dropped = |text: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix("outbox_relay_trace_spans_dropped_total "))

@@ -42,6 +42,9 @@ pub struct Span {
 
 #[derive(Default)]
 struct State {
+    /// Counts the spans without keeping them ([`Receiver::sink`]).
+    count_only: bool,
+    count: u64,
     spans: Vec<Span>,
     requests: u64,
     /// Headers of the last request (lower-case names).
@@ -58,9 +61,22 @@ pub struct Receiver {
 impl Receiver {
     /// Listens on an ephemeral port of 127.0.0.1.
     pub async fn start() -> std::io::Result<Receiver> {
+        Self::listen(false).await
+    }
+
+    /// A receiver that decodes and counts the spans without keeping them (the
+    /// bench's: a long run would hold them all).
+    pub async fn sink() -> std::io::Result<Receiver> {
+        Self::listen(true).await
+    }
+
+    async fn listen(count_only: bool) -> std::io::Result<Receiver> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
-        let state = Arc::new(Mutex::new(State::default()));
+        let state = Arc::new(Mutex::new(State {
+            count_only,
+            ..State::default()
+        }));
         let shared = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -88,6 +104,11 @@ impl Receiver {
     /// Every span received so far.
     pub fn spans(&self) -> Vec<Span> {
         self.lock().spans.clone()
+    }
+
+    /// Spans received so far (kept or not).
+    pub fn span_count(&self) -> u64 {
+        self.lock().count
     }
 
     /// Export requests received so far.
@@ -184,7 +205,10 @@ async fn handle(req: Request<Incoming>, state: &Mutex<State>) -> Response<Full<B
         let mut state = state.lock().unwrap_or_else(|e| e.into_inner());
         state.requests += 1;
         state.headers = headers;
-        state.spans.extend(spans);
+        state.count += spans.len() as u64;
+        if !state.count_only {
+            state.spans.extend(spans);
+        }
     }
     reply(
         StatusCode::OK,

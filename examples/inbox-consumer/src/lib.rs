@@ -34,6 +34,7 @@ use tokio_postgres::{Client, NoTls};
 mod inbox;
 #[cfg(test)]
 mod tests;
+pub mod trace;
 
 pub use inbox::{
     check_schema, connect_postgres, init_schema, Inbox, Invalid, Message, Outcome, INBOX_SQL,
@@ -346,7 +347,8 @@ pub async fn run(
     result
 }
 
-/// Handles one delivery and acks, nacks or rejects it.
+/// Handles one delivery in its `process` span, the child of the relay's `publish`
+/// span (`trace`, docs/tracing.md), and acks, nacks or rejects it.
 async fn dispatch(
     config: &Config,
     stats: &Stats,
@@ -354,12 +356,32 @@ async fn dispatch(
     backoff: &mut Backoff,
     delivery: Delivery,
 ) -> anyhow::Result<()> {
+    use opentelemetry::trace::Span as _;
     let id = delivery
         .properties
         .message_id()
         .as_ref()
         .map(|s| s.as_str().to_string())
         .unwrap_or_default();
+    let mut span =
+        trace::start_process_span(delivery.properties.headers().as_ref(), &config.queue, &id);
+    let result = settle(config, stats, inbox, backoff, &id, delivery).await;
+    if let Err(e) = &result {
+        span.set_status(opentelemetry::trace::Status::error(format!("{e:#}")));
+    }
+    span.end();
+    result
+}
+
+/// Acks, nacks or rejects one delivery after the inbox's verdict.
+async fn settle(
+    config: &Config,
+    stats: &Stats,
+    inbox: &mut Inbox,
+    backoff: &mut Backoff,
+    id: &str,
+    delivery: Delivery,
+) -> anyhow::Result<()> {
     match inbox.handle(&delivery).await {
         Ok(Outcome::Processed) => {
             *backoff = Backoff(0);

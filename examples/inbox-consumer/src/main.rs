@@ -115,8 +115,20 @@ async fn main() -> ExitCode {
         exit_after_commit: cli.exit_after_commit,
         exit_when_idle: cli.exit_when_idle_ms.map(Duration::from_millis),
     };
+    // The consumer's spans continue the relay's trace (docs/tracing.md): exported
+    // when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let tracer_provider = match inbox_consumer::trace::init_otlp() {
+        Ok(provider) => provider,
+        Err(e) => {
+            eprintln!("error: cannot set up the OTLP trace export: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let stats = Arc::new(Stats::default());
     let result = run(&config, stats.clone(), shutdown_signal()).await;
+    if let Some(provider) = tracer_provider {
+        let _ = provider.shutdown();
+    }
     // The summary goes to stdout (logs go to stderr), one line, for scripts and tests.
     println!("inbox-consumer: {stats}");
     match result {

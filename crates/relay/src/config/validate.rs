@@ -156,9 +156,8 @@ fn validate_tracing(t: &super::TracingConfig) -> Result<(), ConfigError> {
         ));
     }
     let endpoint = t.endpoint.trim();
-    if !endpoint.is_empty()
-        && !(endpoint.starts_with("http://") || endpoint.starts_with("https://"))
-    {
+    let http = endpoint.starts_with("http://") || endpoint.starts_with("https://");
+    if !endpoint.is_empty() && !http {
         return Err(ConfigError::invalid(
             "tracing.endpoint",
             "is not an http:// or https:// URL: set the OTLP/HTTP receiver, e.g. \"http://collector:4318\"",
