@@ -238,3 +238,70 @@ async fn check_routes_follows_the_exchange_of_each_event() {
     );
     env.cleanup().await;
 }
+
+fn rabbitmqctl(args: &[&str]) {
+    let out = std::process::Command::new("rabbitmqctl")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "rabbitmqctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A policy made for one test; cleared on drop, even when the test fails.
+struct Policy(String);
+
+impl Drop for Policy {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("rabbitmqctl")
+            .args(["clear_policy", &self.0])
+            .output();
+    }
+}
+
+/// An alternate exchange set by a policy, not by the exchange's arguments: the
+/// event type no binding routes reaches the alternate exchange's queue (exit 0;
+/// before policies were read, it was reported as reaching no queue).
+#[tokio::test]
+async fn check_routes_follows_an_alternate_exchange_set_by_a_policy() {
+    let mut env = Env::new().await;
+    env.create_slot();
+    let x = env.exchange.clone();
+    env.broker.declare_exchange(&x, "topic").await;
+    let billing = env.broker.queue_bound(&x, "order.*").await;
+    let ae = format!("{x}.unrouted");
+    env.broker.declare_exchange(&ae, "fanout").await;
+    let unrouted = env.broker.queue_bound(&ae, "").await;
+    let guard = Policy(testkit::unique_name("ae-policy"));
+    let definition = format!(r#"{{"alternate-exchange":"{ae}"}}"#);
+    rabbitmqctl(&[
+        "set_policy",
+        "--apply-to",
+        "exchanges",
+        &guard.0,
+        &format!("^{}$", x.replace('.', "\\.")),
+        &definition,
+    ]);
+    env.insert_tx(&[
+        ("order", "o-1", "created", "{}"),
+        ("invoice", "i-1", "paid", "{}"),
+    ]);
+    // The policy reaches the exchange a moment after it is set.
+    let mut text = String::new();
+    for _ in 0..50 {
+        let out = run(&env, &management_url());
+        text = stdout(&out);
+        if out.status.success() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(row(&text, "order", "created").ends_with(&billing), "{text}");
+    assert!(row(&text, "invoice", "paid").ends_with(&unrouted), "{text}");
+
+    drop(guard);
+    env.cleanup().await;
+}

@@ -93,8 +93,12 @@ pub struct Exchange {
     pub kind: Kind,
     /// `internal`: only other exchanges may route to it; a publish to it is refused.
     pub internal: bool,
-    /// The `alternate-exchange` argument.
+    /// The `alternate-exchange` argument, or its policy's `alternate-exchange`
+    /// (the argument wins, as in RabbitMQ).
     pub alternate: Option<String>,
+    /// The policy that applies to it when that policy could not be read: its
+    /// alternate exchange, if any, is unknown.
+    pub unread_policy: Option<String>,
     pub bindings: Vec<Binding>,
 }
 
@@ -104,6 +108,7 @@ impl Exchange {
             kind,
             internal: false,
             alternate: None,
+            unread_policy: None,
             bindings: Vec::new(),
         }
     }
@@ -245,6 +250,12 @@ impl Topology {
             if destinations.is_empty() && !unknown {
                 if let Some(ae) = &x.alternate {
                     todo.push(ae);
+                    continue;
+                }
+                if let Some(policy) = &x.unread_policy {
+                    route.not_evaluated.push(format!(
+                        "exchange {name:?} routes it nowhere, and its policy {policy:?} (which may name an alternate exchange) could not be read"
+                    ));
                     continue;
                 }
             }

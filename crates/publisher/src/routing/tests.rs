@@ -330,3 +330,18 @@ fn missing_internal_and_default_exchanges() {
     t.queues_complete = true;
     assert_eq!(t.route("", "other", &h).verdict(), Verdict::Unroutable);
 }
+
+#[test]
+fn an_exchange_under_an_unread_policy_is_not_evaluated_when_it_routes_nowhere() {
+    let mut t = topology(vec![("orders", Kind::Direct, vec![q("billing", "paid")])]);
+    t.exchanges.get_mut("orders").unwrap().unread_policy = Some("ae".into());
+    // A key its bindings route is decided whatever the policy says.
+    let r = t.route("orders", "paid", &Headers::default());
+    assert_eq!(queues(&r), ["billing"]);
+    assert!(r.not_evaluated.is_empty());
+    // A key they do not route may reach the policy's alternate exchange: unknown.
+    let r = t.route("orders", "refunded", &Headers::default());
+    assert!(r.queues.is_empty());
+    assert_eq!(r.not_evaluated.len(), 1, "{r:?}");
+    assert!(r.not_evaluated[0].contains("\"ae\""), "{r:?}");
+}

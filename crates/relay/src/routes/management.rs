@@ -11,8 +11,12 @@
 //! ```
 //!
 //! Credentials never appear in an error: the URL is shown through `redact_url`.
-//! Policies are not read, so an `alternate-exchange` set by a policy (rather than by
-//! the exchange's arguments) is not seen.
+//! An `alternate-exchange` may also come from a policy: the exchange names the
+//! policy that applies to it, and `GET {prefix}/api/policies/{vhost}` gives its
+//! definition (the exchange's own argument wins, as in RabbitMQ). When the
+//! policies cannot be read (the API refuses them to this user), an exchange under
+//! a policy that routes a key nowhere is reported "not evaluated", never
+//! unroutable.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -200,7 +204,20 @@ impl Management {
         let queues = self
             .get(&format!("/api/queues/{vhost}?columns=name"), ca_file)
             .await?;
-        topology_of(&exchanges, &bindings, &queues).ok_or_else(|| {
+        // Only needed when some exchange is under a policy; when they cannot be
+        // read, such exchanges' alternate exchanges are unknown, not absent.
+        let under_policy = exchanges.as_array().is_some_and(|xs| {
+            xs.iter()
+                .any(|x| x.get("policy").is_some_and(|p| p.is_string()))
+        });
+        let policies = match under_policy {
+            true => self
+                .get(&format!("/api/policies/{vhost}"), ca_file)
+                .await
+                .ok(),
+            false => None,
+        };
+        topology_of(&exchanges, &bindings, &queues, policies.as_ref()).ok_or_else(|| {
             format!(
                 "the management API at {} answered with unexpected JSON",
                 self.shown
@@ -313,11 +330,31 @@ fn arguments(v: Option<&Value>) -> BTreeMap<String, Value> {
 }
 
 /// The API's JSON lists as a [`Topology`]; `None` when they are not lists of objects.
-pub(crate) fn topology_of(exchanges: &Value, bindings: &Value, queues: &Value) -> Option<Topology> {
+/// `policies`: the vhost's policies, `None` when they could not be read.
+pub(crate) fn topology_of(
+    exchanges: &Value,
+    bindings: &Value,
+    queues: &Value,
+    policies: Option<&Value>,
+) -> Option<Topology> {
     let mut t = Topology {
         queues_complete: true,
         ..Topology::default()
     };
+    // Policy name → its alternate exchange (None: it sets none).
+    let policy_ae: Option<BTreeMap<&str, Option<&str>>> =
+        policies.and_then(Value::as_array).map(|ps| {
+            ps.iter()
+                .filter_map(|p| {
+                    let name = p.get("name")?.as_str()?;
+                    let ae = p
+                        .get("definition")
+                        .and_then(|d| d.get("alternate-exchange"))
+                        .and_then(Value::as_str);
+                    Some((name, ae))
+                })
+                .collect()
+        });
     for x in exchanges.as_array()? {
         let name = x.get("name")?.as_str()?;
         if name.is_empty() {
@@ -330,6 +367,17 @@ pub(crate) fn topology_of(exchanges: &Value, bindings: &Value, queues: &Value) -
             .get("alternate-exchange")
             .and_then(Value::as_str)
             .map(str::to_string);
+        if let (None, Some(policy)) = (
+            &exchange.alternate,
+            x.get("policy")
+                .and_then(Value::as_str)
+                .filter(|p| !p.is_empty()),
+        ) {
+            match policy_ae.as_ref().and_then(|known| known.get(policy)) {
+                Some(ae) => exchange.alternate = ae.map(str::to_string),
+                None => exchange.unread_policy = Some(policy.to_string()),
+            }
+        }
         t.exchanges.insert(name.to_string(), exchange);
     }
     for q in queues.as_array()? {
@@ -411,7 +459,7 @@ mod tests {
              "routing_key": "#", "arguments": {"x-k": 1}}
         ]);
         let queues = json!([{"name": "billing"}]);
-        let t = topology_of(&exchanges, &bindings, &queues).unwrap();
+        let t = topology_of(&exchanges, &bindings, &queues, None).unwrap();
         assert!(t.queues_complete);
         assert_eq!(t.exchanges.len(), 3);
         let orders = &t.exchanges["orders"];
@@ -428,6 +476,42 @@ mod tests {
             t.exchanges["hash"].kind,
             Kind::Other("x-consistent-hash".into())
         );
-        assert!(topology_of(&json!({}), &bindings, &queues).is_none());
+        assert!(topology_of(&json!({}), &bindings, &queues, None).is_none());
+    }
+
+    #[test]
+    fn an_alternate_exchange_may_come_from_a_policy() {
+        let exchanges = json!([
+            {"name": "by-policy", "type": "direct", "internal": false, "arguments": {},
+             "policy": "ae"},
+            {"name": "both", "type": "direct", "internal": false,
+             "arguments": {"alternate-exchange": "own"}, "policy": "ae"},
+            {"name": "other-policy", "type": "direct", "internal": false, "arguments": {},
+             "policy": "ttl-only"},
+            {"name": "plain", "type": "direct", "internal": false, "arguments": {}}
+        ]);
+        let policies = json!([
+            {"name": "ae", "pattern": ".*", "apply-to": "exchanges",
+             "definition": {"alternate-exchange": "unrouted"}, "priority": 0},
+            {"name": "ttl-only", "pattern": "^other", "apply-to": "all",
+             "definition": {"message-ttl": 1000}, "priority": 1}
+        ]);
+        let (b, q) = (json!([]), json!([]));
+        let t = topology_of(&exchanges, &b, &q, Some(&policies)).unwrap();
+        let ae = |name: &str| t.exchanges[name].alternate.clone();
+        assert_eq!(ae("by-policy").as_deref(), Some("unrouted"));
+        // The exchange's own argument wins over its policy's.
+        assert_eq!(ae("both").as_deref(), Some("own"));
+        assert_eq!(ae("other-policy"), None);
+        assert_eq!(ae("plain"), None);
+        assert!(t.exchanges.values().all(|x| x.unread_policy.is_none()));
+        // Policies unread: the alternate exchange of one under a policy is unknown.
+        let t = topology_of(&exchanges, &b, &q, None).unwrap();
+        assert_eq!(
+            t.exchanges["by-policy"].unread_policy.as_deref(),
+            Some("ae")
+        );
+        assert_eq!(t.exchanges["both"].alternate.as_deref(), Some("own"));
+        assert_eq!(t.exchanges["plain"].unread_policy, None);
     }
 }
