@@ -384,10 +384,17 @@ pub(super) fn relay_drain(
     first: Instant,
     end: Instant,
 ) -> RelayDrain {
+    let cpu = relay.cpu_seconds();
+    // The table rounds to 0.01 core-s per 10k (1 µs per event): finer here, for
+    // comparisons such as tracing on and off (docs/benchmarks.md, "Tracing").
+    eprintln!(
+        "relay CPU: {cpu:.2} s for {n} events, {:.2} µs per event",
+        cpu / n as f64 * 1e6
+    );
     RelayDrain {
         rate: n as f64 / (end - start).as_secs_f64(),
         first: (first - start).as_secs_f64(),
-        cpu_per_10k: relay.cpu_seconds() / n as f64 * 10_000.0,
+        cpu_per_10k: cpu / n as f64 * 10_000.0,
         peak_rss: relay.peak_rss_mb(),
     }
 }
