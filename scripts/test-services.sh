@@ -234,7 +234,7 @@ if ! rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
   rabbitmq-plugins -q enable rabbitmq_management >/dev/null
 fi
 
-# TLS listeners (AMQPS 5671, stream 5551) with a test CA, for the tests of
+# TLS listeners (AMQPS 5671, stream 5551, management HTTPS 15671) with a test CA, for the tests of
 # rabbitmq-stream+tls:// and amqps://. A changed rabbitmq.conf needs a node restart,
 # so the block is written (and the node restarted) only when it is missing or differs.
 # A client that presents a certificate must have one of the test CA's (verify_peer;
@@ -248,6 +248,8 @@ fi
 RMQ_CERTS=/etc/rabbitmq/outbox-test-certs
 STREAM_TLS_PORT=5551
 AMQPS_PORT=5671
+# The management API over HTTPS too (check --routes with an https:// management_url).
+MANAGEMENT_TLS_PORT=15671
 make_test_certs "$RMQ_CERTS" "outbox-relay RabbitMQ test CA" rabbitmq
 RMQ_CONF=/etc/rabbitmq/rabbitmq.conf
 TLS_BLOCK="# outbox-relay test TLS listeners (scripts/test-services.sh)
@@ -262,6 +264,11 @@ auth_mechanisms.1 = PLAIN
 auth_mechanisms.2 = AMQPLAIN
 auth_mechanisms.3 = EXTERNAL
 ssl_cert_login_from = common_name
+management.tcp.port = $MANAGEMENT_PORT
+management.ssl.port = $MANAGEMENT_TLS_PORT
+management.ssl.cacertfile = $RMQ_CERTS/ca.crt
+management.ssl.certfile = $RMQ_CERTS/server.crt
+management.ssl.keyfile = $RMQ_CERTS/server.key
 # end outbox-relay test TLS listeners"
 # The block as the file has it now (grep -F with a multi-line pattern would match
 # any one of its lines, so compare the whole block).
@@ -294,6 +301,8 @@ stream_ok || { log "RabbitMQ stream ports $STREAM_PORT/$STREAM_TLS_PORT do not a
 # The management plugin, enabled online above, opens its listener a moment later.
 for i in $(seq 1 60); do port_ok "$MANAGEMENT_PORT" && break; sleep 1; done
 port_ok "$MANAGEMENT_PORT" || { log "RabbitMQ management port $MANAGEMENT_PORT does not accept connections"; exit 1; }
+for i in $(seq 1 60); do port_ok "$MANAGEMENT_TLS_PORT" && break; sleep 1; done
+port_ok "$MANAGEMENT_TLS_PORT" || { log "RabbitMQ management TLS port $MANAGEMENT_TLS_PORT does not accept connections"; exit 1; }
 
 mkdir -p "$ROOT/target"
 cat > "$ROOT/target/test-services.env" <<ENVEOF
@@ -305,6 +314,7 @@ OUTBOX_TEST_FAULT_PG_CLUSTER=$VERSION/$FAULT_NAME
 OUTBOX_TEST_PG_BIN=$PGBIN
 OUTBOX_TEST_AMQP=amqp://guest:guest@127.0.0.1:5672/%2f
 OUTBOX_TEST_MANAGEMENT_URL=http://127.0.0.1:$MANAGEMENT_PORT
+OUTBOX_TEST_MANAGEMENT_TLS_URL=https://localhost:$MANAGEMENT_TLS_PORT
 OUTBOX_TEST_STREAM_URL=rabbitmq-stream://guest:guest@127.0.0.1:$STREAM_PORT/%2f
 OUTBOX_TEST_STREAM_TLS_URL=rabbitmq-stream+tls://guest:guest@localhost:$STREAM_TLS_PORT/%2f
 OUTBOX_TEST_AMQPS=amqps://guest:guest@localhost:$AMQPS_PORT/%2f

@@ -267,7 +267,7 @@ impl Management {
                 .map_err(|e| format!("[rabbitmq] management_url: {e}"))?;
             let tls = connector.connect(name, tcp).await.map_err(|e| {
                 format!(
-                    "the TLS handshake with the management API at {} failed: {e}",
+                    "the TLS handshake with the management API at {} failed ({e}): give the CA that signed its certificate in [rabbitmq] ca_file",
                     self.shown
                 )
             })?;
