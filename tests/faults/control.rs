@@ -258,7 +258,8 @@ async fn drain_stops_cleanly_with_everything_read_confirmed() {
     let mut relay = w.start_env(&[("OUTBOX_RELAY_RELAY_METRICS_LISTEN", &listen)]);
     let load = w.load(1, 8_000, 50, Duration::from_millis(10));
     w.wait_distinct(1_000, WAIT).await;
-    let said = ctl_ok(&w, &listen, &["drain", "--wait"]);
+    // Bounded, so a drain that never stops fails the test instead of hanging it.
+    let said = ctl_ok(&w, &listen, &["drain", "--wait", "--timeout", "120s"]);
     assert!(
         said.contains("state: draining") && said.contains("stopped"),
         "{said}"

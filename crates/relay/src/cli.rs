@@ -13,7 +13,7 @@
 //!          [--where FIELD=VALUE]... [--exchange NAME | --stream NAME]
 //!          [--routing-key TEMPLATE] [--dry-run]
 //!   check [--declare] | check --routes [--since DURATION]
-//!   ctl pause | resume | drain [--wait] | status [--json] | reload
+//!   ctl pause | resume | drain [--wait [--timeout D]] | status [--json] | reload
 //!   completions <bash|zsh|fish|elvish|powershell>
 //!   man                       (hidden: the man page, docs/man/outbox-relay.1)
 //! ```
@@ -171,6 +171,10 @@ pub struct CtlDrainArgs {
     /// Return only when the relay has stopped.
     #[arg(long)]
     pub wait: bool,
+    /// With --wait: give up (exit 1) when the relay still runs after this long.
+    #[arg(long, value_name = "DURATION", default_value = "10m", requires = "wait",
+          value_parser = parse_duration)]
+    pub timeout: Duration,
 }
 
 /// `ctl status`.

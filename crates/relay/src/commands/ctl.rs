@@ -9,9 +9,6 @@ use crate::config::Config;
 use crate::endpoint::EndpointConfig;
 use crate::error::CliError;
 
-/// How long `ctl drain --wait` waits for the relay to stop before it gives up.
-const DRAIN_WAIT: Duration = Duration::from_secs(600);
-
 pub async fn execute(cfg: &Config, cmd: &CtlCommand) -> Result<(), CliError> {
     let Some(ep) = cfg.metrics_endpoint() else {
         return Err(CliError::Precondition(
@@ -31,7 +28,7 @@ pub async fn execute(cfg: &Config, cmd: &CtlCommand) -> Result<(), CliError> {
             let state = send(&ep, "POST", "/control/drain").await?;
             println!("{}", describe(&state));
             if args.wait {
-                wait_stopped(&ep).await?;
+                wait_stopped(&ep, args.timeout).await?;
                 println!("stopped");
             }
         }
@@ -145,8 +142,8 @@ fn reload_outcome(report: &serde_json::Value) -> Result<(), CliError> {
 }
 
 /// Waits until the endpoint stops answering: the relay has exited.
-async fn wait_stopped(ep: &EndpointConfig) -> Result<(), CliError> {
-    let deadline = Instant::now() + DRAIN_WAIT;
+async fn wait_stopped(ep: &EndpointConfig, timeout: Duration) -> Result<(), CliError> {
+    let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         if crate::endpoint_client::request(ep, "GET", "/healthz")
             .await
@@ -157,7 +154,7 @@ async fn wait_stopped(ep: &EndpointConfig) -> Result<(), CliError> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(CliError::Runtime(format!(
-        "the relay still answers {} s after the drain: it waits for confirms or an open transaction; see its log",
-        DRAIN_WAIT.as_secs()
+        "the relay still answers {} after the drain: it waits for confirms or an open transaction; see its log, or wait longer with --timeout",
+        humantime::format_duration(timeout)
     )))
 }
