@@ -14,7 +14,6 @@
 //! `None`, no message carries a span, and the hot path pays one branch.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -88,13 +87,12 @@ impl TraceParent {
     /// The `traceparent` value of version `00` (the only one written).
     pub fn format(&self) -> String {
         let mut out = String::with_capacity(55);
-        let _ = write!(
-            out,
-            "00-{:032x}-{:016x}-{:02x}",
-            self.trace_id,
-            self.span_id,
-            self.flags.to_u8()
-        );
+        out.push_str("00-");
+        push_hex(&mut out, &self.trace_id.to_bytes());
+        out.push('-');
+        push_hex(&mut out, &self.span_id.to_bytes());
+        out.push('-');
+        push_hex(&mut out, &[self.flags.to_u8()]);
         out
     }
 
@@ -104,6 +102,16 @@ impl TraceParent {
             span_id: context.span_id(),
             flags: context.trace_flags(),
         }
+    }
+}
+
+/// Appends `bytes` in lower-case hex (by hand: `format!`'s machinery was a visible
+/// part of a span's cost).
+fn push_hex(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0xf)]));
     }
 }
 
