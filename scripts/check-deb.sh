@@ -10,7 +10,8 @@
 #     URLs from the environment: every line ok, exit 0;
 #   - `systemd-analyze verify` on the unit (and its hardening settings are present);
 #   - the unit started by systemd (PID 1 of the container): ready on /readyz, running
-#     as the package's system user, then `systemctl stop` is a clean stop (exit 0);
+#     as the package's system user, `systemctl reload` (ExecReload, SIGHUP) rereads
+#     the file in the same process, then `systemctl stop` is a clean stop (exit 0);
 #   - `dpkg -r` removes the binary and leaves the configuration file.
 # Needs the test services (scripts/test-services.sh). Prints how long each step took.
 set -euo pipefail
@@ -154,6 +155,16 @@ fail() { say "FAILED: $*"; exit 1; }
 pid="$(systemctl show -p MainPID --value outbox-relay)"
 uid="$(awk "/^Uid:/ {print \$2}" "/proc/$pid/status")"
 [ "$uid" = "$(id -u outbox-relay)" ] && [ "$uid" != 0 ] || fail "the unit runs as uid $uid, not outbox-relay"
+# ExecReload: SIGHUP rereads the file; the same process runs on.
+systemctl reload outbox-relay || fail "systemctl reload outbox-relay failed"
+for i in $(seq 1 50); do
+  journalctl -u outbox-relay --no-pager | grep -q "configuration reloaded" && break
+  sleep 0.2
+done
+journalctl -u outbox-relay --no-pager | grep -q "configuration reloaded" || fail "systemctl reload: no \"configuration reloaded\" in the journal"
+[ "$(systemctl show -p MainPID --value outbox-relay)" = "$pid" ] && systemctl is-active -q outbox-relay \
+  || fail "systemctl reload: the relay did not run on"
+say "systemctl reload: configuration reloaded, same process"
 systemctl stop outbox-relay
 [ "$(systemctl show -p Result --value outbox-relay)" = success ] && [ "$(systemctl show -p ExecMainStatus --value outbox-relay)" = 0 ] \
   || fail "systemctl stop: $(systemctl show -p Result,ExecMainStatus outbox-relay | tr "\n" " ")"
@@ -180,4 +191,4 @@ run_part() {
 ci_time "install, --version, check, verify, start the unit" run_part install_and_check
 ci_time "the unit ready" unit_ready
 ci_time "stop the unit, remove the package" run_part stop_and_remove
-ci_log "OK — $(basename "$DEB"): installed in a fresh Debian 12 container, --version, check, systemd-analyze verify, the unit started by systemd (ready, non-root, clean stop), dpkg -r keeps the configuration ($((SECONDS - T0)) s in all)"
+ci_log "OK — $(basename "$DEB"): installed in a fresh Debian 12 container, --version, check, systemd-analyze verify, the unit started by systemd (ready, non-root, reload, clean stop), dpkg -r keeps the configuration ($((SECONDS - T0)) s in all)"
