@@ -189,23 +189,11 @@ pub fn set_pause_alert_after(after: Option<Duration>) {
 
 /// The secret files the running relay reads, by key (docs/security.md).
 fn secret_files(cfg: &Config) -> Vec<(&'static str, String)> {
-    let r = &cfg.rabbitmq;
-    let m = &cfg.relay;
-    let mut files = vec![
-        ("rabbitmq.password_file", r.password_file.clone()),
-        (
-            "rabbitmq.stream_password_file",
-            r.stream_password_file.clone(),
-        ),
-        (
-            "relay.metrics_bearer_token_file",
-            m.metrics_bearer_token_file.clone(),
-        ),
-        (
-            "relay.metrics_basic_auth_password_file",
-            m.metrics_basic_auth_password_file.clone(),
-        ),
-    ];
+    let mut files: Vec<(&'static str, String)> = cfg
+        .credential_files()
+        .into_iter()
+        .map(|(key, path)| (key, path.to_string()))
+        .collect();
     if let Ok(pg) = cfg.pg_options() {
         if let Some(passfile) = pg.passfile.as_ref().filter(|p| p.is_file()) {
             files.push(("postgres.url passfile", passfile.display().to_string()));

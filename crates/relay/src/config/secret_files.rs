@@ -9,8 +9,9 @@ use std::path::Path;
 use super::{Config, ConfigError};
 
 impl Config {
-    /// One error per secret file that group or others may read.
-    pub(super) fn check_secret_files(&self) -> Vec<ConfigError> {
+    /// The files that hold credentials, by key (empty when not set): each new
+    /// connection reads them again, and a reload checks them (docs/security.md).
+    pub(crate) fn credential_files(&self) -> [(&'static str, &str); 4] {
         let r = &self.rabbitmq;
         let m = &self.relay;
         [
@@ -27,15 +28,21 @@ impl Config {
                 "relay.metrics_basic_auth_password_file",
                 m.metrics_basic_auth_password_file.as_str(),
             ),
-            (
-                "relay.metrics_tls_key_file",
-                m.metrics_tls_key_file.as_str(),
-            ),
         ]
-        .into_iter()
-        .filter(|(_, path)| !path.is_empty())
-        .filter_map(|(key, path)| too_open(key, Path::new(path)))
-        .collect()
+    }
+
+    /// One error per secret file that group or others may read.
+    pub(super) fn check_secret_files(&self) -> Vec<ConfigError> {
+        let tls_key = (
+            "relay.metrics_tls_key_file",
+            self.relay.metrics_tls_key_file.as_str(),
+        );
+        self.credential_files()
+            .into_iter()
+            .chain([tls_key])
+            .filter(|(_, path)| !path.is_empty())
+            .filter_map(|(key, path)| too_open(key, Path::new(path)))
+            .collect()
     }
 }
 
