@@ -22,3 +22,13 @@ mod reload;
 mod search_path;
 mod secret_files;
 mod secrets;
+
+use std::os::unix::fs::PermissionsExt;
+
+/// Writes a secret file of `env` (mode 0600, as the relay requires) and gives its path.
+fn secret_file(env: &support::Env, name: &str, content: &str) -> String {
+    let p = env.dir.join(name);
+    std::fs::write(&p, content).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+    p.display().to_string()
+}

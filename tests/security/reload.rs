@@ -6,20 +6,14 @@
 //!
 //! Each test has its own broker user, database, slot and listener.
 
-use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
 use support::*;
+
+use crate::secret_file;
 use testkit::hostile::{rabbitmqctl, BrokerUser};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn secret_file(env: &Env, name: &str, content: &str) -> String {
-    let p = env.dir.join(name);
-    std::fs::write(&p, content).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p.display().to_string()
-}
 
 /// SIGHUP after the broker user's password changed (in RabbitMQ and in the
 /// password file) and `[relay] log_filter` was set to debug: the reload names the

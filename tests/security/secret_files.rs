@@ -11,17 +11,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::*;
+
+use crate::secret_file;
 use testkit::hostile::{rabbitmqctl, BrokerUser};
 use testkit::unique_name;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn secret_file(env: &Env, name: &str, content: &str) -> String {
-    let p = env.dir.join(name);
-    std::fs::write(&p, content).unwrap();
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
-    p.display().to_string()
-}
 
 /// The AMQP URL names only the user; the password comes from `password_file`.
 /// After the password is changed in the broker and in the file and the relay's
