@@ -1,7 +1,8 @@
 //! The stream target (docs/streams.md), one module per topic: end to end (`stream`),
 //! against a broker that refuses, enforces a frame maximum or truncates
 //! (`stream_limits`), and in the deployments operators run (`stream_sources`);
-//! logical messages as events exactly once into a stream (`messages`).
+//! logical messages as events exactly once into a stream (`messages`); a span per
+//! event exported over OTLP (`tracing`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: each
 //! test has its own stream; the frame maximum is lowered and frames are refused by a
@@ -14,3 +15,4 @@ mod messages;
 mod stream;
 mod stream_limits;
 mod stream_sources;
+mod tracing;

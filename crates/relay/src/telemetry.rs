@@ -59,14 +59,9 @@ impl Telemetry {
 }
 
 /// Starts the export and installs the tracer every publisher takes its spans from
-/// (`publisher::trace`); `None` when tracing is off. `stream`: the target is a
-/// stream, whose publisher makes no spans yet (docs/tracing.md, "Limits").
-pub fn start(config: &TracingConfig, stream: bool) -> Result<Option<Telemetry>, CliError> {
+/// (`publisher::trace`); `None` when tracing is off.
+pub fn start(config: &TracingConfig) -> Result<Option<Telemetry>, CliError> {
     if !enabled(config) {
-        return Ok(None);
-    }
-    if stream {
-        tracing::warn!("[tracing] is on but the stream target makes no spans yet (docs/tracing.md, \"Limits\"); the rows' traceparent still passes through");
         return Ok(None);
     }
     let protocol = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")

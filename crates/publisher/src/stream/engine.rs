@@ -68,6 +68,9 @@ pub(crate) trait StreamMsg {
     fn malformed(&self) -> bool {
         false
     }
+    /// The broker confirmed it (ends its `publish` span, crate::trace). Called once
+    /// per confirm of a sent copy: a message sent again may hear it twice.
+    fn confirmed(&self) {}
 }
 
 /// What the shell does next.
@@ -386,6 +389,9 @@ impl<M: StreamMsg> Engine<M> {
         let mut acked = 0;
         for id in ids {
             if let Some(seq) = conn.sent.remove(&(publisher_id, *id)) {
+                if let Some(message) = self.window.get(seq) {
+                    message.confirmed();
+                }
                 self.window.ack(seq);
                 acked += 1;
             }

@@ -11,6 +11,7 @@ use super::engine::{StreamMsg, MESSAGE_OVERHEAD};
 use super::identity::{publishing_id, ProducerKey, StreamSource, TooManyEvents};
 use crate::message::cloudevents::{self, CloudEvents};
 use crate::message::{json_headers, HeaderProfile, MessageFormat};
+use crate::trace::{EventSpan, EventTracer, TRACEPARENT, TRACESTATE};
 
 /// Application property naming the producer reference.
 pub const PRODUCER_PROPERTY: &str = "x-outbox-producer";
@@ -42,6 +43,9 @@ pub(super) struct Pending {
     pub message_id: String,
     /// Why its event cannot be published: a malformed logical message (poison).
     pub malformed: Option<std::sync::Arc<str>>,
+    /// Its `publish` span, with `[tracing]` on (crate::trace): its context is the
+    /// message's `traceparent`; it ends at the confirm.
+    pub trace: Option<std::sync::Arc<EventSpan>>,
 }
 
 impl StreamMsg for Pending {
@@ -64,6 +68,12 @@ impl StreamMsg for Pending {
     fn malformed(&self) -> bool {
         self.malformed.is_some()
     }
+
+    fn confirmed(&self) {
+        if let Some(span) = &self.trace {
+            span.end();
+        }
+    }
 }
 
 /// Builds [`Pending`] messages; holds what is the same for every message.
@@ -81,6 +91,8 @@ pub(super) struct StreamMessageBuilder {
     cloudevents: Option<CloudEvents>,
     /// Which of the relay's properties are written (`[message] headers`).
     profile: HeaderProfile,
+    /// With `[tracing]` on: the tracer and the stream's name, the spans' destination.
+    tracer: Option<(EventTracer, String)>,
 }
 
 fn text(value: Option<&bytes::Bytes>) -> SimpleValue {
@@ -100,7 +112,15 @@ impl StreamMessageBuilder {
             logged: HashSet::new(),
             cloudevents: None,
             profile: HeaderProfile::Full,
+            tracer: None,
         }
+    }
+
+    /// The builder that starts a `publish` span per message, bound for `stream`,
+    /// when `tracer` is some (tracing on).
+    pub fn with_tracer(mut self, tracer: Option<EventTracer>, stream: &str) -> Self {
+        self.tracer = tracer.map(|t| (t, stream.to_string()));
+        self
     }
 
     /// The builder that writes the relay's application properties of `profile`
@@ -160,6 +180,17 @@ impl StreamMessageBuilder {
         for (key, value) in &self.extra {
             app = app.insert(key.as_str(), value.as_str());
         }
+        // The span's own context replaces the row's, whose span is its parent.
+        let trace = self
+            .tracer
+            .as_ref()
+            .map(|(tracer, stream)| tracer.start(event, stream, None));
+        if let Some(span) = &trace {
+            app = app.insert(TRACEPARENT, span.traceparent());
+            if let Some(state) = span.tracestate() {
+                app = app.insert(TRACESTATE, state);
+            }
+        }
         if self.profile.descriptive() {
             app = app
                 .insert("aggregate_type", text(event.aggregate_type.as_ref()))
@@ -213,6 +244,7 @@ impl StreamMessageBuilder {
             frame_bytes,
             message_id,
             malformed: event.malformed.clone(),
+            trace,
         })
     }
 }
@@ -273,6 +305,40 @@ mod tests {
             history: outbox_event::history::History::first(7),
             server_wal: Lsn(u64::MAX),
         }
+    }
+
+    /// With tracing on, the message carries its span's context in place of the
+    /// row's, whose trace it continues; the row's tracestate passes on.
+    #[test]
+    fn a_traced_message_carries_its_spans_traceparent() {
+        use opentelemetry::trace::TracerProvider as _;
+        const ROW: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let tracer = EventTracer::new(provider.tracer("test"));
+        let mut b =
+            StreamMessageBuilder::new(&[], Some(source())).with_tracer(Some(tracer), "events");
+        let mut e = event();
+        e.headers = Some(Bytes::from(format!(
+            r#"{{"traceparent":"{ROW}","tracestate":"vendor=1"}}"#
+        )));
+        let p = b.build(&e).unwrap();
+        let span = p.trace.as_ref().expect("a span");
+        let carried = prop(&p.message, TRACEPARENT).unwrap();
+        assert_eq!(carried, span.traceparent());
+        assert_ne!(carried, ROW);
+        assert_eq!(&carried[..36], &ROW[..36], "same trace: {carried}");
+        assert_eq!(prop(&p.message, TRACESTATE).as_deref(), Some("vendor=1"));
+        // The frame size counts the properties as sent.
+        assert_eq!(
+            p.frame_bytes,
+            MESSAGE_OVERHEAD + p.message.encoded_size() as usize
+        );
+        // Without a tracer: the row's traceparent as it was, no span.
+        let p = StreamMessageBuilder::new(&[], Some(source()))
+            .build(&e)
+            .unwrap();
+        assert!(p.trace.is_none());
+        assert_eq!(prop(&p.message, TRACEPARENT).as_deref(), Some(ROW));
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::error::{redact_url, PublishError};
 use crate::progress::{self, changed_lsn, sleep_until_opt};
 use crate::report::PublisherReport;
 use crate::status::{self, PoisonMessage, PublisherStatus};
+use crate::trace::EventTracer;
 
 /// How often a poison message is logged again while it holds the publisher.
 const POISON_LOG_EVERY: Duration = Duration::from_secs(60);
@@ -101,7 +102,8 @@ impl Runner {
         Runner {
             builder: StreamMessageBuilder::new(&config.extra_properties, config.source.clone())
                 .with_format(&config.format)
-                .with_headers(config.headers),
+                .with_headers(config.headers)
+                .with_tracer(EventTracer::get(), &config.stream),
             engine,
             url_index: session.url_index,
             session: Some(session),
@@ -267,7 +269,13 @@ impl Runner {
                     let window = self.engine.window();
                     let messages: Vec<Message> = seqs
                         .iter()
-                        .filter_map(|seq| window.get(*seq).map(|p| p.message.clone()))
+                        .filter_map(|seq| window.get(*seq))
+                        .map(|p| {
+                            if let Some(span) = &p.trace {
+                                span.published();
+                            }
+                            p.message.clone()
+                        })
                         .collect();
                     let n = messages.len() as u64;
                     self.report.published += n;
