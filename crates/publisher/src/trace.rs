@@ -170,13 +170,69 @@ pub fn row_parent(headers: Option<&Bytes>) -> Option<(TraceParent, Option<String
 #[derive(Clone, Debug)]
 pub struct EventTracer {
     tracer: SdkTracer,
+    /// What the last span had, which the next one most often has too (the same
+    /// destination, table and transaction): its values are shared, not formatted
+    /// again.
+    last: Last,
+}
+
+/// The span name and attribute values of the last span, with what they were made of.
+#[derive(Clone, Debug, Default)]
+struct Last {
+    destination: String,
+    name: String,
+    destination_value: Option<Arc<str>>,
+    table: Option<Arc<str>>,
+    commit_lsn: Option<(outbox_event::Lsn, Arc<str>)>,
+}
+
+impl Last {
+    fn destination(&mut self, destination: &str) -> (String, Arc<str>) {
+        match &self.destination_value {
+            Some(value) if self.destination == destination => {
+                (self.name.clone(), Arc::clone(value))
+            }
+            _ => {
+                self.destination = destination.to_string();
+                self.name = format!("publish {destination}");
+                let value: Arc<str> = Arc::from(destination);
+                self.destination_value = Some(Arc::clone(&value));
+                (self.name.clone(), value)
+            }
+        }
+    }
+
+    fn table(&mut self, name: &str) -> Arc<str> {
+        match &self.table {
+            Some(table) if &**table == name => Arc::clone(table),
+            _ => {
+                let table: Arc<str> = Arc::from(name);
+                self.table = Some(Arc::clone(&table));
+                table
+            }
+        }
+    }
+
+    fn commit_lsn(&mut self, lsn: outbox_event::Lsn) -> Arc<str> {
+        match &self.commit_lsn {
+            Some((last, text)) if *last == lsn => Arc::clone(text),
+            _ => {
+                let text: Arc<str> = Arc::from(lsn.to_string());
+                self.commit_lsn = Some((lsn, Arc::clone(&text)));
+                text
+            }
+        }
+    }
 }
 
 static TRACER: OnceLock<EventTracer> = OnceLock::new();
 
 impl EventTracer {
     pub fn new(tracer: SdkTracer) -> EventTracer {
-        EventTracer { tracer }
+        EventTracer {
+            tracer,
+            last: Last::default(),
+        }
     }
 
     /// Makes `tracer` the one every publisher started afterwards uses (the relay's
@@ -193,18 +249,19 @@ impl EventTracer {
     /// Starts the `publish` span of `event`, bound for `destination` (an exchange
     /// or a stream) with `routing_key` (`None` on a stream).
     pub fn start(
-        &self,
+        &mut self,
         event: &OutboxEvent,
         destination: &str,
         routing_key: Option<&str>,
     ) -> Arc<EventSpan> {
         use attributes as a;
         let parent = row_parent(event.headers.as_ref());
+        let (name, destination) = self.last.destination(destination);
         let mut attributes = Vec::with_capacity(10);
         attributes.push(KeyValue::new(a::SYSTEM, "rabbitmq"));
         attributes.push(KeyValue::new(a::OPERATION_NAME, "publish"));
         attributes.push(KeyValue::new(a::OPERATION_TYPE, "send"));
-        attributes.push(KeyValue::new(a::DESTINATION, destination.to_string()));
+        attributes.push(KeyValue::new(a::DESTINATION, destination));
         if let Some(key) = routing_key {
             attributes.push(KeyValue::new(a::ROUTING_KEY, key.to_string()));
         }
@@ -215,15 +272,21 @@ impl EventTracer {
             ));
         }
         attributes.push(KeyValue::new(a::BODY_SIZE, event.body.len() as i64));
-        attributes.push(KeyValue::new(a::COMMIT_LSN, event.commit_lsn.to_string()));
+        attributes.push(KeyValue::new(
+            a::COMMIT_LSN,
+            self.last.commit_lsn(event.commit_lsn),
+        ));
         attributes.push(KeyValue::new(
             a::TX_INDEX,
             i64::try_from(event.index).unwrap_or(i64::MAX),
         ));
-        attributes.push(KeyValue::new(a::TABLE, event.table.qualified_name.clone()));
+        attributes.push(KeyValue::new(
+            a::TABLE,
+            self.last.table(&event.table.qualified_name),
+        ));
         let builder = self
             .tracer
-            .span_builder(format!("publish {destination}"))
+            .span_builder(name)
             .with_kind(SpanKind::Producer)
             .with_attributes(attributes);
         let (span, tracestate) = match parent {

@@ -296,7 +296,7 @@ impl Runner {
 
     fn on_input(&mut self, batch: WalBatch) {
         let builder = &mut self.builder;
-        let (tracer, exchange) = (&self.tracer, &self.exchange);
+        let (tracer, exchange) = (&mut self.tracer, &self.exchange);
         let named = &mut self.named_exchanges;
         let built: Result<(), Infallible> = progress::feed(&mut self.engine, batch, |event| {
             let mut message = builder.build_owned(event);

@@ -183,7 +183,7 @@ impl StreamMessageBuilder {
         // The span's own context replaces the row's, whose span is its parent.
         let trace = self
             .tracer
-            .as_ref()
+            .as_mut()
             .map(|(tracer, stream)| tracer.start(event, stream, None));
         if let Some(span) = &trace {
             app = app.insert(TRACEPARENT, span.traceparent());

@@ -149,7 +149,7 @@ fn an_event_span_is_the_child_of_the_rows_traceparent() {
     let provider = SdkTracerProvider::builder()
         .with_span_processor(exporter.clone())
         .build();
-    let tracer = EventTracer::new(provider.tracer("test"));
+    let mut tracer = EventTracer::new(provider.tracer("test"));
     let mut event = event();
     event.headers = Some(Bytes::from(format!(r#"{{"traceparent":"{VALID}"}}"#)));
     let span = tracer.start(&event, "orders", Some("order.created"));
@@ -177,4 +177,54 @@ fn an_event_span_is_the_child_of_the_rows_traceparent() {
         spans[1].span_context.trace_id(),
         TraceId::from(0x4bf92f3577b34da6a3ce929d0e0e4736u128)
     );
+}
+
+/// The values one span shares with the last (name, destination, table, commit LSN)
+/// follow each event: a change of any of them shows in the next span.
+#[test]
+fn each_span_names_its_own_destination_table_and_transaction() {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    let exporter = Collect::default();
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(exporter.clone())
+        .build();
+    let mut tracer = EventTracer::new(provider.tracer("test"));
+    let first = event();
+    let mut other = event();
+    other.commit_lsn = outbox_event::Lsn(first.commit_lsn.0 + 0x100);
+    other.table = Arc::new(OutboxTable {
+        qualified_name: "billing.outbox".into(),
+        ..(*first.table).clone()
+    });
+    let cases = [
+        (&first, "orders"),
+        (&first, "orders"),
+        (&other, "orders"),
+        (&other, "billing"),
+        (&first, "orders"),
+    ];
+    for (event, to) in cases {
+        tracer.start(event, to, None).end();
+    }
+    let spans = exporter.0.lock().expect("lock").clone();
+    assert_eq!(spans.len(), cases.len());
+    for (span, (event, to)) in spans.iter().zip(cases) {
+        let attribute = |key: &str| {
+            span.attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == key)
+                .map(|kv| kv.value.to_string())
+        };
+        assert_eq!(span.name, format!("publish {to}"));
+        assert_eq!(attribute(attributes::DESTINATION).as_deref(), Some(to));
+        assert_eq!(
+            attribute(attributes::TABLE),
+            Some(event.table.qualified_name.clone())
+        );
+        assert_eq!(
+            attribute(attributes::COMMIT_LSN),
+            Some(event.commit_lsn.to_string())
+        );
+    }
 }
