@@ -73,11 +73,23 @@ impl BoundedExport {
     where
         E: SpanExporter + 'static,
     {
+        BoundedExport::start_with_delay(exporter, capacity, BATCH_DELAY)
+    }
+
+    /// [`BoundedExport::start`] with a batch that waits at most `delay` to fill.
+    fn start_with_delay<E>(
+        exporter: E,
+        capacity: usize,
+        delay: Duration,
+    ) -> std::io::Result<BoundedExport>
+    where
+        E: SpanExporter + 'static,
+    {
         let shared = Arc::new(Shared::default());
         let theirs = Arc::clone(&shared);
         std::thread::Builder::new()
             .name("otlp-export".into())
-            .spawn(move || run(exporter, &theirs))?;
+            .spawn(move || run(exporter, &theirs, delay))?;
         Ok(BoundedExport {
             shared,
             capacity: capacity.max(1),
@@ -150,7 +162,7 @@ struct Turn {
 
 /// Waits until there is something to send: a full batch, a batch whose delay has
 /// run out, a flush or the stop; then takes it, leaving `fresh` as the queue.
-fn next_turn(shared: &Shared, fresh: Vec<SpanData>) -> Turn {
+fn next_turn(shared: &Shared, fresh: Vec<SpanData>, delay: Duration) -> Turn {
     let mut state = shared.lock();
     let mut due: Option<Instant> = None;
     loop {
@@ -168,7 +180,7 @@ fn next_turn(shared: &Shared, fresh: Vec<SpanData>) -> Turn {
                 .unwrap_or_else(PoisonError::into_inner);
             continue;
         }
-        let at = *due.get_or_insert_with(|| Instant::now() + BATCH_DELAY);
+        let at = *due.get_or_insert_with(|| Instant::now() + delay);
         let now = Instant::now();
         if now >= at {
             break;
@@ -188,8 +200,8 @@ fn next_turn(shared: &Shared, fresh: Vec<SpanData>) -> Turn {
 }
 
 /// The export thread: batches of up to [`MAX_BATCH`] spans, sent when full or
-/// [`BATCH_DELAY`] after their first span, on a runtime of its own.
-fn run<E: SpanExporter>(mut exporter: E, shared: &Shared) {
+/// `delay` after their first span, on a runtime of its own.
+fn run<E: SpanExporter>(mut exporter: E, shared: &Shared, delay: Duration) {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -197,14 +209,14 @@ fn run<E: SpanExporter>(mut exporter: E, shared: &Shared) {
         Ok(runtime) => runtime,
         Err(e) => {
             tracing::error!(error = %e, "cannot start the trace export runtime; spans are dropped");
-            close(shared);
+            answer(close(shared));
             return;
         }
     };
     let mut warned: Option<Instant> = None;
     let mut fresh = Vec::with_capacity(MAX_BATCH);
     loop {
-        let turn = next_turn(shared, fresh);
+        let turn = next_turn(shared, fresh, delay);
         if let Some(resource) = &turn.resource {
             exporter.set_resource(resource);
         }
@@ -228,21 +240,21 @@ fn run<E: SpanExporter>(mut exporter: E, shared: &Shared) {
             }
             spans = rest;
         }
-        for reply in turn.replies {
-            let _ = reply.try_send(());
-        }
         if turn.stop {
-            close(shared);
+            // Answered once the exporter is shut down too.
+            let late = close(shared);
             let _ = exporter.shutdown();
+            answer(turn.replies.into_iter().chain(late));
             return;
         }
+        answer(turn.replies);
         fresh = Vec::with_capacity(MAX_BATCH);
     }
 }
 
-/// Marks the export thread gone: what is still queued is dropped and counted, and
-/// every waiting request is answered.
-fn close(shared: &Shared) {
+/// Marks the export thread gone: what is still queued is dropped and counted. Gives
+/// the requests still waiting for an answer.
+fn close(shared: &Shared) -> Vec<SyncSender<()>> {
     let (dropped, replies) = {
         let mut state = shared.lock();
         state.gone = true;
@@ -254,6 +266,11 @@ fn close(shared: &Shared) {
     if dropped > 0 {
         metrics::counter!(SPANS_DROPPED).increment(dropped);
     }
+    replies
+}
+
+/// Answers flush and shutdown requests.
+fn answer(replies: impl IntoIterator<Item = SyncSender<()>>) {
     for reply in replies {
         let _ = reply.try_send(());
     }
@@ -329,13 +346,14 @@ mod tests {
     fn full_batches_go_at_once_in_order_and_a_flush_sends_the_rest() {
         let recorder = Recorder::default();
         let batches = Arc::clone(&recorder.batches);
-        let export = BoundedExport::start(recorder, 10_000).unwrap();
+        // A batch would wait an hour to fill: what leaves before the flush left full.
+        let export =
+            BoundedExport::start_with_delay(recorder, 10_000, Duration::from_secs(3600)).unwrap();
         let total = 2 * MAX_BATCH + 7;
         for n in 0..total {
             export.on_end(span(n, true));
         }
-        // The two full batches leave without waiting for the delay.
-        let deadline = Instant::now() + Duration::from_millis(900);
+        let deadline = Instant::now() + Duration::from_secs(30);
         while batches.lock().unwrap().len() < 2 && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -351,10 +369,11 @@ mod tests {
     fn a_lone_span_leaves_after_the_delay() {
         let recorder = Recorder::default();
         let batches = Arc::clone(&recorder.batches);
-        let export = BoundedExport::start(recorder, 100).unwrap();
+        let export =
+            BoundedExport::start_with_delay(recorder, 100, Duration::from_millis(50)).unwrap();
         export.on_end(span(1, true));
         export.on_end(span(2, false));
-        let deadline = Instant::now() + BATCH_DELAY * 5;
+        let deadline = Instant::now() + Duration::from_secs(30);
         while names(&batches).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(20));
         }
