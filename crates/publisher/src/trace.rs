@@ -179,25 +179,21 @@ pub struct EventTracer {
 /// The span name and attribute values of the last span, with what they were made of.
 #[derive(Clone, Debug, Default)]
 struct Last {
-    destination: String,
-    name: String,
-    destination_value: Option<Arc<str>>,
+    /// The destination, and the span name made of it.
+    destination: Option<(Arc<str>, String)>,
     table: Option<Arc<str>>,
     commit_lsn: Option<(outbox_event::Lsn, Arc<str>)>,
 }
 
 impl Last {
     fn destination(&mut self, destination: &str) -> (String, Arc<str>) {
-        match &self.destination_value {
-            Some(value) if self.destination == destination => {
-                (self.name.clone(), Arc::clone(value))
-            }
+        match &self.destination {
+            Some((value, name)) if &**value == destination => (name.clone(), Arc::clone(value)),
             _ => {
-                self.destination = destination.to_string();
-                self.name = format!("publish {destination}");
                 let value: Arc<str> = Arc::from(destination);
-                self.destination_value = Some(Arc::clone(&value));
-                (self.name.clone(), value)
+                let name = format!("publish {destination}");
+                self.destination = Some((Arc::clone(&value), name.clone()));
+                (name, value)
             }
         }
     }
