@@ -15,7 +15,33 @@ pub fn backoff(initial: Duration, max: Duration, attempt: u32, jitter: f64) -> D
 
 /// A random factor in [0.5, 1.0], so that retries of many clients do not align.
 pub fn jitter() -> f64 {
+    #[cfg(test)]
+    if let Some(j) = sim_jitter::next() {
+        return j;
+    }
     rand::thread_rng().gen_range(0.5..=1.0)
+}
+
+/// The simulations' jitter: seeded, so that a schedule replays exactly.
+#[cfg(test)]
+pub(crate) mod sim_jitter {
+    use std::cell::RefCell;
+
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    thread_local! {
+        static RNG: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+    }
+
+    /// Seeds this thread's jitter (`None`: random again).
+    pub(crate) fn seed(seed: Option<u64>) {
+        RNG.with(|r| *r.borrow_mut() = seed.map(StdRng::seed_from_u64));
+    }
+
+    pub(super) fn next() -> Option<f64> {
+        RNG.with(|r| r.borrow_mut().as_mut().map(|r| r.gen_range(0.5..=1.0)))
+    }
 }
 
 /// The delay before retry `attempt` (1-based): [`backoff`] with a random [`jitter`].

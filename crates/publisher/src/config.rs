@@ -19,6 +19,15 @@ pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// Default bound on the wait for outstanding confirms once the input has closed
 /// (both targets; the relay's `[relay] shutdown_timeout_ms` default).
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `request_timeout`: how long any request to the broker (a declaration,
+/// opening or closing a channel, closing the connection) and the confirms of
+/// publishes waiting (while the broker does not block the connection) may go
+/// unanswered before the connection counts as failed (docs/reliability.md).
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default `max_in_flight_bytes`: the bodies published and not yet acked, at most
+/// (one message always goes, whatever its size). 256 MiB keeps a drain of 2 MiB
+/// messages pipelined (128 of them in flight).
+pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 256 * 1024 * 1024;
 /// Default exchange type (`[rabbitmq] exchange_type`, [`crate::settings`]).
 pub const DEFAULT_EXCHANGE_TYPE: &str = crate::settings::DEFAULT_EXCHANGE_TYPE.as_str();
 
@@ -101,6 +110,18 @@ pub struct PublisherConfig {
     /// `[topology]` to declare at every connect, before the first publish
     /// (`[rabbitmq] declare_topology = true`); `None` declares none of it.
     pub topology: Option<std::sync::Arc<crate::settings::TopologyConfig>>,
+    /// Globs an exchange chosen by an event must match (`[rabbitmq]
+    /// allowed_exchanges`); empty: the template's own shape (docs/routing.md).
+    pub allowed_exchanges: Vec<String>,
+    /// Exchanges named by events one publisher declares at most.
+    pub max_declared_exchanges: usize,
+    /// The deadline of every request to the broker ([`DEFAULT_REQUEST_TIMEOUT`]).
+    pub request_timeout: Duration,
+    /// Events waiting with nothing confirmed this long: the stall is named
+    /// (`crate::watchdog`).
+    pub stall_after: Duration,
+    /// Bytes of message bodies published and not acked, at most.
+    pub max_in_flight_bytes: usize,
 }
 
 impl PublisherConfig {
@@ -126,6 +147,11 @@ impl PublisherConfig {
             connection_name: "outbox-relay".into(),
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
             topology: None,
+            allowed_exchanges: Vec::new(),
+            max_declared_exchanges: crate::amqp::destinations::DEFAULT_MAX_DECLARED_EXCHANGES,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            stall_after: crate::watchdog::DEFAULT_STALL_AFTER,
+            max_in_flight_bytes: DEFAULT_MAX_IN_FLIGHT_BYTES,
         }
     }
 
@@ -258,6 +284,11 @@ impl std::fmt::Debug for PublisherConfig {
             .field("connection_name", &self.connection_name)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("topology", &self.topology)
+            .field("allowed_exchanges", &self.allowed_exchanges)
+            .field("max_declared_exchanges", &self.max_declared_exchanges)
+            .field("request_timeout", &self.request_timeout)
+            .field("stall_after", &self.stall_after)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
             .finish()
     }
 }

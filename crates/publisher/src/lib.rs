@@ -24,6 +24,7 @@ pub mod message;
 pub mod status;
 pub mod stream;
 pub mod trace;
+pub mod watchdog;
 pub mod window;
 
 pub mod probe;

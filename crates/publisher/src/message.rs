@@ -114,7 +114,7 @@ const RELAY_HEADERS: [&str; 7] = [
 ];
 
 /// Longest AMQP short string (routing keys, property values, header names).
-const SHORT_STRING_MAX: usize = 255;
+pub(crate) const SHORT_STRING_MAX: usize = 255;
 
 /// One field a routing-key template may substitute.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -197,6 +197,28 @@ impl RoutingKeyTemplate {
     /// The routing key of one event (NULL fields render as empty text). Keys longer
     /// than AMQP allows (255 bytes) are cut at a character boundary.
     pub fn render(&self, event: &OutboxEvent) -> String {
+        let mut key = self.render_whole(event);
+        truncate_at_char(&mut key, SHORT_STRING_MAX);
+        key
+    }
+
+    /// The template's shape as a glob of `[rabbitmq] allowed_exchanges`: each
+    /// placeholder a `*` (`events.{aggregate_type}` is `events.*`).
+    pub fn glob(&self) -> String {
+        let mut glob = String::new();
+        for part in &self.parts {
+            match part {
+                Part::Literal(text) => glob.push_str(text),
+                _ if glob.ends_with('*') => {}
+                _ => glob.push('*'),
+            }
+        }
+        glob
+    }
+
+    /// The template rendered for one event, however long (an exchange name is
+    /// checked, never cut: a cut name would be another exchange).
+    pub fn render_whole(&self, event: &OutboxEvent) -> String {
         let mut key = String::with_capacity(64);
         for part in &self.parts {
             match part {
@@ -207,7 +229,6 @@ impl RoutingKeyTemplate {
                 Part::Table => key.push_str(&event.table.qualified_name),
             }
         }
-        truncate_at_char(&mut key, SHORT_STRING_MAX);
         key
     }
 }
@@ -250,12 +271,11 @@ impl ExchangeRule {
     pub fn of(&self, event: &OutboxEvent) -> Option<String> {
         if self.from_events {
             if let Some(x) = event.exchange.as_ref().filter(|x| !x.is_empty()) {
-                let mut name = String::from_utf8_lossy(x).into_owned();
-                truncate_at_char(&mut name, SHORT_STRING_MAX);
-                return Some(name);
+                // Checked before it is used, never cut (`amqp/destinations.rs`).
+                return Some(String::from_utf8_lossy(x).into_owned());
             }
         }
-        self.template.as_ref().map(|t| t.render(event))
+        self.template.as_ref().map(|t| t.render_whole(event))
     }
 }
 

@@ -20,6 +20,54 @@ pub const ACKED_LSN: &str = "outbox_relay_acked_lsn";
 pub const PUBLISH_LATENCY: &str = "outbox_relay_publish_latency_seconds";
 /// 1 while a message the broker refuses holds the relay (no dead-letter exchange).
 pub const POISON_MESSAGES: &str = "outbox_relay_poison_messages";
+/// How long events have waited with nothing confirmed, once that is `stall_after`
+/// or longer (0 otherwise): the watchdog's (docs/reliability.md, "No event waits
+/// silently").
+pub const STALLED_SECONDS: &str = "outbox_relay_stalled_seconds";
+
+/// The oldest event waiting, as a stall names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiting {
+    pub message_id: String,
+    pub commit_lsn: Lsn,
+    /// Its exchange (or stream).
+    pub destination: String,
+}
+
+/// What an event waiting in a publisher's window says of itself.
+pub(crate) trait Describe: Send + Sync + std::fmt::Debug {
+    fn waiting(&self) -> Waiting;
+}
+
+/// Events wait and nothing was confirmed for `stall_after` (§1.8 of the design).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stall {
+    /// How long nothing was confirmed while events waited.
+    pub quiet: std::time::Duration,
+    /// The oldest event waiting, if known.
+    pub oldest: Option<Waiting>,
+    /// The broker's last answer (a failure, a refusal, a notice), if any.
+    pub last_answer: Option<String>,
+}
+
+impl std::fmt::Display for Stall {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no event confirmed for {}s", self.quiet.as_secs())?;
+        if let Some(w) = &self.oldest {
+            write!(
+                f,
+                "; the oldest waiting is {} (commit LSN {}, to {:?})",
+                outbox_event::redact::printable(&w.message_id),
+                w.commit_lsn,
+                outbox_event::redact::printable(&w.destination)
+            )?;
+        }
+        match &self.last_answer {
+            Some(a) => write!(f, "; the broker's last answer: {}", outbox_event::redact::printable(a)),
+            None => f.write_str("; no answer from the broker"),
+        }
+    }
+}
 
 /// A message the broker refuses for its content, holding the watermark.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +90,14 @@ struct Inner {
     acked_lsn: AtomicU64,
     reconnects: AtomicU64,
     poison: Mutex<Option<PoisonMessage>>,
+    /// Messages received and not acked (waiting).
+    buffered: AtomicUsize,
+    /// Counts every step of progress (an event settled): the watchdog compares it.
+    progress: AtomicU64,
+    /// The oldest waiting event, kept as it changes.
+    oldest: Mutex<Option<Arc<dyn Describe>>>,
+    last_answer: Mutex<Option<String>>,
+    stall: Mutex<Option<Stall>>,
     /// With `channels = N` (`crate::lanes`): the front's view of its lanes, which
     /// the getters combine.
     lanes: Vec<PublisherStatus>,
@@ -105,9 +161,72 @@ impl PublisherStatus {
         self.0.blocked.load(Ordering::Relaxed) || self.0.lanes.iter().any(PublisherStatus::blocked)
     }
 
-    /// Ready to publish: connected, not blocked, not held by a poison message.
+    /// Ready to publish: connected, not blocked, not held by a poison message, not
+    /// stalled.
     pub fn ready(&self) -> bool {
-        self.connected() && !self.blocked() && self.poison().is_none()
+        self.connected() && !self.blocked() && self.poison().is_none() && self.stalled().is_none()
+    }
+
+    /// The stall, while events wait and nothing is confirmed for `stall_after`.
+    pub fn stalled(&self) -> Option<Stall> {
+        let own = self.0.stall.lock().ok().and_then(|s| s.clone());
+        own.or_else(|| self.0.lanes.iter().find_map(PublisherStatus::stalled))
+    }
+
+    pub(crate) fn set_stall(&self, stall: Option<Stall>) {
+        if let Ok(mut s) = self.0.stall.lock() {
+            *s = stall;
+        }
+        let front = self.front().unwrap_or_else(|| self.clone());
+        let seconds = front
+            .all()
+            .filter_map(|s| s.0.stall.lock().ok().and_then(|s| s.as_ref().map(|s| s.quiet)))
+            .max()
+            .map_or(0.0, |q| q.as_secs_f64());
+        metrics::gauge!(STALLED_SECONDS).set(seconds);
+    }
+
+    /// This status and its lanes'.
+    fn all(&self) -> impl Iterator<Item = &PublisherStatus> {
+        std::iter::once(self).chain(self.0.lanes.iter())
+    }
+
+    /// Messages received and not acked.
+    pub(crate) fn buffered(&self) -> usize {
+        self.0.buffered.load(Ordering::Relaxed)
+    }
+
+    /// The progress count (it moves whenever an event settles).
+    pub(crate) fn progress(&self) -> u64 {
+        self.0.progress.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_progress(&self) {
+        self.0.progress.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The oldest waiting event changed.
+    pub(crate) fn set_oldest(&self, oldest: Option<Arc<dyn Describe>>) {
+        if let Ok(mut o) = self.0.oldest.lock() {
+            *o = oldest;
+        }
+    }
+
+    pub(crate) fn oldest(&self) -> Option<Waiting> {
+        let o = self.0.oldest.lock().ok()?.clone()?;
+        Some(o.waiting())
+    }
+
+    /// What the broker last said that matters to an operator (a failure, a
+    /// refusal, a notice).
+    pub(crate) fn set_last_answer(&self, answer: impl Into<String>) {
+        if let Ok(mut a) = self.0.last_answer.lock() {
+            *a = Some(answer.into());
+        }
+    }
+
+    pub(crate) fn last_answer(&self) -> Option<String> {
+        self.0.last_answer.lock().ok()?.clone()
     }
 
     /// The message the broker refuses, while one holds the relay.
@@ -179,8 +298,9 @@ impl PublisherStatus {
         self.0.blocked.store(v, Ordering::Relaxed);
     }
 
-    pub(crate) fn set_in_flight(&self, n: usize, oldest_micros: Option<i64>) {
+    pub(crate) fn set_in_flight(&self, n: usize, buffered: usize, oldest_micros: Option<i64>) {
         self.0.in_flight.store(n, Ordering::Relaxed);
+        self.0.buffered.store(buffered, Ordering::Relaxed);
         self.0
             .oldest_unacked_micros
             .store(oldest_micros.unwrap_or(i64::MIN), Ordering::Relaxed);

@@ -36,7 +36,12 @@ use outbox_event::Lsn;
 
 #[derive(Debug)]
 enum Entry<T> {
-    Message { message: T, acked: bool },
+    Message {
+        message: T,
+        acked: bool,
+        /// Its body's size, for the byte bound.
+        bytes: usize,
+    },
     Mark(Lsn),
 }
 
@@ -68,6 +73,10 @@ pub struct Window<T> {
     unflushed_messages: usize,
     /// The highest position known to be sent to Postgres as flushed.
     flushed: Lsn,
+    /// Bytes of the messages in `entries[..next]` (published, still buffered), and
+    /// the bound on them (one message always goes, whatever its size).
+    published_bytes: usize,
+    max_bytes: usize,
 }
 
 impl<T> Window<T> {
@@ -86,7 +95,21 @@ impl<T> Window<T> {
             unflushed: VecDeque::new(),
             unflushed_messages: 0,
             flushed: watermark,
+            published_bytes: 0,
+            max_bytes: usize::MAX,
         }
+    }
+
+    /// Bounds the bytes published and not acked (`max_in_flight_bytes`): no message
+    /// is published while that many are, unless it would be the only one.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes.max(1);
+        self
+    }
+
+    /// Bytes of the messages published and still buffered.
+    pub fn published_bytes(&self) -> usize {
+        self.published_bytes
     }
 
     /// Records that Postgres was sent `lsn` as the flush position: messages before
@@ -110,9 +133,15 @@ impl<T> Window<T> {
 
     /// Appends a message (not yet published).
     pub fn push_message(&mut self, message: T) {
+        self.push_sized(message, 0);
+    }
+
+    /// Appends a message of `bytes` (its body) for the byte bound.
+    pub fn push_sized(&mut self, message: T, bytes: usize) {
         self.entries.push_back(Entry::Message {
             message,
             acked: false,
+            bytes,
         });
         self.messages += 1;
     }
@@ -154,10 +183,12 @@ impl<T> Window<T> {
 
     /// Whether one more message may be published now (see the module docs).
     pub fn has_room(&self) -> bool {
-        self.counted() < self.max_in_flight
-            || (self.published_marks == 0
-                && self.unflushed_messages == 0
-                && self.unacked < self.max_in_flight)
+        let bytes = self.published_bytes < self.max_bytes || self.unacked == 0;
+        bytes
+            && (self.counted() < self.max_in_flight
+                || (self.published_marks == 0
+                    && self.unflushed_messages == 0
+                    && self.unacked < self.max_in_flight))
     }
 
     /// The oldest buffered message, if any.
@@ -176,6 +207,10 @@ impl<T> Window<T> {
         self.published += 1;
         self.unacked += 1;
         self.next += 1;
+        if let Some(Entry::Message { bytes, .. }) = self.entries.get(self.next - 1) {
+            let bytes = *bytes;
+            self.published_bytes += bytes;
+        }
         match self.entries.get(self.next - 1) {
             Some(Entry::Message { message, .. }) => Some((seq, message)),
             _ => None,
@@ -259,7 +294,11 @@ impl<T> Window<T> {
                         self.published_marks -= 1;
                     }
                 }
-                Some(Entry::Message { acked: true, .. }) => {
+                Some(Entry::Message {
+                    acked: true, bytes, ..
+                }) => {
+                    let bytes = *bytes;
+                    self.published_bytes -= bytes;
                     self.next -= 1;
                     self.published -= 1;
                     self.messages -= 1;
@@ -285,6 +324,7 @@ impl<T> Window<T> {
         self.published = 0;
         self.unacked = 0;
         self.published_marks = 0;
+        self.published_bytes = 0;
         self.messages
     }
 }

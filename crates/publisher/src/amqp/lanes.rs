@@ -266,6 +266,10 @@ impl Lanes {
             let mut lane = config.clone();
             lane.channels = 1;
             lane.max_in_flight = lane_window(config.max_in_flight, lanes);
+            // The byte bound and the names a row may have declared are shared the
+            // same way (docs/routing.md).
+            lane.max_in_flight_bytes = (config.max_in_flight_bytes / lanes).max(1);
+            lane.max_declared_exchanges = (config.max_declared_exchanges / lanes).max(1);
             lane.connection_name =
                 format!("{} channel {}/{}", config.connection_name, i + 1, lanes);
             publishers.push(Publisher::connect(lane).await?);

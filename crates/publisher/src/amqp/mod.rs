@@ -46,6 +46,7 @@
 //! until `connection.unblocked`.
 
 pub(crate) mod connection;
+pub(crate) mod destinations;
 pub(crate) mod engine;
 pub mod lanes;
 mod run;

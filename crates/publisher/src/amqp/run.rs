@@ -31,6 +31,8 @@ use crate::trace::EventTracer;
 use recover::{Episode, Recovered};
 
 mod recover;
+#[cfg(test)]
+mod sim;
 
 /// Encoded publishes not yet taken by the socket, at most (bytes): the engine's
 /// sends wait while the socket is this far behind.
@@ -501,6 +503,7 @@ impl Runner {
         self.end_episode_if_over();
         self.status.set_in_flight(
             self.engine.window().in_flight(),
+            self.engine.window().buffered(),
             self.engine
                 .window()
                 .oldest_message()

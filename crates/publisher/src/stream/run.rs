@@ -445,7 +445,8 @@ impl Runner {
         }
         let window = self.engine.window();
         let oldest = window.oldest_message().map(|p| p.commit_time_micros);
-        self.status.set_in_flight(window.in_flight(), oldest);
+        self.status
+            .set_in_flight(window.in_flight(), window.buffered(), oldest);
     }
 
     /// Ends the connection and connects again (with backoff); `Ok(false)` when the

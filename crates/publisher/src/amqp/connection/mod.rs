@@ -48,6 +48,8 @@ pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
 pub(crate) use handshake::connect;
 pub(crate) use socket::{Socket, Tls};
+#[cfg(test)]
+pub(crate) use socket::sim_dial;
 
 use frame::{FrameError, FRAME_MIN, FRAME_OVERHEAD};
 

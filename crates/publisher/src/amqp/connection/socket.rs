@@ -44,6 +44,10 @@ pub(crate) async fn open(
 ) -> Result<Box<dyn Socket>, OpenError> {
     let host = uri.authority.host.as_str();
     let secure = uri.scheme == AMQPScheme::AMQPS;
+    #[cfg(test)]
+    if let Some(dialed) = sim_dial::dial(host, uri.authority.port) {
+        return dialed.map_err(OpenError::Io);
+    }
     crate::tls::warn_if_plaintext_beyond_loopback(url, host, secure);
     let tcp = TcpStream::connect((host, uri.authority.port))
         .await
@@ -64,4 +68,29 @@ pub(crate) async fn open(
         .await
         .map_err(|e| OpenError::Io(format!("the TLS handshake: {e}")))?;
     Ok(Box::new(stream))
+}
+
+/// The simulation's network (`amqp/run/sim.rs`): while a test thread has set a
+/// dialer, connections to its hosts are made by it (a socket pair to the scripted
+/// broker, or a refusal) instead of TCP.
+#[cfg(test)]
+pub(crate) mod sim_dial {
+    use std::cell::RefCell;
+
+    use super::Socket;
+
+    type Dialer = Box<dyn FnMut(&str, u16) -> Option<Result<Box<dyn Socket>, String>>>;
+
+    thread_local! {
+        static DIALER: RefCell<Option<Dialer>> = const { RefCell::new(None) };
+    }
+
+    /// Routes this thread's connections through `dialer` (`None` from it: TCP).
+    pub(crate) fn set(dialer: Option<Dialer>) {
+        DIALER.with(|d| *d.borrow_mut() = dialer);
+    }
+
+    pub(super) fn dial(host: &str, port: u16) -> Option<Result<Box<dyn Socket>, String>> {
+        DIALER.with(|d| d.borrow_mut().as_mut().and_then(|f| f(host, port)))
+    }
 }
