@@ -238,20 +238,23 @@ impl PublisherConfig {
     }
 }
 
-/// Refuses a host the AMQP client would not connect to as written: the URL
-/// parser (amq-protocol's) reads an IPv6 literal (`amqps://[fd00::5]/`) as no host at all and
-/// connects to `localhost` instead (docs/security.md).
+/// Refuses a host the AMQP client would not connect to as written. An IPv6
+/// literal (`amqps://[fd00::5]/`) is read by the relay itself (the URL parser would
+/// take it for no host at all: `connection/socket.rs`).
 fn check_host(url: &str, uri: &amq_protocol::uri::AMQPUri) -> Result<(), PublishError> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let rest = rest.rfind('@').map_or(rest, |at| &rest[at + 1..]);
     if rest.starts_with('[') {
-        return Err(PublishError::InvalidConfig {
-            key: "url",
-            reason: format!(
-                "{} has an IPv6 address as its host, which the AMQP client cannot connect to (it would silently use localhost): use a host name that resolves to that address",
-                redact_url(url)
-            ),
-        });
+        if crate::amqp::connection::ipv6_literal(url).is_none() {
+            return Err(PublishError::InvalidConfig {
+                key: "url",
+                reason: format!(
+                    "{} has a host in brackets that is not an IPv6 address: fix the URL",
+                    redact_url(url)
+                ),
+            });
+        }
+        return Ok(());
     }
     let written = rest.split(['/', '?', ':']).next().unwrap_or_default();
     if !written.is_empty() && uri.authority.host.is_empty() {

@@ -237,8 +237,7 @@ mod tests {
             ("amqp://guest:Qx#jz@h/%2f", "percent-encode the password"),
             ("amqp://guest:Qx/jz@h/%2f", "percent-encode the password"),
             ("amqp://guest:Qx jz@h/%2f", "percent-encode it"),
-            ("amqps://guest:Qxjz@[fd00::5]/", "IPv6"),
-            ("amqps://[::1]:5671/", "IPv6"),
+            ("amqps://guest:Qxjz@[fd00::zz]/", "not an IPv6 address"),
         ] {
             let e = crate::PublisherConfig::new(url, "x")
                 .validate()
@@ -247,11 +246,21 @@ mod tests {
             assert!(msg.contains(words), "{url}: {msg}");
             assert!(!msg.contains("Qx") && !msg.contains("jz"), "{url}: {msg}");
         }
-        assert!(
-            crate::PublisherConfig::new("amqp://guest:a%23b@127.0.0.1/%2f", "x")
-                .validate()
-                .is_ok()
+        // An IPv6 literal is read by the relay itself (issue 49: the URL parser
+        // would connect to localhost instead).
+        for url in [
+            "amqp://guest:a%23b@127.0.0.1/%2f",
+            "amqps://guest:Qxjz@[fd00::5]/",
+            "amqp://[::1]:5673/%2f",
+        ] {
+            assert!(crate::PublisherConfig::new(url, "x").validate().is_ok(), "{url}");
+        }
+        assert_eq!(
+            crate::amqp::connection::ipv6_literal("amqp://u:p@[fd00::5]:5673/%2f").as_deref(),
+            Some("fd00::5")
         );
+        assert_eq!(crate::amqp::connection::ipv6_literal("amqp://[::1]/"), Some("::1".into()));
+        assert_eq!(crate::amqp::connection::ipv6_literal("amqp://host:5672/"), None);
     }
 
     #[test]

@@ -345,6 +345,24 @@ impl Keyed for Arc<OutboundMessage> {
     fn key(&self) -> EventKey {
         OutboundMessage::key(self)
     }
+    fn bytes(&self) -> usize {
+        self.body.len()
+    }
+}
+
+impl crate::status::Describe for OutboundMessage {
+    fn waiting(&self) -> crate::status::Waiting {
+        crate::status::Waiting {
+            message_id: self.message_id(),
+            commit_lsn: self.event.commit_lsn,
+            // Empty: the publisher's own destination (`PublisherStatus::oldest`).
+            destination: self
+                .exchange
+                .as_ref()
+                .map(|x| x.to_string())
+                .unwrap_or_default(),
+        }
+    }
 }
 
 impl OutboundMessage {
@@ -408,6 +426,50 @@ impl OutboundMessage {
                     message.body = Bytes::new();
                 }
             }
+        }
+        message.fixed_properties = Some(properties.with_headers(headers));
+        message
+    }
+
+    /// A dead-letter copy cut down to fit a frame (`level` 1: every header value
+    /// and the routing key cut to 255 bytes; 2: only the headers that identify the
+    /// event and say why, and no body), marked `x-outbox-truncated`. The message id
+    /// property stays: the notice still names the event.
+    pub(crate) fn shrunk(&self, level: u8) -> Self {
+        const KEEP: [&str; 5] = [
+            "commit_lsn",
+            "tx_index",
+            "x-outbox-error",
+            "x-original-exchange",
+            "x-outbox-body-bytes",
+        ];
+        let mut message = self.clone();
+        let properties = self.fixed_properties.clone().unwrap_or_default();
+        let mut headers = FieldTable::default();
+        for (key, value) in properties.headers().clone().unwrap_or_default().inner() {
+            if level >= 2 && !KEEP.contains(&key.as_str()) {
+                continue;
+            }
+            let value = match value {
+                AMQPValue::LongString(s) if s.as_bytes().len() > SHORT_STRING_MAX => {
+                    let mut text = String::from_utf8_lossy(s.as_bytes()).into_owned();
+                    truncate_at_char(&mut text, SHORT_STRING_MAX);
+                    AMQPValue::LongString(LongString::from(text))
+                }
+                AMQPValue::FieldTable(_) | AMQPValue::FieldArray(_) if level >= 1 => continue,
+                other => other.clone(),
+            };
+            headers.insert(key.clone(), value);
+        }
+        headers.insert("x-outbox-truncated".into(), AMQPValue::Boolean(true));
+        if level >= 2 {
+            if !message.body.is_empty() {
+                headers.insert(
+                    "x-outbox-body-bytes".into(),
+                    AMQPValue::LongLongInt(i64::try_from(message.body.len()).unwrap_or(i64::MAX)),
+                );
+            }
+            message.body = Bytes::new();
         }
         message.fixed_properties = Some(properties.with_headers(headers));
         message

@@ -92,12 +92,15 @@ struct Inner {
     poison: Mutex<Option<PoisonMessage>>,
     /// Messages received and not acked (waiting).
     buffered: AtomicUsize,
+    /// Batches wait on the publisher's input (the reader's queue).
+    queued: AtomicBool,
     /// Counts every step of progress (an event settled): the watchdog compares it.
     progress: AtomicU64,
     /// The oldest waiting event, kept as it changes.
     oldest: Mutex<Option<Arc<dyn Describe>>>,
     last_answer: Mutex<Option<String>>,
     stall: Mutex<Option<Stall>>,
+    destination: Mutex<String>,
     /// With `channels = N` (`crate::lanes`): the front's view of its lanes, which
     /// the getters combine.
     lanes: Vec<PublisherStatus>,
@@ -196,6 +199,16 @@ impl PublisherStatus {
         self.0.buffered.load(Ordering::Relaxed)
     }
 
+    /// Whether events wait: received and not acked, or queued towards the publisher.
+    pub(crate) fn waiting(&self) -> bool {
+        self.buffered() > 0 || self.0.queued.load(Ordering::Relaxed)
+    }
+
+    /// Whether batches wait on the publisher's input.
+    pub(crate) fn set_queued(&self, queued: bool) {
+        self.0.queued.store(queued, Ordering::Relaxed);
+    }
+
     /// The progress count (it moves whenever an event settles).
     pub(crate) fn progress(&self) -> u64 {
         self.0.progress.load(Ordering::Relaxed)
@@ -212,9 +225,24 @@ impl PublisherStatus {
         }
     }
 
+    /// The oldest waiting event, its destination the publisher's own (the
+    /// configured exchange, or the stream) when it has none of its own.
     pub(crate) fn oldest(&self) -> Option<Waiting> {
         let o = self.0.oldest.lock().ok()?.clone()?;
-        Some(o.waiting())
+        let mut waiting = o.waiting();
+        if waiting.destination.is_empty() {
+            if let Ok(d) = self.0.destination.lock() {
+                waiting.destination = d.clone();
+            }
+        }
+        Some(waiting)
+    }
+
+    /// The publisher's own destination (the configured exchange, or the stream).
+    pub(crate) fn set_destination(&self, destination: &str) {
+        if let Ok(mut d) = self.0.destination.lock() {
+            *d = destination.to_string();
+        }
     }
 
     /// What the broker last said that matters to an operator (a failure, a

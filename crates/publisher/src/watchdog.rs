@@ -34,7 +34,7 @@ pub(crate) async fn watch(status: PublisherStatus, stall_after: Duration) -> Inf
         tokio::time::sleep(tick).await;
         let now = Instant::now();
         let progress = status.progress();
-        if progress != seen || status.buffered() == 0 {
+        if progress != seen || !status.waiting() {
             seen = progress;
             quiet_since = now;
             if logged.take().is_some() {

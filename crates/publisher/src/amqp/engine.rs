@@ -100,6 +100,11 @@ pub(crate) struct Engine<M> {
     dead_letters: VecDeque<(Seq, DeadLetterReason)>,
     /// Send only one publish until it is acked (after a failure).
     solo: bool,
+    /// After the broker refused a message it cannot be told from the others in
+    /// flight (a 406 with several publishes outstanding), every entry up to this one
+    /// is sent alone: the refused one is then found in one round trip each, instead
+    /// of one failed channel (and backoff) for each message before it.
+    careful_until: Option<Seq>,
     failure: Option<Failure>,
     /// The lowest nacked publish of this channel: a nack ends the channel only once
     /// every publish before it has settled ([`Engine::failure_ready`]).
@@ -140,6 +145,7 @@ impl<M: Keyed + Clone> Engine<M> {
             certified: 0,
             dead_letters: VecDeque::new(),
             solo: false,
+            careful_until: None,
             failure: None,
             nacked_tag: None,
             diverted: BTreeMap::new(),
@@ -149,12 +155,19 @@ impl<M: Keyed + Clone> Engine<M> {
         }
     }
 
+    /// Bounds the bytes published and not acked (`max_in_flight_bytes`).
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.window = self.window.with_max_bytes(max_bytes);
+        self
+    }
+
     pub fn window(&self) -> &Window<M> {
         &self.window
     }
 
     pub fn push_message(&mut self, message: M) {
-        self.window.push_message(message);
+        let bytes = message.bytes();
+        self.window.push_sized(message, bytes);
     }
 
     pub fn push_mark(&mut self, lsn: Lsn) {
@@ -184,6 +197,15 @@ impl<M: Keyed + Clone> Engine<M> {
     #[cfg(test)]
     pub fn outstanding(&self) -> usize {
         self.publishes.len()
+    }
+
+    /// The window entry of the one publish outstanding on the channel, if exactly
+    /// one is (what a refusal naming nothing refers to).
+    pub fn sole_publish(&self) -> Option<Seq> {
+        match (self.publishes.front(), self.publishes.len()) {
+            (Some(p), 1) => Some(p.seq),
+            _ => None,
+        }
     }
 
     #[cfg(test)]
@@ -261,7 +283,7 @@ impl<M: Keyed + Clone> Engine<M> {
     pub fn peek_next_main(&mut self) -> Option<&M> {
         if self.failure.is_some()
             || self.held
-            || (self.solo && !self.publishes.is_empty())
+            || (self.one_at_a_time() && !self.publishes.is_empty())
             || !self.dead_letters.is_empty()
         {
             return None;
@@ -274,7 +296,10 @@ impl<M: Keyed + Clone> Engine<M> {
     }
 
     fn next_send(&mut self) -> Option<Outgoing> {
-        if self.failure.is_some() || self.held || (self.solo && !self.publishes.is_empty()) {
+        if self.failure.is_some()
+            || self.held
+            || (self.one_at_a_time() && !self.publishes.is_empty())
+        {
             return None;
         }
         if let Some((seq, reason)) = self.dead_letters.pop_front() {
@@ -421,10 +446,19 @@ impl<M: Keyed + Clone> Engine<M> {
                             },
                         ));
                     } else if self.failure.is_none() {
-                        self.failure = Some(Failure::Unroutable {
+                        let failure = Failure::Unroutable {
                             exchange: r.exchange,
                             routing_key: r.routing_key,
-                        });
+                        };
+                        // Returned again when sent alone: it is this message that no
+                        // queue takes. It is named (`/poison`) while it is retried.
+                        if self.solo {
+                            self.poison = Some(Poison {
+                                seq: publish.seq,
+                                reason: failure.to_string(),
+                            });
+                        }
+                        self.failure = Some(failure);
                     }
                 }
                 (Some(r), Target::DeadLetter) => {
@@ -439,10 +473,26 @@ impl<M: Keyed + Clone> Engine<M> {
         }
     }
 
+    /// Whether publishes go one at a time: the first after a failure, or every one
+    /// up to the last sent when the broker refused one of several (`careful_until`).
+    fn one_at_a_time(&self) -> bool {
+        self.solo
+            || self
+                .careful_until
+                .is_some_and(|until| self.window.front_seq() <= until)
+    }
+
     /// The channel or connection failed. If the one publish in flight was sent alone
     /// and the broker refused it for its content, it is poison (see the module docs).
+    /// If several were in flight, each of them is sent alone from now on, until the
+    /// refused one is found.
     pub fn channel_failed(&mut self, failure: Failure) {
-        if failure.is_refusal() && self.solo && self.publishes.len() == 1 {
+        if failure.is_refusal() && self.publishes.len() > 1 {
+            if let Some(last) = self.publishes.back() {
+                self.careful_until = Some(self.careful_until.unwrap_or(0).max(last.seq));
+            }
+        }
+        if failure.is_refusal() && self.one_at_a_time() && self.publishes.len() == 1 {
             if let Some(p) = self.publishes.front() {
                 let reason = failure.to_string();
                 match (p.target, self.dead_letter) {

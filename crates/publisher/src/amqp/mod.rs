@@ -140,6 +140,15 @@ impl Publisher {
         watermark: watch::Sender<Lsn>,
         flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, flushed)?.run(input).await
+        let status = self.status.clone();
+        let watchdog = crate::watchdog::watch(status.clone(), self.config.stall_after);
+        let run = run::Runner::new(self, watermark, flushed)?.run(input);
+        let result = tokio::select! {
+            biased;
+            result = run => result,
+            never = watchdog => match never {},
+        };
+        status.set_stall(None);
+        result
     }
 }

@@ -2,10 +2,15 @@
 //! the connection ([`Connection`]: writes, confirms, returns, blocked notices), the
 //! input, the flushed position and the shutdown deadline. Every decision is the
 //! engine's (`engine.rs`); this file encodes its sends into the connection's buffer
-//! and hands it what the broker sent back. Failures and the recovery from them are
-//! in `run/recover.rs`.
+//! and hands it what the broker sent back (`run/answers.rs`). Exchanges chosen by
+//! events are declared before their first publish (`run/exchanges.rs`, with
+//! `amqp/destinations.rs`). Failures and the recovery from them are in
+//! `run/recover.rs`.
+//!
+//! Each turn of the loop first ends the channel if a failure waits (so no failure
+//! found while declaring, while reading or while publishing is ever left behind),
+//! then publishes what the engine allows, then waits for one thing to happen.
 
-use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::future::poll_fn;
 use std::sync::Arc;
@@ -13,23 +18,25 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use amq_protocol::types::ShortString;
-use opentelemetry::KeyValue;
 use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use crate::amqp::connection::{ConnError, Connection, Declare, Event, Returned as Return, Tls};
-use crate::amqp::engine::{Engine, Failure, Outgoing, Returned, Settled, Target};
+use crate::amqp::connection::{ConnError, Connection, Event, Tls};
+use crate::amqp::destinations::{Destinations, Policy, Verdict};
+use crate::amqp::engine::{Engine, Outgoing};
 use crate::amqp::Publisher;
 use crate::config::PublisherConfig;
 use crate::error::PublishError;
-use crate::message::{returned_key, ExchangeRule, MessageBuilder, OutboundMessage};
+use crate::message::{MessageBuilder, OutboundMessage};
 use crate::progress::{self, changed_lsn, sleep_until_opt};
 use crate::report::PublisherReport;
 use crate::status::{self, PublisherStatus};
 use crate::trace::EventTracer;
 use recover::{Episode, Recovered};
 
+mod answers;
+mod exchanges;
 mod recover;
 #[cfg(test)]
 mod sim;
@@ -78,19 +85,21 @@ pub(crate) struct Runner {
     /// How long a nack waits for the confirms of the publishes before it
     /// ([`Engine::failure_ready`]) before the channel is closed anyway.
     nack_wait: Option<Instant>,
-    /// Exchanges named per event (docs/routing.md) declared or found on this
-    /// connection's broker, and those refused (with why): a message for one of
-    /// those is poison.
-    exchanges: HashSet<ShortString>,
+    /// Exchanges named per event (docs/routing.md): which names rows may choose,
+    /// and what the broker said of each.
+    destinations: Destinations,
     /// Whether any message so far was given an exchange of its own: until one is,
     /// there is nothing to declare and no peek at the next message (the default
     /// single exchange pays nothing for routing per event).
     named_exchanges: bool,
-    missing_exchanges: HashMap<ShortString, String>,
     /// An exchange to declare before the next send.
     to_declare: Option<ShortString>,
     /// Starts each event's `publish` span; `None` while tracing is off.
     tracer: Option<EventTracer>,
+    /// The window's front when the status last heard of it.
+    front_seen: Option<u64>,
+    /// The reconnect failure last logged (each kind once per episode).
+    renew_logged: Option<String>,
 }
 
 impl Runner {
@@ -108,15 +117,21 @@ impl Runner {
         let builder = MessageBuilder::new(&config.routing_key, &config.extra_headers)?
             .with_format(&config.format)
             .with_headers(config.headers)
-            .with_exchange(ExchangeRule::new(
+            .with_exchange(crate::message::ExchangeRule::new(
                 &config.exchange,
                 config.exchange_from_events,
             )?);
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
         status.set_poison(None);
+        status.set_destination(&config.exchange);
         let blocked = conn.blocked();
         status.set_blocked(blocked);
+        let policy = Policy::new(
+            &config.exchange,
+            &config.allowed_exchanges,
+            config.dead_letter_exchange.as_deref(),
+        );
         Ok(Self {
             exchange: ShortString::from(config.exchange.as_str()),
             dead_letter: config
@@ -127,7 +142,9 @@ impl Runner {
                 config.max_in_flight,
                 start,
                 config.dead_letter_exchange.is_some(),
-            ),
+            )
+            .with_max_bytes(config.max_in_flight_bytes),
+            destinations: Destinations::new(policy, config.max_declared_exchanges),
             builder,
             tls,
             conn,
@@ -144,11 +161,11 @@ impl Runner {
             },
             deadline: None,
             nack_wait: None,
-            exchanges: HashSet::new(),
             named_exchanges: false,
-            missing_exchanges: HashMap::new(),
             to_declare: None,
             tracer: EventTracer::get(),
+            front_seen: None,
+            renew_logged: None,
             config,
         })
     }
@@ -162,15 +179,31 @@ impl Runner {
             if !input_open && self.engine.window().is_empty() {
                 break;
             }
+            // A failure found anywhere (reading, publishing, declaring) ends the
+            // channel before anything else is done: nothing waits for a connection
+            // that has already reported its end.
+            if let Some(failure) = self.take_failure() {
+                match self.recover(failure, &input).await {
+                    Recovered::Yes => {}
+                    Recovered::DeadlinePassed => break,
+                    Recovered::Refused(e) => {
+                        self.status.set_connected(false);
+                        return Err(e);
+                    }
+                }
+                continue;
+            }
             self.start_publishes();
             if let Some(exchange) = self.to_declare.take() {
                 self.declare_exchange(exchange).await;
+                self.after_progress();
                 continue;
             }
             // Take input only once everything buffered is published (backpressure),
             // but always notice that it closed (the shutdown deadline starts then).
             let want_input =
                 input_open && (!self.engine.window().has_unpublished() || input.is_closed());
+            self.status.set_queued(!input.is_empty());
             let step = {
                 // The sends stopped at a full buffer: come back once it has room.
                 let refill = self.conn.unwritten() >= MAX_UNWRITTEN;
@@ -202,16 +235,6 @@ impl Runner {
                 Step::NackWait => {}
             }
             self.after_progress();
-            if let Some(failure) = self.take_failure() {
-                match self.recover(failure).await {
-                    Recovered::Yes => {}
-                    Recovered::DeadlinePassed => break,
-                    Recovered::Refused(e) => {
-                        self.status.set_connected(false);
-                        return Err(e);
-                    }
-                }
-            }
         }
         Ok(self.finish().await)
     }
@@ -219,11 +242,13 @@ impl Runner {
     /// Encodes the publishes the engine allows while the broker does not block us
     /// and the socket keeps up.
     fn start_publishes(&mut self) {
-        if self.blocked || !self.conn.channel_open() {
+        // The connection's own state too: a block (or `channel.flow` off) read
+        // during a request is acted on before its notice is handed out.
+        if self.blocked || self.conn.blocked() || !self.conn.channel_open() {
             return;
         }
         while self.conn.unwritten() < MAX_UNWRITTEN {
-            if let Some(exchange) = self.next_unknown_exchange() {
+            if let Some(exchange) = self.next_undeclared_exchange() {
                 self.to_declare = Some(exchange);
                 break;
             }
@@ -235,7 +260,7 @@ impl Runner {
                 exchange,
                 dead_letter,
                 report,
-                missing_exchanges,
+                destinations,
                 ..
             } = self;
             let sent = engine.send_next(|send, original| {
@@ -244,33 +269,42 @@ impl Runner {
                 // exchange is refused, is poison before any framing: its notice
                 // may go to the DLX (docs/messages.md, docs/routing.md).
                 if let Outgoing::Main { .. } = send {
-                    let why = match (&original.event.malformed, missing_exchanges.get(own)) {
-                        (Some(why), _) => Some(why.to_string()),
-                        (None, Some(why)) => Some(why.clone()),
-                        (None, None) if own.as_str().is_empty() && original.exchange.is_some() => {
-                            Some("its exchange is empty: the [rabbitmq] exchange template rendered no name (docs/routing.md)".into())
-                        }
-                        (None, None) => MessageBuilder::check_row_properties(&original.event).err(),
+                    let why = match &original.event.malformed {
+                        Some(why) => Some(why.to_string()),
+                        None => match original.exchange.as_ref().map(|x| destinations.verdict(x)) {
+                            Some(Verdict::Refuse(why)) => Some(why.to_string()),
+                            _ => MessageBuilder::check_row_properties(&original.event).err(),
+                        },
                     };
                     if let Some(why) = why {
                         unfit = Some((send.clone(), why.clone()));
                         return Err(why);
                     }
                 }
-                let (exchange, message) = match send {
-                    Outgoing::Main { .. } => (own.as_str(), original.clone()),
+                let properties = builder.properties_of(original);
+                let routing_key = original.routing_key.as_str();
+                let published = match send {
+                    Outgoing::Main { .. } => {
+                        conn.publish(own.as_str(), routing_key, properties, &original.body)
+                    }
                     Outgoing::DeadLetter { reason, .. } => {
-                        let properties = builder.properties_of(original);
+                        // A copy that cannot be framed (a 200 KB aggregate id in its
+                        // headers) is cut down until it fits: it never holds the relay.
+                        let dlx = dead_letter.as_ref().map_or("", |d| d.as_str());
                         let copy = original.dead_letter_copy(properties, own.as_str(), reason);
-                        (
-                            dead_letter.as_ref().map_or("", |d| d.as_str()),
-                            Arc::new(copy),
-                        )
+                        let mut sent =
+                            conn.publish(dlx, routing_key, builder.properties_of(&copy), &copy.body);
+                        for level in 1..=2 {
+                            if sent.is_ok() {
+                                break;
+                            }
+                            let small = copy.shrunk(level);
+                            sent = conn.publish(dlx, routing_key, builder.properties_of(&small), &small.body);
+                        }
+                        sent
                     }
                 };
-                let properties = builder.properties_of(&message);
-                let body = &message.body;
-                match conn.publish(exchange, message.routing_key.as_str(), properties, body) {
+                match published {
                     Ok(tag) => {
                         if let Outgoing::Main { .. } = send {
                             if let Some(span) = &original.trace {
@@ -313,181 +347,6 @@ impl Runner {
         let Ok(()) = built;
     }
 
-    /// The exchange of the next message to publish when it is named per event and
-    /// not yet declared (or checked) on this connection.
-    fn next_unknown_exchange(&mut self) -> Option<ShortString> {
-        if !self.named_exchanges {
-            return None;
-        }
-        let message = self.engine.peek_next_main()?;
-        let name = message.exchange.as_ref()?;
-        (!name.as_str().is_empty()
-            && name != &self.exchange
-            && !self.exchanges.contains(name)
-            && !self.missing_exchanges.contains_key(name))
-        .then(|| name.clone())
-    }
-
-    /// Declares (or, without `declare_exchange`, checks) an exchange named per event
-    /// on the control channel, before the first publish to it. A refusal makes its
-    /// messages poison; a lost connection is a failure like any other.
-    async fn declare_exchange(&mut self, name: ShortString) {
-        let how = if self.config.declare_exchange {
-            Declare::Active
-        } else {
-            Declare::Passive
-        };
-        // An exchange of the declared `[topology]` is declared as configured there
-        // (its type, flags and arguments): a plain declaration would be refused.
-        let topology = self.config.topology.clone();
-        let declared = match topology.as_deref().and_then(|t| t.exchange(name.as_str())) {
-            Some(e) => super::topology::declare_exchange(&mut self.conn, e, Declare::Active).await,
-            None => {
-                self.conn
-                    .declare_exchange(name.as_str(), &self.config.exchange_type, how)
-                    .await
-            }
-        };
-        match declared {
-            Ok(()) => {
-                tracing::debug!(exchange = %name, "exchange ready");
-                self.exchanges.insert(name);
-            }
-            Err(ConnError::ChannelClosed { code, text }) => {
-                let why = format!(
-                    "its exchange {:?} was refused: ({code}) {text}; {}",
-                    name.as_str(),
-                    match code {
-                        403 => "grant the relay's user configure (to declare) and write on it (docs/security.md)",
-                        406 => "it exists with another type or arguments: delete it, or declare it in [topology] as it is",
-                        404 if !self.config.declare_exchange => {
-                            "declare it, or set declare_exchange = true"
-                        }
-                        _ => "see the broker's answer",
-                    }
-                );
-                tracing::error!(exchange = %name, reason = %why, "an exchange named by an event is refused; its events are poison (docs/routing.md)");
-                self.missing_exchanges.insert(name, why);
-            }
-            Err(e) => self.channel_failed(Failure::Connection(e.to_string())),
-        }
-    }
-
-    fn on_io(&mut self, io: Result<Vec<Event>, ConnError>) {
-        let events = match io {
-            Ok(events) => events,
-            Err(error) => {
-                self.channel_failed(Failure::Connection(error.to_string()));
-                return;
-            }
-        };
-        for event in events {
-            match event {
-                Event::Confirm { tag, ack } => {
-                    if !ack {
-                        self.report.nacked += 1;
-                        metrics::counter!(status::EVENTS_NACKED).increment(1);
-                    }
-                    self.engine.confirmed(tag, ack);
-                }
-                Event::Return(returned) => {
-                    let returned = self.returned(*returned);
-                    self.engine.returned(returned);
-                }
-                Event::ChannelClosed { code, text } => self.channel_failed(Failure::Channel {
-                    code: Some(code),
-                    text: format!("({code}) {text}"),
-                }),
-                Event::Blocked(reason) => {
-                    if !self.blocked {
-                        tracing::warn!(%reason, "rabbitmq blocked publishing (resource alarm); holding the watermark until it unblocks");
-                    }
-                    self.blocked = true;
-                    self.status.set_blocked(true);
-                }
-                Event::Unblocked => {
-                    if self.blocked {
-                        tracing::info!("rabbitmq unblocked publishing; resuming");
-                    }
-                    self.blocked = false;
-                    self.status.set_blocked(false);
-                }
-            }
-        }
-        self.count_settled();
-    }
-
-    /// A returned message, identified by its own headers (never by the confirm it
-    /// arrived on: see `engine.rs`).
-    fn returned(&mut self, r: Return) -> Returned {
-        let Return {
-            reply_text: reply,
-            exchange,
-            routing_key,
-            properties,
-            ..
-        } = r;
-        let target = match &self.dead_letter {
-            Some(dlx) if dlx.as_str() == exchange => Target::DeadLetter,
-            _ => Target::Exchange,
-        };
-        let key = returned_key(&properties);
-        let message_id = properties
-            .message_id()
-            .as_ref()
-            .map(|m| m.to_string())
-            .unwrap_or_default();
-        if self.dead_letter.is_none() || target == Target::DeadLetter {
-            tracing::debug!(%exchange, %routing_key, %message_id, %reply, "message returned unroutable");
-        }
-        Returned {
-            key,
-            target,
-            exchange,
-            routing_key,
-        }
-    }
-
-    fn count_settled(&mut self) {
-        let now = now_micros();
-        for settled in self.engine.take_settled() {
-            match settled {
-                Settled::Acked { message, target } => {
-                    let latency = now.saturating_sub(message.event.commit_time_micros);
-                    metrics::histogram!(status::PUBLISH_LATENCY)
-                        .record(latency.max(0) as f64 / 1e6);
-                    if tracing::enabled!(tracing::Level::DEBUG) {
-                        trace_published(&message);
-                    }
-                    self.report.acked += 1;
-                    metrics::counter!(status::EVENTS_ACKED).increment(1);
-                    if target == Target::DeadLetter {
-                        self.report.dead_lettered += 1;
-                        metrics::counter!(status::EVENTS_DEAD_LETTERED).increment(1);
-                    }
-                    if let Some(span) = &message.trace {
-                        if target == Target::DeadLetter {
-                            let dlx = self.dead_letter.as_ref().map_or("", |d| d.as_str());
-                            span.event(
-                                "dead_lettered",
-                                vec![KeyValue::new("exchange", dlx.to_string())],
-                            );
-                        }
-                        span.end();
-                    }
-                    self.failures = 0;
-                }
-                Settled::Returned { seq } => {
-                    if let Some(span) = self.engine.message(seq).and_then(|m| m.trace.as_ref()) {
-                        span.event("returned", Vec::new());
-                    }
-                    self.report.returned += 1;
-                    metrics::counter!(status::EVENTS_RETURNED).increment(1);
-                }
-            }
-        }
-    }
-
     /// Publishes the watermark if it moved and refreshes the status.
     fn after_progress(&mut self) {
         let lsn = self.engine.watermark();
@@ -501,14 +360,24 @@ impl Runner {
             self.status.set_poison(None);
         }
         self.end_episode_if_over();
+        let window = self.engine.window();
         self.status.set_in_flight(
-            self.engine.window().in_flight(),
-            self.engine.window().buffered(),
-            self.engine
-                .window()
-                .oldest_message()
-                .map(|m| m.event.commit_time_micros),
+            window.in_flight(),
+            window.buffered(),
+            window.oldest_message().map(|m| m.event.commit_time_micros),
         );
+        // The oldest waiting event, for a stall to name (`crate::watchdog`): told
+        // only when the front moves.
+        let front = window.front_seq();
+        if self.front_seen != Some(front) {
+            // The oldest waiting entry settled: progress, for the watchdog.
+            self.status.add_progress();
+            self.front_seen = Some(front);
+            let oldest = window
+                .oldest_message()
+                .map(|m| m.clone() as Arc<dyn status::Describe>);
+            self.status.set_oldest(oldest);
+        }
     }
 
     async fn finish(mut self) -> PublisherReport {
@@ -529,18 +398,6 @@ impl Runner {
         self.status.set_connected(false);
         self.report
     }
-}
-
-/// One debug event per acked message, with the fields a trace is correlated by.
-fn trace_published(message: &OutboundMessage) {
-    tracing::debug!(
-        message_id = message.message_id(),
-        commit_lsn = %message.key().commit_lsn,
-        tx_index = message.key().index,
-        xid = message.event.xid,
-        routing_key = message.routing_key.as_str(),
-        "message published"
-    );
 }
 
 /// Polls the connection; ready with nothing when the write buffer that stopped the

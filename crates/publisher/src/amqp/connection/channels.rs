@@ -59,26 +59,31 @@ impl Connection {
             self.reported = true;
             return Err(e.clone());
         }
-        self.reply = None;
+        self.replies.clear();
         self.closed = None;
         self.push_frame(&AMQPFrame::Method(ch, method));
         self.expect(ch, want).await
     }
 
-    /// Runs the I/O loop until the reply `want` accepts arrives on `ch`.
+    /// Runs the I/O loop until the reply `want` accepts arrives on `ch`, at most
+    /// `request_timeout`: a broker that does not answer in time (alive, sending
+    /// heartbeats, but not answering: RabbitMQ while a resource alarm blocks the
+    /// connection) fails the connection, which is then given up and replaced.
     pub(super) async fn expect(
         &mut self,
         ch: u16,
         want: impl Fn(&AMQPClass) -> bool,
     ) -> Result<AMQPClass, ConnError> {
+        let timeout = self.request_timeout;
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
         poll_fn(|cx| {
             loop {
-                if let Some((c, method)) = self.reply.take() {
+                while let Some((c, method)) = self.replies.pop_front() {
                     if c == ch && want(&method) {
                         return Poll::Ready(Ok(method));
                     }
                     // Another reply (a late one of an abandoned request): dropped.
-                    continue;
                 }
                 if let Some((c, e)) = self.closed.take() {
                     if c == ch {
@@ -93,7 +98,13 @@ impl Connection {
                     self.fail(e);
                     continue;
                 }
-                if self.reply.is_none() && self.closed.is_none() {
+                if self.replies.is_empty() && self.closed.is_none() {
+                    if std::future::Future::poll(deadline.as_mut(), cx).is_ready() {
+                        self.fail(ConnError::Io(format!(
+                            "no answer from the broker within {timeout:?} (request_timeout)"
+                        )));
+                        continue;
+                    }
                     return Poll::Pending;
                 }
             }
@@ -123,6 +134,29 @@ impl Connection {
     /// at 1. Confirms and returns of the channel before it that were not handed out
     /// are dropped: they belong to publishes the engine has rewound.
     pub(crate) async fn open_channel(&mut self) -> Result<(), ConnError> {
+        self.channel_open = false;
+        self.returning = None;
+        if std::mem::take(&mut self.flow_off) && !self.blocked {
+            // `channel.flow` stopped the last channel only.
+            self.notice(false, String::new());
+        }
+        self.tags = Tags::default();
+        self.events
+            .retain(|e| matches!(e, Event::Blocked(_) | Event::Unblocked));
+        if let Some(ch) = self.closing_channel {
+            // The relay closed the last channel itself: nothing of it may still be
+            // routed once its close-ok is here (or the broker closed it too); the
+            // dispatch clears `closing_channel` when either arrives.
+            let closed = self
+                .expect(ch, |m| {
+                    matches!(m, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_)))
+                })
+                .await;
+            match closed {
+                Ok(_) | Err(ConnError::ChannelClosed { .. }) => self.closing_channel = None,
+                Err(e) => return Err(e),
+            }
+        }
         let last = self.channel_max.max(2);
         let ch = if self.channel < 2 || self.channel >= last {
             2
@@ -130,11 +164,6 @@ impl Connection {
             self.channel + 1
         };
         self.channel = ch;
-        self.channel_open = false;
-        self.returning = None;
-        self.tags = Tags::default();
-        self.events
-            .retain(|e| matches!(e, Event::Blocked(_) | Event::Unblocked));
         self.call(
             ch,
             AMQPClass::Channel(channel::AMQPMethod::Open(channel::Open {})),
@@ -179,6 +208,11 @@ impl Connection {
             return Ok(());
         }
         let ch = self.channel;
+        // Closing: what the channel still receives (confirms, returns) is dropped
+        // until the close-ok (AMQP 0-9-1 `channel.close`).
+        self.channel_open = false;
+        self.returning = None;
+        self.closing_channel = Some(ch);
         let closed = self
             .call(
                 ch,
@@ -191,11 +225,12 @@ impl Connection {
                 |m| matches!(m, AMQPClass::Channel(channel::AMQPMethod::CloseOk(_))),
             )
             .await;
-        self.channel_open = false;
-        self.returning = None;
         match closed {
             // The broker closed it first (both sides sent close): it is closed.
-            Ok(_) | Err(ConnError::ChannelClosed { .. }) => Ok(()),
+            Ok(_) | Err(ConnError::ChannelClosed { .. }) => {
+                self.closing_channel = None;
+                Ok(())
+            }
             Err(e) => Err(e),
         }
     }

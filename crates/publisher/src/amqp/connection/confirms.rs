@@ -19,6 +19,8 @@ pub(crate) struct Tags {
     first: u64,
     /// Whether each tag from `first` on is confirmed.
     done: VecDeque<bool>,
+    /// Tags published and not confirmed.
+    unconfirmed: usize,
 }
 
 impl Default for Tags {
@@ -26,6 +28,7 @@ impl Default for Tags {
         Tags {
             first: 1,
             done: VecDeque::new(),
+            unconfirmed: 0,
         }
     }
 }
@@ -40,13 +43,13 @@ impl Tags {
     pub(crate) fn publish(&mut self) -> u64 {
         let tag = self.next();
         self.done.push_back(false);
+        self.unconfirmed += 1;
         tag
     }
 
     /// Publishes not confirmed yet.
-    #[cfg(test)]
     pub(crate) fn unconfirmed(&self) -> usize {
-        self.done.iter().filter(|d| !**d).count()
+        self.unconfirmed
     }
 
     /// The tags one confirm settles, in ascending order: `tag` alone, or with
@@ -59,6 +62,14 @@ impl Tags {
         multiple: bool,
         mut each: impl FnMut(u64),
     ) -> Result<(), TagError> {
+        // `multiple` with tag 0 means "all outstanding" as the *broker* sees them
+        // (AMQP 0-9-1 `basic.ack`): which of the relay's publishes it had read is
+        // unknowable, so it confirms nothing, as in the Java and Go clients. A
+        // broker that meant it is then a broker whose confirms are overdue
+        // (`request_timeout`): the messages go again on a new connection, never lost.
+        if tag == 0 && multiple {
+            return Ok(());
+        }
         if tag >= self.next() || tag == 0 {
             return Err(TagError(format!(
                 "the broker confirmed delivery tag {tag}, which was never published on the channel (the last is {})",
@@ -78,6 +89,7 @@ impl Tags {
             let slot = &mut self.done[(t - self.first) as usize];
             if !*slot {
                 *slot = true;
+                self.unconfirmed -= 1;
                 each(t);
             } else if !multiple {
                 return Err(TagError(format!(
@@ -119,6 +131,22 @@ mod tests {
         assert_eq!(t.next(), 7);
     }
 
+    /// Tag 0 with `multiple` ("all outstanding" as the broker sees them) is not an
+    /// error and confirms nothing: the publishes it may mean are confirmed later or
+    /// sent again, never credited unread (issue 49).
+    #[test]
+    fn a_multiple_confirm_of_tag_zero_is_no_error_and_confirms_nothing() {
+        let mut t = Tags::default();
+        assert_eq!(settled(&mut t, 0, true).unwrap(), Vec::<u64>::new());
+        for _ in 0..4 {
+            t.publish();
+        }
+        assert_eq!(settled(&mut t, 2, false).unwrap(), [2]);
+        assert_eq!(settled(&mut t, 0, true).unwrap(), Vec::<u64>::new());
+        assert_eq!(t.unconfirmed(), 3);
+        assert_eq!(settled(&mut t, 4, true).unwrap(), [1, 3, 4]);
+    }
+
     #[test]
     fn a_tag_never_published_or_confirmed_twice_is_an_error() {
         let mut t = Tags::default();
@@ -130,7 +158,7 @@ mod tests {
         assert!(settled(&mut t, 3, true)
             .unwrap_err()
             .contains("never published"));
-        assert!(settled(&mut t, 0, true).is_err());
+        assert!(settled(&mut t, 0, false).is_err());
         assert_eq!(settled(&mut t, 2, false).unwrap(), [2]);
         assert!(settled(&mut t, 2, false).unwrap_err().contains("twice"));
         assert_eq!(settled(&mut t, 1, false).unwrap(), [1]);

@@ -7,7 +7,7 @@
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{basic, channel, connection, AMQPClass};
 
-use super::{ConnError, Connection, Event, Returned, Returning, CONTROL};
+use super::{ConnError, Connection, Event, Returned, Returning, CONTROL, MAX_RETURNS_AHEAD};
 
 fn unexpected(text: impl Into<String>) -> ConnError {
     ConnError::Protocol {
@@ -19,6 +19,10 @@ fn unexpected(text: impl Into<String>) -> ConnError {
 impl Connection {
     /// Takes one frame into the state.
     pub(super) fn on_frame(&mut self, frame: AMQPFrame) -> Result<(), ConnError> {
+        #[cfg(test)]
+        if super::sim_trace_on() {
+            tracing::trace!(target: "sim", "client reads {:.200}", format!("{frame:?}"));
+        }
         if self.closing
             && !matches!(
                 frame,
@@ -33,11 +37,22 @@ impl Connection {
             // Closing: a confirm (even a wrong one) no longer matters.
             return Ok(());
         }
+        if !matches!(frame, AMQPFrame::Heartbeat) {
+            // The broker is answering (a large return may stand before a confirm).
+            self.answered = true;
+        }
         match frame {
             AMQPFrame::Heartbeat => Ok(()),
             AMQPFrame::Method(0, AMQPClass::Connection(method)) => self.on_connection(method),
             AMQPFrame::Method(0, _) => Err(unexpected("a method of another class on channel 0")),
             AMQPFrame::Method(ch, method) => self.on_channel_method(ch, method),
+            // Content of a channel the relay closed itself (a return under way):
+            // dropped with it, until its close-ok.
+            AMQPFrame::Header(ch, _) | AMQPFrame::Body(ch, _)
+                if self.closing_channel == Some(ch) && self.returning.is_none() =>
+            {
+                Ok(())
+            }
             AMQPFrame::Header(ch, header) => {
                 let Some(returning) = self.returning.as_mut().filter(|r| r.header.is_none()) else {
                     return Err(unexpected(format!(
@@ -93,27 +108,57 @@ impl Connection {
                 })
             }
             connection::AMQPMethod::Blocked(b) => {
+                let was = self.blocked();
                 self.blocked = true;
-                self.events.push_back(Event::Blocked(b.reason.to_string()));
+                if !was {
+                    self.notice(true, b.reason.to_string());
+                }
                 Ok(())
             }
             connection::AMQPMethod::Unblocked(_) => {
                 self.blocked = false;
-                self.events.push_back(Event::Unblocked);
+                if !self.blocked() {
+                    self.confirm_since = tokio::time::Instant::now();
+                    self.notice(false, String::new());
+                }
                 Ok(())
             }
             other => {
-                self.reply = Some((0, AMQPClass::Connection(other)));
+                self.reply(0, AMQPClass::Connection(other));
                 Ok(())
             }
         }
     }
 
     fn on_channel_method(&mut self, ch: u16, method: AMQPClass) -> Result<(), ConnError> {
+        if self.closing_channel == Some(ch)
+            && !matches!(
+                method,
+                AMQPClass::Channel(
+                    channel::AMQPMethod::Close(_) | channel::AMQPMethod::CloseOk(_)
+                )
+            )
+        {
+            // The relay closed this channel: until its close-ok, all else is
+            // dropped (AMQP 0-9-1 `channel.close`).
+            return Ok(());
+        }
         if self.returning.is_some() && ch == self.channel {
             return Err(unexpected(format!(
                 "a method on channel {ch} before the content of a returned message was complete"
             )));
+        }
+        if self.closing_channel == Some(ch)
+            && matches!(
+                method,
+                AMQPClass::Channel(
+                    channel::AMQPMethod::Close(_) | channel::AMQPMethod::CloseOk(_)
+                )
+            )
+        {
+            // The channel the relay closed is closed now (its close-ok, or the
+            // broker's own close crossing ours): the next channel may open.
+            self.closing_channel = None;
         }
         if let AMQPClass::Channel(channel::AMQPMethod::Close(close)) = &method {
             self.push_frame(&AMQPFrame::Method(
@@ -136,16 +181,49 @@ impl Connection {
             self.closed = Some((ch, error));
             return Ok(());
         }
+        if let AMQPClass::Channel(channel::AMQPMethod::Flow(flow)) = &method {
+            // Answered at once on any channel (AMQP 0-9-1 `channel.flow`); on the
+            // publishing channel it stops or resumes publishing like a block.
+            let active = flow.active;
+            self.push_frame(&AMQPFrame::Method(
+                ch,
+                AMQPClass::Channel(channel::AMQPMethod::FlowOk(channel::FlowOk { active })),
+            ));
+            // The publishing channel, also while it opens (a flow between open-ok
+            // and select-ok holds its first publish).
+            if ch == self.channel && ch != CONTROL && self.closing_channel != Some(ch) {
+                let was = self.blocked();
+                self.flow_off = !active;
+                match (was, self.blocked()) {
+                    (false, true) => self.notice(true, "channel.flow".into()),
+                    (true, false) => {
+                        self.confirm_since = tokio::time::Instant::now();
+                        self.notice(false, String::new());
+                    }
+                    _ => {}
+                }
+            }
+            return Ok(());
+        }
         if ch == self.channel && self.channel_open {
             if let AMQPClass::Basic(method) = method {
                 return self.on_basic(method);
             }
         }
         if ch == self.channel || ch == CONTROL {
-            self.reply = Some((ch, method));
+            self.reply(ch, method);
         }
         // Anything else belongs to a channel closed earlier: dropped.
         Ok(())
+    }
+
+    /// Keeps a reply for the request under way (a few at most: they are dropped
+    /// oldest first, as no request waits for more than one).
+    fn reply(&mut self, ch: u16, method: AMQPClass) {
+        if self.replies.len() >= 8 {
+            self.replies.pop_front();
+        }
+        self.replies.push_back((ch, method));
     }
 
     fn on_basic(&mut self, method: basic::AMQPMethod) -> Result<(), ConnError> {
@@ -153,6 +231,23 @@ impl Connection {
             basic::AMQPMethod::Ack(a) => (a.delivery_tag, a.multiple, true),
             basic::AMQPMethod::Nack(n) => (n.delivery_tag, n.multiple, false),
             basic::AMQPMethod::Return(r) => {
+                // A return is of a publish not yet confirmed: more of them waiting
+                // than publishes unconfirmed is a broker flooding the relay.
+                let waiting = self
+                    .events
+                    .iter()
+                    .filter(|e| matches!(e, Event::Return(_)))
+                    .count();
+                if waiting >= self.tags.unconfirmed() + MAX_RETURNS_AHEAD {
+                    return Err(ConnError::Protocol {
+                        code: 406,
+                        text: format!(
+                            "the broker returned more messages ({}) than the channel has unconfirmed ({})",
+                            waiting + 1,
+                            self.tags.unconfirmed()
+                        ),
+                    });
+                }
                 self.returning = Some(Returning {
                     method: r,
                     header: None,
@@ -163,14 +258,34 @@ impl Connection {
             _ => return Ok(()),
         };
         let events = &mut self.events;
-        self.tags
-            .settle(tag, multiple, |tag| {
-                events.push_back(Event::Confirm { tag, ack })
-            })
-            .map_err(|e| ConnError::Protocol {
-                code: 406,
-                text: e.0,
-            })
+        let settled = self.tags.settle(tag, multiple, |tag| {
+            events.push_back(Event::Confirm { tag, ack })
+        });
+        if settled.is_ok() {
+            self.confirm_since = tokio::time::Instant::now();
+        }
+        if let Err(e) = settled {
+            // The broker and the relay disagree about this channel, not about the
+            // connection: the channel is closed (406), and a new one opened once its
+            // close-ok is here (`open_channel`).
+            let ch = self.channel;
+            self.push_frame(&AMQPFrame::Method(
+                ch,
+                AMQPClass::Channel(channel::AMQPMethod::Close(channel::Close {
+                    reply_code: 406,
+                    reply_text: amq_protocol::types::ShortString::from(
+                        "PRECONDITION_FAILED - a confirm of a delivery tag never published",
+                    ),
+                    class_id: 60,
+                    method_id: if ack { 80 } else { 120 },
+                })),
+            ));
+            self.channel_open = false;
+            self.returning = None;
+            self.closing_channel = Some(ch);
+            self.events.push_back(Event::ChannelError(e.0));
+        }
+        Ok(())
     }
 
     /// The return, once its header and whole body have arrived.

@@ -57,6 +57,7 @@ pub(crate) async fn connect(
                 OpenError::Io(text) => Failed::BeforeLogin(ConnError::Io(text)),
             })?;
         let mut connection = Connection::new(socket, index);
+        connection.request_timeout = config.request_timeout;
         connection.handshake(&uri, &config.connection_name).await?;
         Ok::<_, Failed>(connection)
     };
@@ -168,7 +169,14 @@ impl Connection {
     /// Settles the frame size, channels and heartbeat, and answers with tune-ok.
     fn tune(&mut self, uri: &AMQPUri, tune: &connection::Tune) {
         self.frame_max = negotiate_frame_max(uri.query.frame_max, tune.frame_max);
-        let heartbeat = uri.query.heartbeat.unwrap_or(tune.heartbeat);
+        // The lower of the two, or the non-zero one when either side asks for none
+        // (AMQP 0-9-1 `connection.tune-ok`; the Java and Go clients do the same): a
+        // URL's `heartbeat=0` does not switch off the heartbeats a broker asks for.
+        let heartbeat = frame::negotiate(
+            u32::from(uri.query.heartbeat.unwrap_or(0)),
+            u32::from(tune.heartbeat),
+        );
+        let heartbeat = u16::try_from(heartbeat).unwrap_or(u16::MAX);
         self.heartbeat = (heartbeat > 0).then(|| Duration::from_secs(u64::from(heartbeat)));
         let channel_max = frame::negotiate(
             u32::from(uri.query.channel_max.unwrap_or(0)),

@@ -47,7 +47,7 @@ use tokio::time::{Instant, Sleep};
 pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
 pub(crate) use handshake::connect;
-pub(crate) use socket::{Socket, Tls};
+pub(crate) use socket::{ipv6_literal, Socket, Tls};
 #[cfg(test)]
 pub(crate) use socket::sim_dial;
 
@@ -62,6 +62,11 @@ const READ_BUFFER: usize = 128 * 1024;
 const WRITE_KEEP: usize = 1024 * 1024;
 /// The control channel's number.
 const CONTROL: u16 = 1;
+/// The request deadline until the configuration sets one.
+const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// Notices kept for the publisher at most: blocked and unblocked alternate, so a
+/// flood of them collapses; returns are bounded by the publishes unconfirmed.
+const MAX_RETURNS_AHEAD: usize = 1;
 
 /// Why the connection is gone, or why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,6 +125,11 @@ pub(crate) enum Event {
         code: u16,
         text: String,
     },
+    /// The relay closed the publishing channel because of what the broker sent on
+    /// it (a confirm of a tag never published): its close-ok is awaited before the
+    /// next channel opens.
+    ChannelError(String),
+    /// Publishing must stop: `connection.blocked`, or `channel.flow` off.
     Blocked(String),
     Unblocked,
 }
@@ -169,6 +179,18 @@ pub(crate) struct Connection {
     last_write: Instant,
     timer: Pin<Box<Sleep>>,
     blocked: bool,
+    /// `channel.flow` turned publishing off on the publishing channel.
+    flow_off: bool,
+    /// The deadline of every request (`request_timeout`), and of the confirms of
+    /// publishes waiting while the broker does not block the connection.
+    pub(crate) request_timeout: Duration,
+    /// When the oldest unconfirmed publish last had news: a confirm, or the first
+    /// publish after none was waiting, or the end of a block.
+    confirm_since: Instant,
+    /// A frame other than a heartbeat was read since the timers last looked.
+    answered: bool,
+    /// The publishing channel the relay closed itself, whose close-ok is awaited.
+    closing_channel: Option<u16>,
     /// Why the connection is gone; reported once what came before it is handed out.
     dead: Option<ConnError>,
     /// `dead` was reported by [`Connection::poll_io`] (it is reported once).
@@ -176,9 +198,10 @@ pub(crate) struct Connection {
     /// Events read and not handed out yet (read while a request waited, or more
     /// than one poll's worth).
     events: VecDeque<Event>,
-    /// The reply a request waits for: a method on channel 0, the control channel or
-    /// a channel being opened.
-    reply: Option<(u16, AMQPClass)>,
+    /// Replies for the request under way: methods on channel 0, the control channel
+    /// or a channel being opened, in arrival order (a few at most: the request takes
+    /// the one it waits for and drops the others).
+    replies: VecDeque<(u16, AMQPClass)>,
     /// A channel the broker closed while a request on it waited.
     closed: Option<(u16, ConnError)>,
     /// The publishing channel's number, whether it is open, its delivery tags and
@@ -211,10 +234,15 @@ impl Connection {
             last_write: now,
             timer: Box::pin(tokio::time::sleep_until(now)),
             blocked: false,
+            flow_off: false,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            confirm_since: now,
+            answered: false,
+            closing_channel: None,
             dead: None,
             reported: false,
             events: VecDeque::new(),
-            reply: None,
+            replies: VecDeque::new(),
             closed: None,
             channel: CONTROL,
             channel_open: false,
@@ -225,9 +253,30 @@ impl Connection {
         }
     }
 
-    /// Whether the broker blocks publishing (`connection.blocked`).
+    /// Whether the broker blocks publishing (`connection.blocked`, or `channel.flow`
+    /// off on the publishing channel).
     pub(crate) fn blocked(&self) -> bool {
-        self.blocked
+        self.blocked || self.flow_off
+    }
+
+    /// Queues a notice that publishing stops (`true`) or may go on, unless it
+    /// cancels the last one queued: a flood of blocked and unblocked frames keeps at
+    /// most one notice waiting.
+    fn notice(&mut self, stop: bool, reason: String) {
+        match self.events.back() {
+            Some(Event::Blocked(_)) if !stop => {
+                self.events.pop_back();
+            }
+            Some(Event::Unblocked) if stop => {
+                self.events.pop_back();
+            }
+            Some(Event::Blocked(_)) | Some(Event::Unblocked) => {}
+            _ => self.events.push_back(if stop {
+                Event::Blocked(reason)
+            } else {
+                Event::Unblocked
+            }),
+        }
     }
 
     /// Whether the connection can still be used.
@@ -325,6 +374,9 @@ impl Connection {
         for piece in body.chunks(chunk) {
             frame::encode_body(&mut self.write, ch, piece);
         }
+        if self.tags.unconfirmed() == 0 {
+            self.confirm_since = Instant::now();
+        }
         Ok(self.tags.publish())
     }
 
@@ -405,35 +457,57 @@ impl Connection {
     }
 
     /// Sends a heartbeat when nothing was written for half the interval; fails when
-    /// nothing was read for two; arms the timer for whichever comes first. While
-    /// bytes wait for the socket (a broker that stopped reading), no heartbeat can
-    /// go out before them: only the read deadline is armed, and the socket's
-    /// readiness wakes the task.
+    /// nothing was read for two, or when publishes wait for their confirms longer
+    /// than `request_timeout` while the broker does not block the connection (a
+    /// broker alive but not answering: its heartbeats alone would satisfy the read
+    /// deadline); arms the timer for whichever comes first. While bytes wait for the
+    /// socket (a broker that stopped reading), no heartbeat can go out before them:
+    /// only the deadlines are armed, and the socket's readiness wakes the task.
     fn poll_heartbeat(&mut self, cx: &mut Context<'_>) -> Result<(), ConnError> {
-        let Some(interval) = self.heartbeat else {
-            return Ok(());
-        };
         for _ in 0..2 {
             let now = Instant::now();
-            let read_deadline = self.last_read + interval * 2;
-            if now >= read_deadline {
-                return Err(ConnError::Io(format!(
-                    "the broker sent nothing for {:?} (two heartbeat intervals)",
-                    interval * 2
-                )));
-            }
-            let mut wake = read_deadline;
-            if self.unwritten() == 0 {
-                if now.duration_since(self.last_write) >= interval / 2 {
-                    self.push_frame(&AMQPFrame::Heartbeat);
-                    // Counts as written even if the socket did not take it yet.
-                    self.last_write = now;
-                    self.poll_write(cx)?;
+            let mut wake: Option<Instant> = None;
+            if self.unwritten() > 0 || std::mem::take(&mut self.answered) {
+                // Publishes still on their way out (the broker cannot have
+                // confirmed what it has not read; the socket's readiness wakes us),
+                // or the broker answering: the deadline starts again.
+                self.confirm_since = now;
+            } else if self.tags.unconfirmed() > 0 && !self.blocked() && self.channel_open {
+                let due = self.confirm_since + self.request_timeout;
+                if now >= due {
+                    return Err(ConnError::Io(format!(
+                        "no confirm from the broker for {:?} (request_timeout) while {} publishes waited",
+                        self.request_timeout,
+                        self.tags.unconfirmed()
+                    )));
                 }
+                wake = Some(due);
+            }
+            if let Some(interval) = self.heartbeat {
+                let read_deadline = self.last_read + interval * 2;
+                if now >= read_deadline {
+                    return Err(ConnError::Io(format!(
+                        "the broker sent nothing for {:?} (two heartbeat intervals)",
+                        interval * 2
+                    )));
+                }
+                let mut at = read_deadline;
                 if self.unwritten() == 0 {
-                    wake = wake.min(self.last_write + interval / 2);
+                    if now.duration_since(self.last_write) >= interval / 2 {
+                        self.push_frame(&AMQPFrame::Heartbeat);
+                        // Counts as written even if the socket did not take it yet.
+                        self.last_write = now;
+                        self.poll_write(cx)?;
+                    }
+                    if self.unwritten() == 0 {
+                        at = at.min(self.last_write + interval / 2);
+                    }
                 }
+                wake = Some(wake.map_or(at, |w| w.min(at)));
             }
+            let Some(wake) = wake else {
+                return Ok(());
+            };
             self.timer.as_mut().reset(wake);
             if self.timer.as_mut().poll(cx).is_pending() {
                 return Ok(());
@@ -554,5 +628,12 @@ impl Connection {
 
 #[cfg(test)]
 mod sim;
+
+/// Whether the simulations trace (`OUTBOX_SIM_TRACE`): the frames the client reads.
+#[cfg(test)]
+pub(crate) fn sim_trace_on() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("OUTBOX_SIM_TRACE").is_some())
+}
 #[cfg(test)]
 mod tests;

@@ -128,7 +128,13 @@ impl Sim {
         let wakes = Arc::new(Wakes(AtomicUsize::new(0)));
         Sim {
             rng,
-            conn: Connection::new(Box::new(client), 0),
+            conn: {
+                let mut conn = Connection::new(Box::new(client), 0);
+                // The request deadline is the publisher simulation's to check
+                // (`amqp/run/sim.rs`); here silences are only heartbeats'.
+                conn.request_timeout = std::time::Duration::from_secs(86_400);
+                conn
+            },
             broker,
             model: Model::default(),
             waker: Waker::from(wakes.clone()),

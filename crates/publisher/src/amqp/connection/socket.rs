@@ -15,6 +15,24 @@ use crate::error::PublishError;
 pub(crate) trait Socket: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Socket for T {}
 
+/// TCP keepalive: probes after a minute idle, every 10 s, 6 unanswered ones end the
+/// connection (about two minutes for a peer that vanished).
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+const KEEPALIVE_RETRIES: u32 = 6;
+
+/// The IPv6 address of a URL whose host is a literal in brackets, without them.
+pub(crate) fn ipv6_literal(url: &str) -> Option<String> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let inner = host.strip_prefix('[')?.split_once(']')?.0;
+    inner
+        .parse::<std::net::Ipv6Addr>()
+        .ok()
+        .map(|ip| ip.to_string())
+}
+
 /// How AMQPS connections set up TLS.
 #[derive(Clone, Debug)]
 pub(crate) enum Tls {
@@ -42,7 +60,10 @@ pub(crate) async fn open(
     config: &PublisherConfig,
     tls: &Tls,
 ) -> Result<Box<dyn Socket>, OpenError> {
-    let host = uri.authority.host.as_str();
+    // The URL parser reads an IPv6 literal (`amqp://[::1]:5673/`) as no host at
+    // all and would connect to localhost: the host is read from the URL here.
+    let literal = ipv6_literal(url);
+    let host = literal.as_deref().unwrap_or(uri.authority.host.as_str());
     let secure = uri.scheme == AMQPScheme::AMQPS;
     #[cfg(test)]
     if let Some(dialed) = sim_dial::dial(host, uri.authority.port) {
@@ -53,6 +74,13 @@ pub(crate) async fn open(
         .await
         .map_err(|e| OpenError::Io(format!("connecting to {host}:{}: {e}", uri.authority.port)))?;
     let _ = tcp.set_nodelay(true);
+    // A peer gone without a word (a half-open connection) is noticed by the kernel
+    // too, not only by heartbeats (which the broker may have switched off).
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
     if !secure {
         return Ok(Box::new(tcp));
     }

@@ -19,6 +19,10 @@ pub struct EventKey {
 /// A message the engine can identify in a return.
 pub(crate) trait Keyed {
     fn key(&self) -> EventKey;
+    /// Its body's size, for `max_in_flight_bytes`.
+    fn bytes(&self) -> usize {
+        0
+    }
 }
 
 /// Where a publish went.

@@ -156,12 +156,19 @@ impl Runner {
     /// Recovers from `failure`: [`Runner::begin_recovery`], then back off and
     /// [`Runner::renew`] until a channel is open. Every broker-side failure is
     /// retried: only the shutdown deadline or a refused certificate ends this.
-    pub(super) async fn recover(&mut self, failure: Failure) -> Recovered {
+    pub(super) async fn recover(
+        &mut self,
+        failure: Failure,
+        input: &tokio::sync::mpsc::Receiver<outbox_event::WalBatch>,
+    ) -> Recovered {
         if !self.begin_recovery(failure).await {
             return Recovered::DeadlinePassed;
         }
         let mut attempt = self.failures;
         loop {
+            // What waits for the publisher, for the watchdog (batches the reader
+            // queued while the broker is away wait too).
+            self.status.set_queued(!input.is_empty());
             if !self.sleep_backoff(attempt).await {
                 return Recovered::DeadlinePassed;
             }
@@ -177,14 +184,8 @@ impl Runner {
                 // error, mid-run a man in the middle or a rotation to an untrusted CA.
                 // (A local file unreadable mid-run may be a secret being rotated.)
                 Some(Err(e @ PublishError::TlsRefused { .. })) => return Recovered::Refused(e),
-                Some(Err(e)) if e.is_transient() => {
-                    tracing::debug!(error = %e, "rabbitmq still unreachable");
-                }
-                // Mid-run a refused login, vhost or declaration is a broker still
-                // booting or an operator change in progress: retry, loudly.
-                Some(Err(e)) => {
-                    tracing::warn!(error = %e, "rabbitmq refused the reconnect; retrying")
-                }
+                Some(Err(e)) => self.report_renew_failure(&e, attempt),
+
             }
         }
     }
@@ -195,6 +196,7 @@ impl Runner {
     /// and the engine rewound. False when the shutdown deadline passed.
     async fn begin_recovery(&mut self, failure: Failure) -> bool {
         let node = redact_url(&self.config.urls[self.conn.node]);
+        self.status.set_last_answer(failure.to_string());
         match &mut self.episode {
             None => {
                 tracing::warn!(cause = %failure, %node, in_flight = self.engine.window().in_flight(),
@@ -209,6 +211,9 @@ impl Runner {
                 tracing::debug!(cause = %failure, "publish failed again");
             }
         }
+        // A message sent alone and refused again (returned with no dead-letter
+        // exchange) is named while it is retried.
+        self.report_poison();
         self.failures = self.failures.saturating_add(1);
         self.report.retries += 1;
         metrics::counter!(status::PUBLISH_RETRIES).increment(1);
@@ -252,12 +257,11 @@ impl Runner {
     /// their arguments) and opens the next channel on the live connection.
     async fn reopen_channel(&mut self) -> Result<(), PublishError> {
         declare_all(&mut self.conn, &self.config).await?;
-        let opened = tokio::time::timeout(CLOSE_TIMEOUT * 5, self.conn.open_channel()).await;
-        match opened {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(self.outage(e.to_string())),
-            Err(_) => Err(self.outage("no answer to opening a channel".into())),
-        }
+        // Every request has the connection's deadline (`request_timeout`).
+        self.conn
+            .open_channel()
+            .await
+            .map_err(|e| self.outage(e.to_string()))
     }
 
     /// A new connection (the next node first) with its channel; counted as a
@@ -266,28 +270,49 @@ impl Runner {
         self.status.set_connected(false);
         let next = (self.conn.node + 1) % self.config.urls.len();
         let mut conn = connect_any(&self.config, &self.tls, next).await?;
-        let opened = tokio::time::timeout(CLOSE_TIMEOUT * 5, conn.open_channel()).await;
-        match opened {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                conn.abandon();
-                return Err(self.outage(e.to_string()));
-            }
-            Err(_) => {
-                conn.abandon();
-                return Err(self.outage("no answer to opening a channel".into()));
-            }
+        if let Err(e) = conn.open_channel().await {
+            conn.abandon();
+            return Err(PublishError::Unreachable {
+                url: redact_url(&self.config.urls[conn.node]),
+                reason: e.to_string(),
+            });
         }
         let mut old = std::mem::replace(&mut self.conn, Box::new(conn));
         old.abandon();
         // Another node, perhaps another broker: exchanges named per event are
         // declared again as they come (refused ones stay poison until a restart).
-        self.exchanges.clear();
+        self.destinations.reconnected();
+        self.renew_logged = None;
         tracing::info!(node = %redact_url(&self.config.urls[self.conn.node]), "reconnected to rabbitmq");
         self.report.reconnects += 1;
         self.status.add_reconnect();
         self.status.set_connected(true);
         Ok(())
+    }
+
+    /// Says why a reconnect failed: the user's connection limit (530) at ERROR at
+    /// once, since only an operator frees a connection; a refused login, vhost or
+    /// declaration (a broker still booting, or an operator change in progress) at
+    /// WARN; an unreachable node at WARN from the third attempt on (a restart takes
+    /// a few). Each is the broker's last answer for a stall to name.
+    fn report_renew_failure(&mut self, e: &PublishError, attempt: u32) {
+        self.status.set_last_answer(e.to_string());
+        let first = self.renew_logged.as_deref() != Some(&e.to_string());
+        match e {
+            PublishError::ConnectionLimit { .. } if first => tracing::error!(error = %e,
+                "rabbitmq refused the connection: the user's connection limit is reached (rabbitmqctl set_user_limits, or close other connections); retrying"),
+            _ if !e.is_transient() && first => {
+                tracing::warn!(error = %e, "rabbitmq refused the reconnect; retrying")
+            }
+            _ if e.is_transient() && first && attempt >= 3 => {
+                tracing::warn!(error = %e, "rabbitmq still unreachable; retrying")
+            }
+            _ => {
+                tracing::debug!(error = %e, "rabbitmq still unreachable");
+                return;
+            }
+        }
+        self.renew_logged = Some(e.to_string());
     }
 
     fn outage(&self, reason: String) -> PublishError {
@@ -298,14 +323,55 @@ impl Runner {
     }
 
     /// Sleeps the backoff for `attempt` (1-based); false when the shutdown
-    /// deadline passes first.
-    fn sleep_backoff(&self, attempt: u32) -> impl Future<Output = bool> + 'static {
+    /// deadline passes first. A connection that lives is driven meanwhile: its
+    /// heartbeats go out (a backoff longer than two heartbeat intervals would
+    /// otherwise make the broker close it) and its notices are taken.
+    async fn sleep_backoff(&mut self, attempt: u32) -> bool {
         let delay = backoff::delay(
             self.config.backoff_initial,
             self.config.backoff_max,
             attempt,
         );
-        sleep_unless_deadline(Instant::now() + delay, self.deadline)
+        let sleep = sleep_unless_deadline(Instant::now() + delay, self.deadline);
+        tokio::pin!(sleep);
+        loop {
+            if !self.conn.is_alive() {
+                return sleep.await;
+            }
+            let conn = &mut self.conn;
+            tokio::select! {
+                biased;
+                woke = &mut sleep => return woke,
+                io = std::future::poll_fn(|cx| conn.poll_io(cx)) => match io {
+                    Ok(events) => self.on_backoff_events(events),
+                    Err(e) => {
+                        self.status.set_last_answer(e.to_string());
+                        tracing::debug!(error = %e, "the connection ended during the backoff");
+                    }
+                },
+            }
+        }
+    }
+
+    /// What a connection said during a backoff: only its blocked state matters (the
+    /// channel's confirms belong to publishes already rewound).
+    fn on_backoff_events(&mut self, events: Vec<crate::amqp::connection::Event>) {
+        use crate::amqp::connection::Event;
+        for event in events {
+            match event {
+                Event::Blocked(reason) => {
+                    self.status
+                        .set_last_answer(format!("connection.blocked ({reason})"));
+                    self.blocked = true;
+                    self.status.set_blocked(true);
+                }
+                Event::Unblocked => {
+                    self.blocked = false;
+                    self.status.set_blocked(false);
+                }
+                _ => {}
+            }
+        }
     }
 }
 

@@ -298,7 +298,7 @@ impl Sim {
                     commit_lsn: commit,
                     index,
                 };
-                let body = vec![b'x'; [10, 100, 5000, 300_000][rng.gen_range(0..4)] % 300_001];
+                let body = vec![b'x'; [10, 100, 5000, 20_000, 300_000][rng.gen_range(0..5)]];
                 let event = OutboxEvent {
                     table: table.clone(),
                     xid: tx as u32 + 1,
@@ -460,6 +460,11 @@ impl Sim {
             return;
         }
         self.polled_at = wakes;
+        trace(|| {
+            let c = self.cluster.borrow();
+            let queued: Vec<(usize, usize)> = c.conns.iter().map(|s| (s.queued(), s.moved)).collect();
+            format!("poll (wake {wakes}) broker queued/moved {queued:?}")
+        });
         let Some(run) = self.run.as_mut() else {
             return;
         };
@@ -528,27 +533,45 @@ impl Sim {
     }
 
     async fn pass(&mut self, mut d: Duration) {
-        let slice = Duration::from_millis(200);
+        // Slices short enough for every heartbeat (a quarter interval), else 1 s.
+        let hb = self
+            .cluster
+            .borrow()
+            .nodes
+            .iter()
+            .map(|n| n.heartbeat)
+            .chain(self.p.url_heartbeat)
+            .filter(|h| *h > 0)
+            .min();
+        let slice = hb.map_or(Duration::from_secs(1), |h| {
+            Duration::from_millis(u64::from(h) * 250).min(Duration::from_secs(1))
+        });
         while !d.is_zero() {
             let step = d.min(slice);
             d -= step;
             tokio::time::advance(step).await;
-            if d.is_zero() {
-                break;
+            // A real broker and client exchange many buffers' worth in 200 ms: they
+            // do until nothing moves.
+            for _ in 0..64 {
+                let before = self.cluster.borrow().moved() + self.wakes.0.load(Ordering::SeqCst);
+                {
+                    let mut c = self.cluster.borrow_mut();
+                    c.tick();
+                    c.io(&mut self.rng, usize::MAX, usize::MAX);
+                    c.confirm_all();
+                    c.io(&mut self.rng, 0, usize::MAX);
+                }
+                // The reader's status updates go out as time passes.
+                let w = *self.watermark.borrow();
+                self.flushed.send_replace(w);
+                self.poll();
+                tokio::task::yield_now().await;
+                self.poll();
+                let after = self.cluster.borrow().moved() + self.wakes.0.load(Ordering::SeqCst);
+                if after == before {
+                    break;
+                }
             }
-            {
-                let mut c = self.cluster.borrow_mut();
-                c.tick();
-                c.io(&mut self.rng, usize::MAX, usize::MAX);
-                c.confirm_all();
-                c.io(&mut self.rng, 0, usize::MAX);
-            }
-            // The reader's status updates go out as time passes.
-            let w = *self.watermark.borrow();
-            self.flushed.send_replace(w);
-            self.poll();
-            tokio::task::yield_now().await;
-            self.poll();
         }
     }
 
@@ -652,6 +675,7 @@ impl Sim {
             poison: waiting_named,
             stalled: self.status.stalled(),
             stall_after: self.p.stall_after,
+            progress: self.status.progress(),
             healthy,
             fed: self.fed_events,
             log: &self.log,
@@ -666,7 +690,7 @@ impl Sim {
     }
 
     async fn run(mut self) {
-        let steps = self.rng.gen_range(50..400);
+        let steps = self.rng.gen_range(30..250);
         let steps = self.limit.map_or(steps, |l| l.min(steps));
         for step in 0..steps {
             self.step(true).await;
@@ -681,20 +705,8 @@ impl Sim {
             && !self.checks.all_settled(&self.events, &self.cluster.borrow(), &self.status, &self.p)
         {
             self.feed();
-            {
-                let mut c = self.cluster.borrow_mut();
-                c.io(&mut self.rng, usize::MAX, usize::MAX);
-                c.confirm_all();
-                c.io(&mut self.rng, usize::MAX, usize::MAX);
-            }
-            if step % 4 == 0 {
-                let w = *self.watermark.borrow();
-                self.flushed.send_replace(w);
-            }
-            tokio::time::advance(Duration::from_millis(self.rng.gen_range(1..500))).await;
-            self.poll();
-            tokio::task::yield_now().await;
-            self.poll();
+            let ms = self.rng.gen_range(1..500);
+            self.pass(Duration::from_millis(ms)).await;
             self.check(step);
             step += 1;
         }
@@ -706,15 +718,7 @@ impl Sim {
         self.flushed.send_replace(w);
         let until = Instant::now() + Duration::from_secs(120);
         while self.result.is_none() && Instant::now() < until {
-            {
-                let mut c = self.cluster.borrow_mut();
-                c.io(&mut self.rng, usize::MAX, usize::MAX);
-                c.confirm_all();
-            }
-            tokio::time::advance(Duration::from_millis(100)).await;
-            self.poll();
-            tokio::task::yield_now().await;
-            self.poll();
+            self.pass(Duration::from_millis(100)).await;
         }
         match &self.result {
             None => panic!("the publisher did not return after its input closed"),
@@ -747,8 +751,14 @@ fn trace(what: impl FnOnce() -> String) {
     if *ON.get_or_init(|| std::env::var_os("OUTBOX_SIM_TRACE").is_some()) {
         let mut line = what();
         crate::message::truncate_at_char(&mut line, 300);
-        eprintln!("[{:?}] {line}", Instant::now());
+        let at = START.with(|s| s.get().map(|s| Instant::now().duration_since(s)));
+        eprintln!("[{:>9.3}] {line}", at.unwrap_or_default().as_secs_f64());
     }
+}
+
+thread_local! {
+    /// When the schedule began (paused time), for the trace.
+    static START: std::cell::Cell<Option<Instant>> = const { std::cell::Cell::new(None) };
 }
 
 /// Records WARN and ERROR lines.
@@ -762,6 +772,18 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Capture {
     ) {
         let level = *event.metadata().level();
         if level > tracing::Level::WARN {
+            if crate::amqp::connection::sim_trace_on() {
+                struct Message(String);
+                impl tracing::field::Visit for Message {
+                    fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                        use std::fmt::Write;
+                        let _ = write!(self.0, "{}={:?} ", f.name(), v);
+                    }
+                }
+                let mut m = Message(String::new());
+                event.record(&mut m);
+                trace(|| format!("{level}: {}", m.0));
+            }
             return;
         }
         struct Fields(String);
@@ -791,7 +813,10 @@ fn run_schedule(seed: u64, limit: Option<usize>) {
         .build()
         .expect("runtime");
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        runtime.block_on(async move { Sim::new(seed, limit, log).await.run().await })
+        runtime.block_on(async move {
+            START.with(|s| s.set(Some(Instant::now())));
+            Sim::new(seed, limit, log).await.run().await
+        })
     }));
     sim_dial::set(None);
     crate::backoff::sim_jitter::seed(None);

@@ -37,6 +37,10 @@ pub(super) struct Gen {
     pub(super) closed_seen: bool,
     /// The client closed it (`close_channel`).
     pub(super) client_closed: bool,
+    /// The broker confirmed a tag never published on it; the client said so
+    /// (`Event::ChannelError`) and closed it.
+    pub(super) bad_tag: bool,
+    pub(super) error_seen: bool,
 }
 
 /// How the broker ended the connection.
@@ -58,6 +62,11 @@ pub(super) struct Model {
     /// `connection.blocked` (its reason) and `unblocked` (`None`) sent, not yet
     /// handed out.
     pub(super) notices: VecDeque<Option<String>>,
+    /// Blocked as the broker last said, and as the client last handed out: notices
+    /// alternate, and a blocked and unblocked both read before the client hands
+    /// them out cancel out (a flood keeps at most one waiting).
+    pub(super) broker_blocked: bool,
+    pub(super) client_blocked: bool,
     /// The ways the broker ended the connection (the client reports one).
     pub(super) ends: Vec<End>,
     /// The client's `poll_io` reported the end of the connection.
@@ -119,10 +128,22 @@ impl Model {
                     gen.closed_seen = true;
                 }
                 Event::Blocked(reason) => {
-                    assert_eq!(self.notices.pop_front(), Some(Some(reason)), "blocked");
+                    assert!(!self.client_blocked, "blocked twice in a row");
+                    assert_eq!(reason, "low on memory", "blocked");
+                    self.client_blocked = true;
+                    self.notices.clear();
                 }
                 Event::Unblocked => {
-                    assert_eq!(self.notices.pop_front(), Some(None), "unblocked");
+                    assert!(self.client_blocked, "unblocked twice in a row");
+                    self.client_blocked = false;
+                    self.notices.clear();
+                }
+                Event::ChannelError(text) => {
+                    let g = self.current();
+                    let gen = &mut self.gens[g];
+                    assert!(gen.bad_tag, "a channel error without a bad confirm: {text}");
+                    assert!(!gen.error_seen, "the channel error handed out twice");
+                    gen.error_seen = true;
                 }
             }
         }
@@ -132,7 +153,7 @@ impl Model {
         let g = self.current();
         let gen = &mut self.gens[g];
         assert!(
-            !gen.closed_seen,
+            !gen.closed_seen && !gen.error_seen,
             "a confirm of tag {tag} after the channel closed"
         );
         let published = gen.msgs.len();
@@ -175,11 +196,15 @@ impl Model {
         if !alive {
             return;
         }
-        assert!(self.notices.is_empty(), "notices lost: {:?}", self.notices);
+        assert_eq!(
+            self.client_blocked, self.broker_blocked,
+            "the last notice lost (sent: {:?})",
+            self.notices
+        );
         let Some(gen) = self.gens.last() else {
             return;
         };
-        if gen.client_closed {
+        if gen.client_closed || gen.bad_tag {
             return;
         }
         if gen.broker_closed.is_some() {

@@ -62,7 +62,7 @@ impl Sim {
             .model
             .gens
             .last()
-            .is_some_and(|g| g.closed_seen || g.client_closed);
+            .is_some_and(|g| g.closed_seen || g.client_closed || g.error_seen);
         if reopen && self.live() && self.rng.gen_bool(0.5) {
             self.open().await;
         }

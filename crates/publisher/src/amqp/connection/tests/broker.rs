@@ -230,6 +230,36 @@ pub(super) async fn close_code_within(socket: &mut TcpStream, limit: Duration) -
     tokio::time::timeout(limit, read).await.ok().flatten()
 }
 
+/// The first `channel.close` the client sends within `limit`: its channel and code
+/// (what else it sends before is skipped).
+pub(super) async fn channel_close_within(
+    socket: &mut TcpStream,
+    limit: Duration,
+) -> Option<(u16, u16)> {
+    let read = async {
+        loop {
+            let mut head = [0u8; 7];
+            socket.read_exact(&mut head).await.ok()?;
+            let size = u32::from_be_bytes([head[3], head[4], head[5], head[6]]) as usize;
+            let mut whole = head.to_vec();
+            whole.resize(7 + size + 1, 0);
+            socket.read_exact(&mut whole[7..]).await.ok()?;
+            match parse_frame(whole.as_slice()) {
+                Ok((
+                    _,
+                    AMQPFrame::Method(ch, AMQPClass::Channel(channel::AMQPMethod::Close(c))),
+                )) => return Some((ch, c.reply_code)),
+                Ok((_, AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(_))))) => {
+                    return None
+                }
+                Ok(_) => continue,
+                Err(_) => return None,
+            }
+        }
+    };
+    tokio::time::timeout(limit, read).await.ok().flatten()
+}
+
 /// The broker's half of the protocol header and `connection.start`; returns the
 /// client's start-ok.
 pub(super) async fn greet(socket: &mut TcpStream, start: AMQPFrame) -> connection::StartOk {

@@ -160,19 +160,15 @@ async fn a_close_behind_an_awaited_reply_is_handled_without_another_read() {
     );
 }
 
-/// Defect 5. `connection.blocked` behind `channel.open-ok` and
-/// `connection.unblocked` behind `confirm.select-ok`, heartbeats off: both are
-/// handed out by the next poll, and the connection is not left blocked.
+/// Defect 5. `connection.blocked` behind `channel.open-ok`, heartbeats off: handed
+/// out by the next poll, without another read.
 #[tokio::test]
-async fn blocked_and_unblocked_behind_awaited_replies_are_handed_out_without_another_read() {
+async fn blocked_behind_an_awaited_reply_is_handed_out_without_another_read() {
     let blocked = connection::Blocked {
         reason: "low on memory".into(),
     };
     let script = Script {
         with_open_ok: vec![conn_frame(connection::AMQPMethod::Blocked(blocked))],
-        with_select_ok: vec![conn_frame(connection::AMQPMethod::Unblocked(
-            connection::Unblocked {},
-        ))],
         ..Script::default()
     };
     let (mut conn, broker) = pair(script, |mut socket| async move {
@@ -181,15 +177,55 @@ async fn blocked_and_unblocked_behind_awaited_replies_are_handed_out_without_ano
     })
     .await;
     let outcome = events_within(&mut conn, Duration::from_secs(1)).await;
-    assert!(!conn.blocked(), "the connection stays blocked");
+    assert!(conn.blocked(), "the connection is blocked");
     assert_eq!(
         outcome,
-        Some(Ok(vec![
-            Event::Blocked("low on memory".into()),
-            Event::Unblocked
-        ])),
+        Some(Ok(vec![Event::Blocked("low on memory".into())])),
         "(None: nothing within 1 s)"
     );
+    let (_, sent) = broker.done().await;
+    assert_eq!(sent, None, "the client sent {sent:?}");
+}
+
+/// Issue 49. A flood of `connection.blocked` / `unblocked` read while nothing is
+/// handed out keeps at most one notice waiting (the event queue does not grow with
+/// the flood), and the last state wins: blocked and unblocked cancel out.
+#[tokio::test]
+async fn a_flood_of_blocked_and_unblocked_keeps_one_notice_at_most() {
+    let blocked = || {
+        conn_frame(connection::AMQPMethod::Blocked(connection::Blocked {
+            reason: "low on memory".into(),
+        }))
+    };
+    let unblocked = || conn_frame(connection::AMQPMethod::Unblocked(connection::Unblocked {}));
+    let mut flood = Vec::new();
+    for _ in 0..5000 {
+        flood.push(blocked());
+        flood.push(unblocked());
+    }
+    flood.push(blocked());
+    let script = Script {
+        with_select_ok: flood,
+        ..Script::default()
+    };
+    let (mut conn, broker) = pair(script, |mut socket| async move {
+        read_frame_within(&mut socket, Duration::from_millis(1500)).await
+    })
+    .await;
+    let mut events = Vec::new();
+    let mut polls = 0;
+    while let Some(Ok(more)) = events_within(&mut conn, Duration::from_millis(300)).await {
+        // Each poll hands out one notice at most, however many frames it read.
+        assert!(more.len() <= 1, "{} notices at once", more.len());
+        events.extend(more);
+        polls += 1;
+    }
+    assert!(polls < 10_001 && events.len() <= polls, "{polls} polls");
+    for pair in events.windows(2) {
+        assert_ne!(pair[0], pair[1], "notices alternate");
+    }
+    assert_eq!(events.last(), Some(&Event::Blocked("low on memory".into())));
+    assert!(conn.blocked());
     let (_, sent) = broker.done().await;
     assert_eq!(sent, None, "the client sent {sent:?}");
 }

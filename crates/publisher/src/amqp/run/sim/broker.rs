@@ -76,7 +76,8 @@ pub(super) struct Cluster {
     /// Dials, opens, declarations and publishes read: the relay is doing something.
     pub activity: u64,
     pub p_nack: f64,
-    pub p_return: f64,
+    /// Bytes moved by connections that are gone.
+    pub gone_moved: usize,
 }
 
 impl Cluster {
@@ -107,6 +108,12 @@ impl Cluster {
             self.conns[i].heartbeats();
             self.conns[i].write(write);
         }
+        self.gone_moved += self
+            .conns
+            .iter()
+            .filter(|c| !c.open())
+            .map(|c| c.moved)
+            .sum::<usize>();
         self.conns.retain(Server::open);
     }
 
@@ -277,6 +284,11 @@ impl Cluster {
                 c.confirm(usize::MAX, false, false);
             }
         }
+    }
+
+    /// Bytes the connections moved so far (while it grows, they are busy).
+    pub(super) fn moved(&self) -> usize {
+        self.gone_moved + self.conns.iter().map(|c| c.moved).sum::<usize>()
     }
 
     /// Connections past the handshake.

@@ -57,8 +57,10 @@ struct Chan {
     content: Option<(basic::Publish, Option<AMQPContentHeader>, Vec<u8>)>,
     /// The broker sent `channel.close`: everything but close/close-ok is dropped.
     closing: bool,
-    /// The broker sent `channel.flow(false)` and has not had its flow-ok.
+    /// The client acknowledged `channel.flow(false)`, the last flow sent.
     flow_off: bool,
+    /// What the last `channel.flow` sent said.
+    flow_sent_active: bool,
 }
 
 /// One server-side connection.
@@ -93,6 +95,10 @@ pub(super) struct Server {
     pub(super) violations: Vec<String>,
     /// Publishes read while `channel.flow` was off (a protocol violation).
     pub(super) flow_violations: usize,
+    /// Bytes read and written so far.
+    pub(super) moved: usize,
+    /// Where a read lands first (allocated once).
+    scratch: Vec<u8>,
     /// The client said why it closed (`connection.close` from the client).
     pub(super) client_close: Option<(u16, String)>,
 }
@@ -123,7 +129,14 @@ impl Server {
             violations: Vec::new(),
             flow_violations: 0,
             client_close: None,
+            moved: 0,
+            scratch: vec![0; 64 * 1024],
         }
+    }
+
+    /// Bytes queued, not yet written.
+    pub(super) fn queued(&self) -> usize {
+        self.out.len() - self.opos
     }
 
     pub(super) fn open(&self) -> bool {
@@ -165,6 +178,7 @@ impl Server {
         match sock.write(&self.out[self.opos..end]) {
             Ok(k) => {
                 self.opos += k;
+                self.moved += k;
                 if k > 0 {
                     self.last_sent = Instant::now();
                 }
@@ -187,23 +201,21 @@ impl Server {
         let Some(sock) = self.sock.as_mut() else {
             return;
         };
-        let at = self.input.len();
-        self.input.resize(at + n.clamp(1, 256 * 1024), 0);
-        let got = match sock.read(&mut self.input[at..]) {
+        let want = n.clamp(1, self.scratch.len());
+        let got = match sock.read(&mut self.scratch[..want]) {
             Ok(0) => {
-                self.input.truncate(at);
                 self.hang_up();
                 return;
             }
             Ok(k) => k,
             Err(e) if e.kind() == ErrorKind::WouldBlock => 0,
             Err(_) => {
-                self.input.truncate(at);
                 self.hang_up();
                 return;
             }
         };
-        self.input.truncate(at + got);
+        self.input.extend_from_slice(&self.scratch[..got]);
+        self.moved += got;
         if got > 0 {
             self.last_recv = Instant::now();
             self.take_frames();
@@ -405,7 +417,13 @@ impl Server {
                     self.violations.push(format!("channel {ch} opened twice"));
                     return;
                 }
-                self.chans.insert(ch, Chan::default());
+                self.chans.insert(
+                    ch,
+                    Chan {
+                        flow_sent_active: true,
+                        ..Chan::default()
+                    },
+                );
                 self.send_method(ch, AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})));
             }
             channel::AMQPMethod::Close(_) => {
@@ -426,10 +444,10 @@ impl Server {
                 }
             }
             channel::AMQPMethod::FlowOk(f) => {
+                // The answer to the last flow sent counts (a flow-ok of an earlier
+                // one may cross a later flow).
                 if let Some(c) = self.chans.get_mut(&ch) {
-                    if !f.active {
-                        c.flow_off = true;
-                    }
+                    c.flow_off = !f.active && !c.flow_sent_active;
                 }
             }
             other => self.violations.push(format!("the client sent {other:?} on channel {ch}")),
@@ -603,8 +621,9 @@ impl Server {
     pub(super) fn flow(&mut self, active: bool) {
         let chans: Vec<u16> = self.chans.keys().copied().filter(|c| *c != 1).collect();
         for ch in chans {
-            if active {
-                if let Some(c) = self.chans.get_mut(&ch) {
+            if let Some(c) = self.chans.get_mut(&ch) {
+                c.flow_sent_active = active;
+                if active {
                     c.flow_off = false;
                 }
             }

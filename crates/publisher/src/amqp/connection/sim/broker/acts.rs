@@ -106,7 +106,8 @@ impl Broker {
         };
         let (ch, gen) = (c.ch, c.gen);
         let tag = model.gens[gen].msgs.len() as u64 + 1000;
-        model.end(End::Protocol(406));
+        // The client closes the channel (406), not the connection.
+        model.gens[gen].bad_tag = true;
         let ack = basic::Ack {
             delivery_tag: tag,
             multiple: false,
@@ -132,6 +133,7 @@ impl Broker {
             return;
         }
         self.blocked = !self.blocked;
+        model.broker_blocked = self.blocked;
         let m = if self.blocked {
             model.notices.push_back(Some("low on memory".into()));
             connection::AMQPMethod::Blocked(connection::Blocked {
