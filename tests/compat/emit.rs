@@ -162,6 +162,24 @@ impl World {
         assert!(out.status.success(), "as {}: {}", self.mallory, text(&out));
     }
 
+    /// Grants the writer role to the application, which then makes the call
+    /// docs/messages.md shows: its answer (the event's id).
+    fn documented_call_as_app(&self) -> String {
+        testkit::psql_at(
+            self.port,
+            "postgres",
+            &format!("GRANT {} TO {}", self.writer, self.app),
+        );
+        let out = psql_as(
+            self.port,
+            &self.db.name,
+            &self.app,
+            &["-c", DOCUMENTED_CALL],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
     fn may_execute(&self, role: &str) -> bool {
         self.db.psql(&format!(
             "SELECT has_function_privilege('{role}', \
@@ -206,14 +224,8 @@ fn a_pre_created_function_keeps_no_foreign_grant(major: u32) {
     let expected = format!("{{{e}=X/{e},{wr}=X/{e}}}", e = w.emitter, wr = w.writer);
     assert_eq!(acl, expected, "postgres {major}");
     // The function is the script's, not its creator's: it returns an id.
-    testkit::psql_at(
-        w.port,
-        "postgres",
-        &format!("GRANT {} TO {}", w.writer, w.app),
-    );
-    let out = psql_as(w.port, &w.db.name, &w.app, &["-c", DOCUMENTED_CALL]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(out.status.success() && id.len() == 36, "{}", text(&out));
+    let id = w.documented_call_as_app();
+    assert_eq!(id.len(), 36, "{id}");
     if major == 14 {
         assert!(text(&w.apply_script()).contains("REVOKE CREATE ON SCHEMA public FROM PUBLIC"));
     }
@@ -285,14 +297,7 @@ fn a_planted_text_overload_does_not_win_the_documented_call(major: u32) {
         ) && said.contains(&w.mallory),
         "postgres {major}: the planted overload is not named:\n{said}"
     );
-    testkit::psql_at(
-        w.port,
-        "postgres",
-        &format!("GRANT {} TO {}", w.writer, w.app),
-    );
-    let out = psql_as(w.port, &w.db.name, &w.app, &["-c", DOCUMENTED_CALL]);
-    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    assert!(out.status.success(), "{}", text(&out));
+    let id = w.documented_call_as_app();
     assert_ne!(
         id, "00000000-0000-4000-8000-000000000000",
         "postgres {major}"
