@@ -11,11 +11,14 @@
 --   {"id": "<uuid>", "aggregate_type": …, "aggregate_id": …, "event_type": …,
 --    "payload": <any JSON>, "headers": {…}}          (headers only when given)
 --
--- Application code calls it in the same transaction as its business change:
+-- Application code calls it in the same transaction as its business change, by its
+-- schema-qualified name and with the payload typed jsonb, so that no other function
+-- called outbox_emit (one in a schema earlier on the search_path, or an overload
+-- taking text that a untyped literal would prefer) is chosen instead:
 --
 --   BEGIN;
 --   UPDATE orders SET status = 'paid' WHERE id = 42;
---   SELECT outbox_emit('order', '42', 'order_paid', '{"order_id": 42}');
+--   SELECT public.outbox_emit('order', '42', 'order_paid', '{"order_id": 42}'::jsonb);
 --   COMMIT;
 --
 -- Who may emit. By default every role that can connect to a database may call
@@ -34,8 +37,18 @@
 --      grants it to outbox_emitter;
 --   3. creates outbox_emit, SECURITY DEFINER (it runs as outbox_emitter) with
 --      `search_path = pg_catalog, pg_temp` and every function and operator it calls
---      schema-qualified, so nothing a caller creates can run in its place; revokes
---      it from PUBLIC and grants EXECUTE to outbox_writer.
+--      schema-qualified, so nothing a caller creates can run in its place; resets
+--      its privileges (every grant but the owner's revoked: CREATE OR REPLACE keeps
+--      those of a function that already existed, such as one pre-created in public
+--      by a role that may create there, as every role may on Postgres 14, with
+--      EXECUTE granted to whomever it chose) and grants EXECUTE to outbox_writer
+--      only.
+--
+-- It also reports what would let another role emit anyway, as warnings naming the
+-- roles: members of the emitter role (they may act as it, and so call
+-- pg_logical_emit_message directly; the writer role as a member is refused), other
+-- functions named outbox_emit (a planted overload), and PUBLIC's CREATE on schema
+-- public (Postgres 14's default: revoke it).
 --
 -- An application role then needs one grant:
 --
@@ -56,7 +69,7 @@
 --        -f sql/outbox_messages.sql                               (other role names)
 --
 -- Running it again changes nothing: roles are created only when missing, the function
--- is replaced with the same text, and the grants and revokes are repeated. Run it
+-- is replaced with the same text, and its privileges reset to the same ones. Run it
 -- again after a major upgrade to Postgres 17 or later: the privileges a dump of 14–16
 -- carries name the old overloads, which 17 no longer has, so PUBLIC can emit again on
 -- the new server (docs/messages.md, "Security").
@@ -93,6 +106,7 @@ DECLARE
     emitter text := pg_catalog.current_setting('outbox_messages.emitter_role');
     writer  text := pg_catalog.current_setting('outbox_messages.writer_role');
     name    text;
+    members text;
 BEGIN
     IF emitter OPERATOR(pg_catalog.=) writer THEN
         RAISE EXCEPTION 'emitter_role and writer_role must be two roles, both are %', emitter;
@@ -111,6 +125,24 @@ BEGIN
     IF EXISTS (SELECT FROM pg_catalog.pg_roles r
                 WHERE r.rolname OPERATOR(pg_catalog.=) emitter AND r.rolcanlogin) THEN
         RAISE WARNING 'role % can log in: whoever logs in as it can emit any logical message', emitter;
+    END IF;
+    -- Its members may act as it (SET ROLE, or its privileges inherited) and so
+    -- call pg_logical_emit_message directly. The writer role must not be one:
+    -- every application would then emit anything. Others are named (superusers
+    -- may emit anyway and are not).
+    IF pg_catalog.pg_has_role(writer, emitter, 'MEMBER') THEN
+        RAISE EXCEPTION 'role % is a member of %: every role granted it could call pg_logical_emit_message directly', writer, emitter
+            USING HINT = pg_catalog.format('REVOKE %I FROM %I, then run the script again.', emitter, writer);
+    END IF;
+    SELECT pg_catalog.string_agg(r.rolname::text, ', ' ORDER BY r.rolname) INTO members
+      FROM pg_catalog.pg_roles r, pg_catalog.pg_roles e
+     WHERE e.rolname OPERATOR(pg_catalog.=) emitter
+       AND r.oid OPERATOR(pg_catalog.<>) e.oid
+       AND NOT r.rolsuper
+       AND pg_catalog.pg_has_role(r.oid, e.oid, 'MEMBER');
+    IF members IS NOT NULL THEN
+        RAISE WARNING 'members of role % may call pg_logical_emit_message directly (any content, any prefix): %', emitter, members
+            USING HINT = pg_catalog.format('Unless each is meant to, REVOKE %I FROM each of them.', emitter);
     END IF;
 END
 $roles$;
@@ -187,7 +219,58 @@ END
 $fn$;
 
 ALTER FUNCTION public.outbox_emit(text, text, text, jsonb, jsonb) OWNER TO :"emitter_role";
+
+-- 4. Its privileges from scratch: CREATE OR REPLACE keeps the ACL of a function that
+-- already existed, so every grant but the owner's is revoked (CASCADE: with what
+-- their grant options passed on) before the writer role's one grant.
+DO $acl$
+DECLARE
+    fn      pg_catalog.regprocedure :=
+                'public.outbox_emit(text, text, text, jsonb, jsonb)'::pg_catalog.regprocedure;
+    grantee oid;
+BEGIN
+    FOR grantee IN
+        SELECT DISTINCT a.grantee
+          FROM pg_catalog.pg_proc p, pg_catalog.aclexplode(p.proacl) a
+         WHERE p.oid OPERATOR(pg_catalog.=) fn
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    LOOP
+        IF grantee OPERATOR(pg_catalog.=) 0 THEN
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC CASCADE', fn);
+        ELSE
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE',
+                                      fn, pg_catalog.pg_get_userbyid(grantee));
+        END IF;
+    END LOOP;
+END
+$acl$;
 REVOKE ALL ON FUNCTION public.outbox_emit(text, text, text, jsonb, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION public.outbox_emit(text, text, text, jsonb, jsonb) TO :"writer_role";
+
+-- 5. What could still stand in for it: other functions of its name (a call that
+-- matches one of them better runs it instead), and PUBLIC's CREATE on public.
+DO $planted$
+DECLARE
+    others text;
+BEGIN
+    SELECT pg_catalog.string_agg(
+               pg_catalog.format('%s (owner %s)', p.oid::pg_catalog.regprocedure,
+                                 pg_catalog.pg_get_userbyid(p.proowner)),
+               ', ' ORDER BY p.oid::pg_catalog.regprocedure::text)
+      INTO others
+      FROM pg_catalog.pg_proc p
+     WHERE p.proname OPERATOR(pg_catalog.=) 'outbox_emit'
+       AND p.oid OPERATOR(pg_catalog.<>)
+           'public.outbox_emit(text, text, text, jsonb, jsonb)'::pg_catalog.regprocedure;
+    IF others IS NOT NULL THEN
+        RAISE WARNING 'other functions named outbox_emit exist: %', others
+            USING HINT = 'Call public.outbox_emit(..., payload::jsonb) qualified and typed, as docs/messages.md does, and drop those you did not create.';
+    END IF;
+    IF pg_catalog.has_schema_privilege('public', 'public', 'CREATE') THEN
+        RAISE WARNING 'every role may create objects in schema public (the default before Postgres 15), so any role can plant functions there'
+            USING HINT = 'REVOKE CREATE ON SCHEMA public FROM PUBLIC;';
+    END IF;
+END
+$planted$;
 
 COMMIT;

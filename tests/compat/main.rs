@@ -6,9 +6,11 @@
 //! clusters of `scripts/pg-versions.sh` and restarts none of them; the pairs that
 //! `standby_failover` crashes and promotes are its own (`support::clusters`, free
 //! ports), so neither disturbs the other. `messages` (logical messages as events on
-//! each major) uses the per-major clusters as `versions` does, in databases of its own.
+//! each major) and `emit` (sql/outbox_messages.sql against roles prepared before it)
+//! use the per-major clusters as `versions` does, in databases and roles of their own.
 #![allow(clippy::unwrap_used)]
 
+mod emit;
 mod messages;
 mod standby_failover;
 mod versions;

@@ -166,3 +166,34 @@ async fn idle_slot_follows_the_server_despite_other_traffic() {
     let _shared = testkit::BROKER.read().await;
     scenarios::idle_wal(testkit::pg_port()).await;
 }
+
+/// With `[message] headers = "minimal"` the relay does not write `aggregate_type`,
+/// `aggregate_id`, `outbox_table` and `xid`, and a row's headers column may not
+/// either: a consumer would take them for the relay's. They are dropped (and
+/// logged) in every header mode; the row's other keys arrive.
+#[tokio::test]
+async fn a_row_cannot_set_the_relays_own_headers_under_minimal() {
+    let _shared = testkit::BROKER.read().await;
+    let mut env = Env::new().await;
+    env.extra = "[message]\nheaders = \"minimal\"\n".into();
+    env.create_slot();
+    let got = env.consumer().await;
+    let relay = env.start(&[]);
+    env.db.psql(
+        "INSERT INTO outbox (aggregate_type, aggregate_id, event_type, payload, headers)
+           VALUES ('order', 'o-1', 'created', '{}',
+                   '{\"aggregate_type\": \"forged\", \"aggregate_id\": \"forged\",
+                     \"outbox_table\": \"forged\", \"xid\": \"forged\", \"tenant\": \"acme\"}')",
+    );
+    let msgs = got.wait_for(1, WAIT).await;
+    let m = &msgs[0];
+    for key in ["aggregate_type", "aggregate_id", "outbox_table", "xid"] {
+        assert_eq!(m.header(key), None, "the row set {key}");
+    }
+    assert_eq!(m.header("tenant").as_deref(), Some("acme"));
+    assert_eq!(m.header("event_type").as_deref(), Some("created"));
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    assert!(log.contains("reserved header key"), "{log}");
+    env.cleanup().await;
+}

@@ -173,3 +173,72 @@ async fn a_silent_receiver_costs_spans_not_events() {
     hold.abort();
     env.cleanup().await;
 }
+
+/// `[tracing] attributes = "minimal"` and `respect_parent_sampled = false` through
+/// the binary (docs/tracing.md): with `[rabbitmq] exchange` a template, a span
+/// names no exchange a row chose (`publish`, with the template as
+/// `messaging.destination.template`), and carries no message id and no routing
+/// key; a row whose `traceparent` is not sampled is exported anyway, since
+/// `sampling_ratio` (1.0) decides for every event, in the row's trace, and the
+/// message's `traceparent` says sampled.
+#[tokio::test]
+async fn minimal_attributes_and_the_ratio_for_every_event() {
+    let _shared = testkit::BROKER.read().await;
+    let receiver = Receiver::start().await.unwrap();
+    let mut env = Env::new().await;
+    let template = format!("{}.{{aggregate_type}}", env.exchange);
+    let exchange = format!("{}.order", env.exchange);
+    env.extra = format!(
+        "[tracing]\nendpoint = {:?}\nattributes = \"minimal\"\nrespect_parent_sampled = false\n",
+        receiver.endpoint()
+    );
+    env.create_slot();
+    env.broker.declare_exchange(&exchange, "topic").await;
+    let queue = env.broker.queue_bound(&exchange, "#").await;
+    let got = env.broker.consume(&queue).await;
+    let relay = env.start_env(
+        &[],
+        &[("OUTBOX_RELAY_RABBITMQ_EXCHANGE", template.as_str())],
+    );
+
+    env.db.psql(&format!(
+        "INSERT INTO outbox (id, aggregate_type, aggregate_id, event_type, payload, headers) VALUES
+           ('00000000-0000-0000-0000-00000000001a', 'order', 'customer-42', 'created', '{{}}',
+            '{{\"traceparent\": \"00-{PARENT_TRACE}-{PARENT_SPAN}-00\"}}'),
+           ('00000000-0000-0000-0000-00000000001b', 'order', 'customer-42', 'paid', '{{}}', NULL)"
+    ));
+    let msgs = got.wait_for(2, WAIT).await;
+    let spans = receiver.wait_for(WAIT, |s| s.len() >= 2).await;
+    assert_eq!(spans.len(), 2, "{spans:#?}\n{}", relay.log_text());
+    for span in &spans {
+        let a = &span.attributes;
+        assert_eq!(span.name, "publish", "{span:#?}");
+        assert_eq!(a["messaging.destination.template"], template);
+        for key in [
+            "messaging.destination.name",
+            "messaging.message.id",
+            "messaging.rabbitmq.destination.routing_key",
+        ] {
+            assert!(!a.contains_key(key), "{key} in {span:#?}");
+        }
+        let all = format!("{a:?}");
+        assert!(
+            !all.contains("customer-42") && !all.contains("0000001"),
+            "{all}"
+        );
+        assert!(a.contains_key("outbox.commit_lsn"));
+    }
+    let child = spans.iter().find(|s| s.trace_id == PARENT_TRACE).unwrap();
+    assert_eq!(child.parent_span_id, PARENT_SPAN);
+    let m = msgs
+        .iter()
+        .find(|m| m.message_id().ends_with("1a"))
+        .unwrap();
+    assert_eq!(
+        m.header("traceparent").unwrap(),
+        format!("00-{PARENT_TRACE}-{}-01", child.span_id)
+    );
+    let (code, log) = relay.terminate();
+    assert_eq!(code, Some(0), "{log}");
+    env.cleanup().await;
+}

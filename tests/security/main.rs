@@ -3,8 +3,10 @@
 //! hostile servers (`hostile_peers`), the broker over TLS (`broker_tls`), the
 //! metrics endpoint against hostile clients (`metrics_endpoint`), functions
 //! planted in the database (`search_path`), outbox text on the operator's
-//! terminal (`operator_output`), who may emit logical messages (`emit`), and
-//! reloading a running relay's password file, log filter and settings (`reload`).
+//! terminal (`operator_output`), who may emit logical messages (`emit`),
+//! reloading a running relay's password file, log filter and settings (`reload`),
+//! and credentials sent to the management API and the OTLP collector
+//! (`credentials_in_clear`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: the
 //! RabbitMQ users they add, change the password of and close the connections of
@@ -14,6 +16,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod broker_tls;
+mod credentials_in_clear;
 mod emit;
 mod hostile_peers;
 mod metrics_endpoint;

@@ -165,6 +165,12 @@ fn secret_files_others_may_read_are_refused_naming_the_key() {
     let keys = [
         ("rabbitmq", "password_file", vec![]),
         ("rabbitmq", "stream_password_file", vec![]),
+        (
+            "rabbitmq",
+            "management_password_file",
+            vec![("OUTBOX_RELAY_RABBITMQ_MANAGEMENT_USER", "monitor")],
+        ),
+        ("tracing", "headers_file", vec![]),
         ("relay", "metrics_bearer_token_file", vec![]),
         (
             "relay",

@@ -102,8 +102,10 @@ pub fn is_reserved_header(key: &str) -> bool {
         || key.starts_with("x-original-")
 }
 
-/// The relay's own headers (docs/design.md §5), kept on a dead-letter notice.
-const RELAY_HEADERS: [&str; 7] = [
+/// The relay's own headers (docs/design.md §5), kept on a dead-letter notice. A
+/// row's headers column never sets them, whatever `[message] headers` writes
+/// ([`json_headers`]): a consumer takes them for the relay's.
+pub(crate) const RELAY_HEADERS: [&str; 7] = [
     "aggregate_type",
     "aggregate_id",
     "event_type",
@@ -724,7 +726,7 @@ fn add_json_headers(
     logged: &mut HashSet<String>,
     cloudevents: bool,
 ) {
-    for (key, value) in json_headers(raw, logged, cloudevents) {
+    for (key, value) in json_headers(raw, logged, cloudevents, &RELAY_HEADERS) {
         // Keys that set properties are not headers (`row_properties`).
         if is_property_key(&key) {
             continue;
@@ -745,21 +747,25 @@ fn add_json_headers(
 
 /// The keys of the headers column's JSON object with their values as text (strings
 /// as they are, other values as their JSON text), reserved keys
-/// ([`is_reserved_header`]) dropped and logged once each. Anything that is not a JSON
-/// object gives nothing (and is logged). With `cloudevents`, keys that would set one
-/// of the CloudEvents attributes the relay sets are dropped as reserved too
-/// ([`cloudevents::RELAY_ATTRIBUTES`]). Both targets use it (the AMQP headers table,
-/// the stream's application properties).
+/// ([`is_reserved_header`]) and the target's own keys (`relay`: the relay's headers,
+/// which `[message] headers = "minimal"` leaves out but a row must not set either)
+/// dropped and logged once each. Keys are compared as JSON reads them (unescaped).
+/// Anything that is not a JSON object gives nothing (and is logged). With
+/// `cloudevents`, keys that would set one of the CloudEvents attributes the relay
+/// sets are dropped as reserved too ([`cloudevents::RELAY_ATTRIBUTES`]). Both
+/// targets use it (the AMQP headers table, the stream's application properties).
 pub(crate) fn json_headers(
     raw: &[u8],
     logged: &mut HashSet<String>,
     cloudevents: bool,
+    relay: &[&str],
 ) -> Vec<(String, String)> {
     match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw) {
         Ok(map) => {
             let mut out = Vec::with_capacity(map.len());
             for (key, value) in map {
                 if is_reserved_header(&key)
+                    || relay.contains(&key.as_str())
                     || (cloudevents && cloudevents::is_relay_attribute(&key))
                 {
                     if logged.len() < 64 && logged.insert(key.clone()) {

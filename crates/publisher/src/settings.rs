@@ -171,9 +171,19 @@ pub struct RabbitMqConfig {
     pub stream_password_file: String,
     /// The management plugin's HTTP API (`http://127.0.0.1:15672`), read only by
     /// `check --routes` for the broker's own exchanges, bindings and queues; `""` =
-    /// none. Credentials: the URL's own, else those of `url` (and `password_file`).
-    /// May hold a password: secret.
+    /// none. Credentials: the URL's own, else `management_user` with
+    /// `management_password_file`, else those of `url` (and `password_file`); the
+    /// AMQP password is never sent for another user (docs/security.md). May hold a
+    /// password: secret.
     pub management_url: SecretString,
+    /// A user of its own for the management API; `""` = `url`'s. Set with
+    /// `management_password_file`.
+    pub management_user: String,
+    /// A file holding `management_user`'s password (the secret files' rule).
+    pub management_password_file: String,
+    /// Send the management API's credentials over plain `http://` beyond
+    /// loopback (refused otherwise: anyone on the path reads them).
+    pub allow_insecure_http: bool,
 }
 
 impl Default for RabbitMqConfig {
@@ -202,6 +212,9 @@ impl Default for RabbitMqConfig {
             password_file: String::new(),
             stream_password_file: String::new(),
             management_url: SecretString::from(""),
+            management_user: String::new(),
+            management_password_file: String::new(),
+            allow_insecure_http: false,
         }
     }
 }
@@ -245,6 +258,9 @@ impl fmt::Debug for RabbitMqConfig {
                 "management_url",
                 &redact_url(self.management_url.expose_secret()),
             )
+            .field("management_user", &self.management_user)
+            .field("management_password_file", &self.management_password_file)
+            .field("allow_insecure_http", &self.allow_insecure_http)
             .finish()
     }
 }

@@ -12,6 +12,14 @@
 //! The spans are built with the OpenTelemetry API directly, not through `tracing`
 //! spans: see docs/design.md §8 for why. With tracing off, [`EventTracer::get`] is
 //! `None`, no message carries a span, and the hot path pays one branch.
+//!
+//! What a span tells the trace backend ([`TraceOptions`], docs/tracing.md): every
+//! attribute value is at most [`MAX_ATTRIBUTE_BYTES`] long (cut at a character
+//! boundary, as the AMQP properties are); with `attributes = "minimal"` the message
+//! id, the routing key (which may hold `{aggregate_id}`) and the names rows chose
+//! (an exchange rendered from a template or read from a column) are left out; with
+//! `respect_parent_sampled = false` a row's sampled flag decides nothing, and
+//! `sampling_ratio` applies to every event.
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -32,6 +40,12 @@ pub const TRACEPARENT: &str = "traceparent";
 pub const TRACESTATE: &str = "tracestate";
 /// The longest `tracestate` carried on (W3C: at least 512 bytes must be kept).
 const TRACESTATE_MAX: usize = 512;
+/// The longest attribute value a span carries, in bytes (an AMQP short string's
+/// bound): longer ones are cut at a character boundary.
+pub const MAX_ATTRIBUTE_BYTES: usize = 255;
+/// The span name of an event whose destination a row chose, with `attributes =
+/// "minimal"` (the messaging conventions' name when the destination is not named).
+const UNNAMED_DESTINATION: &str = "publish";
 
 /// The span attributes' keys: the messaging conventions' and the relay's own.
 pub mod attributes {
@@ -39,6 +53,7 @@ pub mod attributes {
     pub const OPERATION_NAME: &str = "messaging.operation.name";
     pub const OPERATION_TYPE: &str = "messaging.operation.type";
     pub const DESTINATION: &str = "messaging.destination.name";
+    pub const DESTINATION_TEMPLATE: &str = "messaging.destination.template";
     pub const ROUTING_KEY: &str = "messaging.rabbitmq.destination.routing_key";
     pub const MESSAGE_ID: &str = "messaging.message.id";
     pub const BODY_SIZE: &str = "messaging.message.body.size";
@@ -166,10 +181,67 @@ pub fn row_parent(headers: Option<&Bytes>) -> Option<(TraceParent, Option<String
     Some((parent, state))
 }
 
+/// Which attributes a span carries (`[tracing] attributes`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AttributeSet {
+    /// Every attribute of the messaging conventions the relay knows.
+    #[default]
+    Full,
+    /// Without the message id, the routing key and the names rows chose.
+    Minimal,
+}
+
+/// How the events' spans are made (`[tracing]`, docs/tracing.md).
+#[derive(Debug, Clone)]
+pub struct TraceOptions {
+    /// `attributes`.
+    pub attributes: AttributeSet,
+    /// `respect_parent_sampled`: a row's sampled `traceparent` is exported and an
+    /// unsampled one is not (parent-based sampling). `false`: `sampling_ratio`
+    /// decides for every event, the row's flag aside.
+    pub respect_parent_sampled: bool,
+    /// `sampling_ratio`, 0.0 to 1.0: applied here to the events whose row names a
+    /// parent when `respect_parent_sampled` is off (the SDK's sampler applies it to
+    /// the others).
+    pub sampling_ratio: f64,
+    /// The destinations the configuration names (an exchange as written, the
+    /// dead-letter exchange, a stream): with `attributes = "minimal"` only these
+    /// are named; any other one a row chose.
+    pub configured_destinations: Vec<String>,
+    /// `[rabbitmq] exchange` when it is a template (`events.{aggregate_type}`):
+    /// the `messaging.destination.template` of a span whose destination a row chose.
+    pub destination_template: Option<String>,
+}
+
+impl Default for TraceOptions {
+    fn default() -> TraceOptions {
+        TraceOptions {
+            attributes: AttributeSet::Full,
+            respect_parent_sampled: true,
+            sampling_ratio: 1.0,
+            configured_destinations: Vec::new(),
+            destination_template: None,
+        }
+    }
+}
+
+/// `value`, at most [`MAX_ATTRIBUTE_BYTES`] long.
+fn bounded(value: &str) -> &str {
+    if value.len() <= MAX_ATTRIBUTE_BYTES {
+        return value;
+    }
+    let mut end = MAX_ATTRIBUTE_BYTES;
+    while !value.is_char_boundary(end) {
+        end -= 1;
+    }
+    &value[..end]
+}
+
 /// Starts the events' spans (cheap to clone: the SDK's tracer is shared).
 #[derive(Clone, Debug)]
 pub struct EventTracer {
     tracer: SdkTracer,
+    options: Arc<TraceOptions>,
     /// What the last span had, which the next one most often has too (the same
     /// destination, table and transaction): its values are shared, not formatted
     /// again.
@@ -187,6 +259,7 @@ struct Last {
 
 impl Last {
     fn destination(&mut self, destination: &str) -> (String, Arc<str>) {
+        let destination = bounded(destination);
         match &self.destination {
             Some((value, name)) if &**value == destination => (name.clone(), Arc::clone(value)),
             _ => {
@@ -199,6 +272,7 @@ impl Last {
     }
 
     fn table(&mut self, name: &str) -> Arc<str> {
+        let name = bounded(name);
         match &self.table {
             Some(table) if &**table == name => Arc::clone(table),
             _ => {
@@ -227,8 +301,35 @@ impl EventTracer {
     pub fn new(tracer: SdkTracer) -> EventTracer {
         EventTracer {
             tracer,
+            options: Arc::new(TraceOptions::default()),
             last: Last::default(),
         }
+    }
+
+    /// The tracer whose spans follow `options` (the default: every attribute,
+    /// parent-based sampling).
+    pub fn with_options(mut self, options: TraceOptions) -> EventTracer {
+        self.options = Arc::new(options);
+        self
+    }
+
+    /// Whether a span may name `destination`: with `attributes = "minimal"`, only a
+    /// destination the configuration names.
+    fn names(&self, destination: &str) -> bool {
+        let o = &self.options;
+        o.attributes == AttributeSet::Full
+            || o.configured_destinations.iter().any(|d| d == destination)
+    }
+
+    /// The flags of a row's parent as this relay samples them: the row's own, or,
+    /// with `respect_parent_sampled = false`, `sampling_ratio`'s draw.
+    fn parent_flags(&self, row: TraceFlags) -> TraceFlags {
+        let o = &self.options;
+        if o.respect_parent_sampled {
+            return row;
+        }
+        let sampled = o.sampling_ratio >= 1.0 || rand::random::<f64>() < o.sampling_ratio;
+        row.with_sampled(sampled)
     }
 
     /// Makes `tracer` the one every publisher started afterwards uses (the relay's
@@ -252,20 +353,28 @@ impl EventTracer {
     ) -> Arc<EventSpan> {
         use attributes as a;
         let parent = row_parent(event.headers.as_ref());
-        let (name, destination) = self.last.destination(destination);
+        let full = self.options.attributes == AttributeSet::Full;
         let mut attributes = Vec::with_capacity(10);
         attributes.push(KeyValue::new(a::SYSTEM, "rabbitmq"));
         attributes.push(KeyValue::new(a::OPERATION_NAME, "publish"));
         attributes.push(KeyValue::new(a::OPERATION_TYPE, "send"));
-        attributes.push(KeyValue::new(a::DESTINATION, destination));
-        if let Some(key) = routing_key {
-            attributes.push(KeyValue::new(a::ROUTING_KEY, key.to_string()));
+        let name = if self.names(destination) {
+            let (name, destination) = self.last.destination(destination);
+            attributes.push(KeyValue::new(a::DESTINATION, destination));
+            name
+        } else {
+            if let Some(template) = &self.options.destination_template {
+                let template = bounded(template).to_string();
+                attributes.push(KeyValue::new(a::DESTINATION_TEMPLATE, template));
+            }
+            UNNAMED_DESTINATION.to_string()
+        };
+        if let Some(key) = routing_key.filter(|_| full) {
+            attributes.push(KeyValue::new(a::ROUTING_KEY, bounded(key).to_string()));
         }
-        if let Some(id) = &event.id {
-            attributes.push(KeyValue::new(
-                a::MESSAGE_ID,
-                String::from_utf8_lossy(id).into_owned(),
-            ));
+        if let Some(id) = event.id.as_ref().filter(|_| full) {
+            let id = String::from_utf8_lossy(id);
+            attributes.push(KeyValue::new(a::MESSAGE_ID, bounded(&id).to_string()));
         }
         attributes.push(KeyValue::new(a::BODY_SIZE, event.body.len() as i64));
         attributes.push(KeyValue::new(
@@ -290,7 +399,7 @@ impl EventTracer {
                 let context = Context::new().with_remote_span_context(SpanContext::new(
                     parent.trace_id,
                     parent.span_id,
-                    parent.flags,
+                    self.parent_flags(parent.flags),
                     true,
                     TraceState::NONE,
                 ));
@@ -344,8 +453,16 @@ impl EventSpan {
         }
     }
 
-    /// Adds an event (`returned`, `dead_lettered`, `refused`...) to the span.
-    pub fn event(&self, name: &'static str, attributes: Vec<KeyValue>) {
+    /// Adds an event (`returned`, `dead_lettered`, `refused`...) to the span; its
+    /// text values are bounded like the span's.
+    pub fn event(&self, name: &'static str, mut attributes: Vec<KeyValue>) {
+        for kv in &mut attributes {
+            if let opentelemetry::Value::String(text) = &kv.value {
+                if text.as_str().len() > MAX_ATTRIBUTE_BYTES {
+                    kv.value = bounded(text.as_str()).to_string().into();
+                }
+            }
+        }
         if let Ok(mut span) = self.span.lock() {
             span.add_event(name, attributes);
         }

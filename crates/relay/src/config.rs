@@ -38,7 +38,8 @@
 //! built-in server addresses; `env.rs` the environment overrides, `de.rs` the value
 //! deserializers, `validate.rs` the checks (those of `[mapping]` and `[rabbitmq]` are
 //! their owners'), `access.rs` the typed accessors and what each component takes
-//! from other sections, `error.rs` [`ConfigError`].
+//! from other sections, `error.rs` [`ConfigError`], `plain_http.rs` which URLs would
+//! carry credentials in clear, `secret_files.rs` the secret files' rule.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -52,10 +53,12 @@ mod de;
 mod env;
 mod error;
 mod load;
+mod plain_http;
 mod secret_files;
 mod validate;
 
 pub use error::ConfigError;
+pub use plain_http::{beyond_loopback, tracing_headers_in_clear};
 /// `[rabbitmq]` is the publisher's own section: its keys, defaults and checks.
 pub use publisher::settings::RabbitMqConfig;
 /// `[topology]` is the publisher's too: the exchanges, queues and bindings it declares.
@@ -287,6 +290,17 @@ pub const DEFAULT_SAMPLING_RATIO: f64 = 1.0;
 /// Default `tracing.max_queue_size`: spans waiting for export, at most.
 pub const DEFAULT_TRACE_QUEUE_SIZE: usize = 8192;
 
+/// `tracing.attributes` values (docs/tracing.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TraceAttributesKind {
+    /// Every attribute: message id, routing key, destination.
+    #[default]
+    Full,
+    /// Without the message id, the routing key and the names rows chose.
+    Minimal,
+}
+
 /// `[tracing]`: OpenTelemetry spans per event, exported over OTLP/HTTP
 /// (docs/tracing.md). Off unless an endpoint is set here or in
 /// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`.
@@ -297,12 +311,22 @@ pub struct TracingConfig {
     /// added to a URL without a path); `""` = the `OTEL_EXPORTER_OTLP_*` variables.
     pub endpoint: String,
     /// The share of new traces sampled, 0.0 to 1.0; a row's sampled (or not)
-    /// `traceparent` is always followed (parent-based). Checked at load.
+    /// `traceparent` is followed while `respect_parent_sampled` is on. Checked at load.
     pub sampling_ratio: f64,
-    /// A file of `key=value` request headers (authentication); never logged.
+    /// A file of `key=value` request headers (authentication); never logged. A
+    /// secret file: 0600, reread by a reload.
     pub headers_file: String,
     /// Spans waiting for export, at most; more are dropped and counted. Checked at load.
     pub max_queue_size: usize,
+    /// `full` (the default) or `minimal`: without the message id, the routing key
+    /// and the names rows chose.
+    pub attributes: TraceAttributesKind,
+    /// Follow a row's sampled flag (parent-based sampling, the default); `false`:
+    /// `sampling_ratio` decides for every event.
+    pub respect_parent_sampled: bool,
+    /// Send `headers_file`'s headers over plain `http://` beyond loopback (refused
+    /// otherwise: anyone on the path reads them).
+    pub allow_insecure_http: bool,
 }
 
 impl Default for TracingConfig {
@@ -312,6 +336,9 @@ impl Default for TracingConfig {
             sampling_ratio: DEFAULT_SAMPLING_RATIO,
             headers_file: String::new(),
             max_queue_size: DEFAULT_TRACE_QUEUE_SIZE,
+            attributes: TraceAttributesKind::Full,
+            respect_parent_sampled: true,
+            allow_insecure_http: false,
         }
     }
 }

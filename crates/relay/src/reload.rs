@@ -10,13 +10,17 @@
 //!                  anything else (slot, url, tables, …)    ─► "needs a restart",
 //!                                                             named, not applied
 //!             ─► every secret file of the running configuration read again
+//!                (the tracing headers file into the running export)
 //! ```
 //!
-//! Secret files (`[rabbitmq] password_file`, `stream_password_file`, the endpoint's
-//! credential files, a libpq `passfile`) are read at every connection or request
-//! anyway, so the next connection uses a rotated one; the reload reads each to
-//! report one that became unreadable before a reconnect needs it. A changed *path*
-//! is a changed key: it needs a restart.
+//! Secret files (`[rabbitmq] password_file`, `stream_password_file`,
+//! `management_password_file`, the endpoint's credential files, a libpq
+//! `passfile`) are read at every connection or request anyway, so the next
+//! connection uses a rotated one; the reload reads each to report one that became
+//! unreadable before a reconnect needs it. `[tracing] headers_file` is the
+//! exception: its headers go with every export request, so the reload reads it into
+//! the running export (crate::telemetry). A changed *path* is a changed key: it
+//! needs a restart.
 //!
 //! A key that needs a restart keeps its running value, and is reported again by the
 //! next reload until the relay restarts; nothing of it is applied, so the running
@@ -129,8 +133,14 @@ impl Reloader {
             }
         }
         for (key, path) in &running.secret_files {
-            match crate::endpoint::read_secret(std::path::Path::new(path)) {
-                Ok(_) => report.secret_files.push((*key).to_string()),
+            let read = match *key {
+                // The export's headers are replaced now: they are sent with every
+                // request, not read at each.
+                "tracing.headers_file" => crate::telemetry::reload_headers(path),
+                _ => crate::endpoint::read_secret(std::path::Path::new(path)).map(drop),
+            };
+            match read {
+                Ok(()) => report.secret_files.push((*key).to_string()),
                 Err(why) => report.errors.push(format!(
                     "cannot read {key} {path} ({why}): the next connection that needs it fails until it holds the secret"
                 )),

@@ -10,20 +10,27 @@
 //!
 //! The export runs on its own thread with its own small runtime, so a slow or
 //! unreachable receiver never holds the publishing runtime (one thread, main.rs).
+//!
+//! `[tracing] headers_file` is a secret file (the rule of every secret file,
+//! checked at load): its headers go with every request from [`HEADERS`], which a
+//! reload refills ([`reload_headers`]), and never in clear beyond loopback unless
+//! `allow_insecure_http = true` (docs/security.md).
 
 mod export;
 mod http;
 
 use std::collections::HashMap;
+use std::sync::OnceLock;
 use std::time::Duration;
 
+use hyper::header::{HeaderName, HeaderValue};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use publisher::trace::EventTracer;
 
-use crate::config::TracingConfig;
+use crate::config::{Config, TracingConfig};
 use crate::error::CliError;
 
 pub use export::{SPANS_DROPPED, SPANS_EXPORTED};
@@ -32,6 +39,10 @@ pub use export::{SPANS_DROPPED, SPANS_EXPORTED};
 pub const DEFAULT_SERVICE_NAME: &str = "outbox-relay";
 /// How long the exit waits for the queued spans to be sent.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The headers of `[tracing] headers_file` the running export sends; set once the
+/// export starts with a headers file.
+static HEADERS: OnceLock<http::Headers> = OnceLock::new();
 
 /// Whether tracing is on: an endpoint in `[tracing]` or in an
 /// `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` variable, and `OTEL_SDK_DISABLED` not
@@ -60,10 +71,12 @@ impl Telemetry {
 
 /// Starts the export and installs the tracer every publisher takes its spans from
 /// (`publisher::trace`); `None` when tracing is off.
-pub fn start(config: &TracingConfig) -> Result<Option<Telemetry>, CliError> {
+pub fn start(cfg: &Config) -> Result<Option<Telemetry>, CliError> {
+    let config = &cfg.tracing;
     if !enabled(config) {
         return Ok(None);
     }
+    refuse_headers_in_clear(config)?;
     let protocol = std::env::var("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         .or_else(|_| std::env::var("OTEL_EXPORTER_OTLP_PROTOCOL"))
         .unwrap_or_default();
@@ -75,15 +88,18 @@ pub fn start(config: &TracingConfig) -> Result<Option<Telemetry>, CliError> {
             outbox_event::redact::printable(protocol.trim())
         )));
     }
+    let headers = http::Headers::default();
+    if !config.headers_file.is_empty() {
+        headers.set(read_headers(&config.headers_file)?);
+        let _ = HEADERS.set(headers.clone());
+    }
+    let client = http::Client::new(headers).map_err(|e| invalid("tracing.endpoint", e))?;
     let mut builder = opentelemetry_otlp::SpanExporter::builder()
         .with_http()
-        .with_http_client(http::Client::new().map_err(|e| invalid("tracing.endpoint", e))?)
+        .with_http_client(client)
         .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
     if !config.endpoint.is_empty() {
         builder = builder.with_endpoint(traces_url(&config.endpoint));
-    }
-    if !config.headers_file.is_empty() {
-        builder = builder.with_headers(read_headers(&config.headers_file)?);
     }
     // Neither the endpoint (it may hold credentials) nor the headers are quoted.
     let exporter = builder.build().map_err(|_| {
@@ -112,9 +128,13 @@ pub fn start(config: &TracingConfig) -> Result<Option<Telemetry>, CliError> {
         ))))
         .with_resource(resource)
         .build();
-    EventTracer::install(EventTracer::new(provider.tracer("outbox-relay")));
+    let tracer =
+        EventTracer::new(provider.tracer("outbox-relay")).with_options(cfg.trace_options());
+    EventTracer::install(tracer);
     tracing::info!(
         sampling_ratio = config.sampling_ratio,
+        respect_parent_sampled = config.respect_parent_sampled,
+        attributes = ?config.attributes,
         max_queue_size = config.max_queue_size,
         "exporting a publish span per event over OTLP/HTTP (docs/tracing.md)"
     );
@@ -142,26 +162,72 @@ fn invalid(key: &str, reason: impl Into<String>) -> CliError {
     })
 }
 
+/// The effective endpoint (`[tracing] endpoint`, else the `OTEL_*` variables')
+/// must not be plain http:// beyond loopback when headers go with it, unless
+/// `allow_insecure_http = true`.
+fn refuse_headers_in_clear(config: &TracingConfig) -> Result<(), CliError> {
+    let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let endpoint = Some(config.endpoint.clone())
+        .filter(|e| !e.trim().is_empty())
+        .or_else(|| var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .unwrap_or_default();
+    let from = if !config.headers_file.is_empty() {
+        "tracing.headers_file"
+    } else if var("OTEL_EXPORTER_OTLP_TRACES_HEADERS").is_some()
+        || var("OTEL_EXPORTER_OTLP_HEADERS").is_some()
+    {
+        "OTEL_EXPORTER_OTLP_HEADERS"
+    } else {
+        return Ok(());
+    };
+    let why = crate::config::tracing_headers_in_clear(&endpoint, config.allow_insecure_http, from);
+    match why {
+        Some(why) => Err(invalid("tracing.endpoint", why)),
+        None => Ok(()),
+    }
+}
+
+/// Reads `[tracing] headers_file` again (a reload) into the running export's
+/// headers; `Ok` without reading when the export runs without a headers file.
+pub fn reload_headers(path: &str) -> Result<(), String> {
+    let Some(headers) = HEADERS.get() else {
+        return Ok(());
+    };
+    headers.set(read_headers(path).map_err(|e| e.to_line())?);
+    Ok(())
+}
+
 /// The headers of `[tracing] headers_file`: `key=value` pairs, one per line or
 /// comma-separated (the format of `OTEL_EXPORTER_OTLP_HEADERS`); `#` starts a comment
 /// line. Errors name the line, never its text (it holds credentials).
-pub fn read_headers(path: &str) -> Result<HashMap<String, String>, CliError> {
+pub fn read_headers(path: &str) -> Result<http::HeaderList, CliError> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         invalid(
             "tracing.headers_file",
             format!("cannot read {path:?} ({e}): fix the path or its permissions"),
         )
     })?;
-    parse_headers(&text).map_err(|line| {
+    let bad = |line: usize| {
         invalid(
             "tracing.headers_file",
             format!("line {line} of {path:?} is not `key=value`: write one header per line as key=value"),
         )
-    })
+    };
+    let headers = parse_headers(&text).map_err(bad)?;
+    let mut out = Vec::with_capacity(headers.len());
+    for (key, (value, line)) in headers {
+        let name = HeaderName::from_bytes(key.as_bytes()).map_err(|_| bad(line))?;
+        let mut value = HeaderValue::from_str(&value).map_err(|_| bad(line))?;
+        value.set_sensitive(true);
+        out.push((name, value));
+    }
+    Ok(out)
 }
 
-/// [`read_headers`]' parser: the number of the first bad line on error.
-fn parse_headers(text: &str) -> Result<HashMap<String, String>, usize> {
+/// [`read_headers`]' parser: each key's value and line; the number of the first
+/// bad line on error.
+fn parse_headers(text: &str) -> Result<HashMap<String, (String, usize)>, usize> {
     let mut headers = HashMap::new();
     for (n, line) in text.lines().enumerate() {
         let line = line.trim();
@@ -174,7 +240,7 @@ fn parse_headers(text: &str) -> Result<HashMap<String, String>, usize> {
             if key.is_empty() || !key.bytes().all(|c| c.is_ascii_graphic() && c != b':') {
                 return Err(n + 1);
             }
-            headers.insert(key.to_ascii_lowercase(), value.trim().to_string());
+            headers.insert(key.to_ascii_lowercase(), (value.trim().to_string(), n + 1));
         }
     }
     Ok(headers)
@@ -197,9 +263,9 @@ mod tests {
     #[test]
     fn headers_are_key_value_pairs() {
         let h = parse_headers("# auth\nx-honeycomb-team = abc\n\nA=1,b=2=3\n").expect("valid");
-        assert_eq!(h["x-honeycomb-team"], "abc");
-        assert_eq!(h["a"], "1");
-        assert_eq!(h["b"], "2=3");
+        assert_eq!(h["x-honeycomb-team"], ("abc".to_string(), 2));
+        assert_eq!(h["a"].0, "1");
+        assert_eq!(h["b"], ("2=3".to_string(), 4));
         assert_eq!(parse_headers("a=1\nsecret-without-equals\n"), Err(2));
         assert_eq!(parse_headers("bad key=1"), Err(1));
     }

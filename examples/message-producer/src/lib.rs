@@ -9,7 +9,7 @@
 //! BEGIN;
 //! UPDATE orders SET status = 'paid', paid_at = now() WHERE id = $1 AND status = 'open'
 //!   RETURNING amount_cents;
-//! SELECT outbox_emit('order', $1::text, 'order_paid', $payload::jsonb, $headers::jsonb)::text;
+//! SELECT public.outbox_emit('order', $1::text, 'order_paid', $payload::jsonb, $headers::jsonb)::text;
 //! COMMIT;
 //! ```
 //!
@@ -106,7 +106,7 @@ pub async fn pay_order(
     // published by the relay only if COMMIT succeeds.
     let event_id: String = tx
         .query_one(
-            "SELECT outbox_emit($1, $2, $3, $4::text::jsonb, $5::text::jsonb)::text",
+            "SELECT public.outbox_emit($1, $2, $3, $4::text::jsonb, $5::text::jsonb)::text",
             &[
                 &AGGREGATE_TYPE,
                 &order_id.to_string(),

@@ -313,6 +313,60 @@ mod reserved_tests {
         assert!(h.get("x-delay").is_some());
     }
 
+    /// The relay's own headers are reserved in every header mode: with
+    /// `headers = "minimal"` the relay does not write `aggregate_type`,
+    /// `aggregate_id`, `outbox_table` or `xid`, and a row's headers column must not
+    /// either (a consumer would take them for the relay's); with `full` the
+    /// relay's own values stand.
+    #[test]
+    fn a_row_never_sets_the_relays_own_headers_in_any_mode() {
+        let row = br#"{"aggregate_type":"forged","aggregate_id":"forged","outbox_table":"forged","xid":1,"event_type":"forged","commit_lsn":"forged","tx_index":99,"tenant":"a"}"#;
+        for profile in [HeaderProfile::Minimal, HeaderProfile::Full] {
+            let mut b = MessageBuilder::new("k", &[]).unwrap().with_headers(profile);
+            let m = b.build(&event(row));
+            let p = b.properties_of(&m);
+            let h = p.headers().as_ref().unwrap().inner();
+            assert_eq!(text(h.get("tenant")), "a");
+            for (key, value) in h {
+                let forged = match value {
+                    AMQPValue::LongString(s) => s.as_bytes() == b"forged",
+                    AMQPValue::LongLongInt(n) => key.as_str() == "tx_index" && *n == 99,
+                    _ => false,
+                };
+                assert!(!forged, "{profile:?}: the row set {key}");
+            }
+            let descriptive = ["aggregate_type", "aggregate_id", "outbox_table", "xid"];
+            for key in descriptive {
+                let written = h.contains_key(key);
+                assert_eq!(
+                    written,
+                    profile == HeaderProfile::Full,
+                    "{profile:?}: {key}"
+                );
+            }
+            assert_eq!(text(h.get("event_type")), "created");
+            assert_eq!(text(h.get("commit_lsn")), "0/10");
+        }
+    }
+
+    /// A property key spelled with JSON escapes is the property: refused (poison,
+    /// named) when its value is invalid, and never copied as a header.
+    #[test]
+    fn an_escaped_property_key_is_checked_and_not_a_header() {
+        let bad = event(br#"{"pri\u006frity": 300}"#);
+        let e = MessageBuilder::check_row_properties(&bad).expect_err("priority 300 passed");
+        assert!(e.contains("\"priority\""), "{e}");
+        let mut b = MessageBuilder::new("k", &[]).unwrap();
+        let m = b.build(&event(br#"{"pri\u006frity": 4, "tenant": "a"}"#));
+        let p = b.properties_of(&m);
+        assert_eq!(*p.priority(), Some(4));
+        let h = p.headers().as_ref().unwrap().inner();
+        assert!(
+            !h.contains_key("priority") && h.contains_key("tenant"),
+            "{h:?}"
+        );
+    }
+
     #[test]
     fn dead_letter_copies() {
         let mut b = MessageBuilder::new("k", &[("replay".into(), "true".into())]).unwrap();

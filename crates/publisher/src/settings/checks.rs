@@ -53,6 +53,22 @@ impl RabbitMqConfig {
                 "is not an http:// or https:// URL: give the management plugin's address, e.g. http://127.0.0.1:15672, or leave it empty",
             )));
         }
+        if r.management_user.is_empty() != r.management_password_file.is_empty() {
+            let (set, missing) = match r.management_user.is_empty() {
+                true => (
+                    "rabbitmq.management_password_file",
+                    "rabbitmq.management_user",
+                ),
+                false => (
+                    "rabbitmq.management_user",
+                    "rabbitmq.management_password_file",
+                ),
+            };
+            check(Err(SettingError::new(
+                missing,
+                format!("{set} is set but {missing} is not: set both (the management API's own user and its password file), or neither"),
+            )));
+        }
         check(
             check_routing_key(&r.routing_key)
                 .map_err(|reason| SettingError::new("rabbitmq.routing_key", reason)),

@@ -22,6 +22,19 @@ pub const SOURCE_PROPERTY: &str = "x-outbox-source";
 /// Application property holding the timeline whose WAL holds the event's commit.
 pub const TIMELINE_PROPERTY: &str = "x-outbox-timeline";
 
+/// The relay's own application properties (the stream's `table` is the exchange
+/// target's `outbox_table`): a row's headers column never sets them, whatever
+/// `[message] headers` writes.
+const RELAY_KEYS: [&str; 7] = [
+    "aggregate_type",
+    "aggregate_id",
+    "event_type",
+    "table",
+    "commit_lsn",
+    "tx_index",
+    "xid",
+];
+
 /// The producer of replay's unnamed messages (no deduplication).
 pub(super) const UNNAMED: ProducerKey = ProducerKey {
     timeline: 0,
@@ -173,7 +186,8 @@ impl StreamMessageBuilder {
         }
         let mut app = properties.message_builder().application_properties();
         if let Some(raw) = &event.headers {
-            for (key, value) in json_headers(raw, &mut self.logged, self.cloudevents.is_some()) {
+            let cloudevents = self.cloudevents.is_some();
+            for (key, value) in json_headers(raw, &mut self.logged, cloudevents, &RELAY_KEYS) {
                 app = app.insert(key, SimpleValue::from(value));
             }
         }
@@ -377,6 +391,30 @@ mod tests {
             .unwrap();
         let n = full.message.application_properties().unwrap().len();
         assert_eq!(n, keys.len() + 4);
+    }
+
+    /// A row's headers column never sets the relay's own properties, with
+    /// `headers = "minimal"` (which leaves the descriptive ones out) as with `full`.
+    #[test]
+    fn a_row_never_sets_the_relays_own_properties() {
+        let mut e = event();
+        e.headers = Some(Bytes::from_static(
+            br#"{"aggregate_type":"forged","aggregate_id":"forged","table":"forged","xid":"forged","event_type":"forged","tenant":"t"}"#,
+        ));
+        for profile in [HeaderProfile::Minimal, HeaderProfile::Full] {
+            let mut b = StreamMessageBuilder::new(&[], Some(source())).with_headers(profile);
+            let p = b.build(&e).unwrap();
+            let app = p.message.application_properties().unwrap();
+            for key in app.keys() {
+                assert_ne!(prop(&p.message, key).as_deref(), Some("forged"), "{key}");
+            }
+            assert_eq!(prop(&p.message, "tenant").as_deref(), Some("t"));
+            assert_eq!(
+                app.contains_key("table"),
+                profile == HeaderProfile::Full,
+                "{profile:?}"
+            );
+        }
     }
 
     #[test]

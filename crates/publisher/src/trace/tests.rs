@@ -228,3 +228,158 @@ fn each_span_names_its_own_destination_table_and_transaction() {
         );
     }
 }
+
+/// A tracer exporting to `exporter`, with `options`.
+fn tracer_with(exporter: &Collect, options: TraceOptions) -> EventTracer {
+    use opentelemetry::trace::TracerProvider as _;
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_span_processor(exporter.clone())
+        .build();
+    EventTracer::new(provider.tracer("test")).with_options(options)
+}
+
+fn attribute(span: &SpanData, key: &str) -> Option<String> {
+    span.attributes
+        .iter()
+        .find(|kv| kv.key.as_str() == key)
+        .map(|kv| kv.value.to_string())
+}
+
+/// `attributes = "minimal"`: no message id, no routing key, and a destination a
+/// row chose is not named (the span is `publish`, with the configured template);
+/// one the configuration names still is. `full` names everything.
+#[test]
+fn minimal_attributes_leave_out_what_rows_choose() {
+    let exporter = Collect::default();
+    let mut tracer = tracer_with(
+        &exporter,
+        TraceOptions {
+            attributes: AttributeSet::Minimal,
+            configured_destinations: vec!["dlx".into()],
+            destination_template: Some("events.{aggregate_type}".into()),
+            ..TraceOptions::default()
+        },
+    );
+    tracer
+        .start(&event(), "events.customer-42", Some("order.42"))
+        .end();
+    tracer.start(&event(), "dlx", Some("order.42")).end();
+    let spans = exporter.0.lock().unwrap().clone();
+    let row_chosen = &spans[0];
+    assert_eq!(row_chosen.name, "publish");
+    assert_eq!(attribute(row_chosen, attributes::DESTINATION), None);
+    assert_eq!(
+        attribute(row_chosen, attributes::DESTINATION_TEMPLATE).as_deref(),
+        Some("events.{aggregate_type}")
+    );
+    assert_eq!(spans[1].name, "publish dlx");
+    assert_eq!(
+        attribute(&spans[1], attributes::DESTINATION).as_deref(),
+        Some("dlx")
+    );
+    for span in &spans {
+        assert_eq!(attribute(span, attributes::MESSAGE_ID), None);
+        assert_eq!(attribute(span, attributes::ROUTING_KEY), None);
+        let text = format!("{:?}", span.attributes);
+        assert!(!text.contains("42") && !text.contains("6f1c2a4e"), "{text}");
+        assert!(attribute(span, attributes::COMMIT_LSN).is_some());
+    }
+    // Full (the default): the same event names all of them.
+    let exporter = Collect::default();
+    let mut tracer = tracer_with(&exporter, TraceOptions::default());
+    tracer
+        .start(&event(), "events.customer-42", Some("order.42"))
+        .end();
+    let spans = exporter.0.lock().unwrap().clone();
+    assert_eq!(spans[0].name, "publish events.customer-42");
+    assert_eq!(
+        attribute(&spans[0], attributes::ROUTING_KEY).as_deref(),
+        Some("order.42")
+    );
+    assert!(attribute(&spans[0], attributes::MESSAGE_ID).is_some());
+}
+
+/// Every attribute value is at most 255 bytes, cut at a character boundary: the
+/// message id (which the AMQP property cuts there too), the destination and the
+/// span name made of it, the routing key, the table, an event's attributes.
+#[test]
+fn attribute_values_are_bounded_at_a_character_boundary() {
+    let exporter = Collect::default();
+    let mut tracer = tracer_with(&exporter, TraceOptions::default());
+    let long = "é".repeat(200); // 400 bytes, two per character
+    let mut e = event();
+    e.id = Some(Bytes::from(format!("x{long}")));
+    e.table = Arc::new(OutboxTable {
+        qualified_name: format!("s.{long}"),
+        ..(*e.table).clone()
+    });
+    let span = tracer.start(&e, &format!("x{long}"), Some(&format!("k{long}")));
+    span.event(
+        "dead_lettered",
+        vec![KeyValue::new("exchange", format!("x{long}"))],
+    );
+    span.end();
+    let spans = exporter.0.lock().unwrap().clone();
+    let s = &spans[0];
+    let mut values: Vec<String> = s.attributes.iter().map(|kv| kv.value.to_string()).collect();
+    values.extend(
+        s.events.events[0]
+            .attributes
+            .iter()
+            .map(|kv| kv.value.to_string()),
+    );
+    for value in &values {
+        assert!(value.len() <= MAX_ATTRIBUTE_BYTES, "{} bytes", value.len());
+    }
+    for key in [
+        attributes::MESSAGE_ID,
+        attributes::DESTINATION,
+        attributes::ROUTING_KEY,
+        attributes::TABLE,
+    ] {
+        let value = attribute(s, key).unwrap();
+        assert!(
+            value.len() >= MAX_ATTRIBUTE_BYTES - 1,
+            "{key}: cut too short"
+        );
+    }
+    assert_eq!(s.name.len(), "publish ".len() + MAX_ATTRIBUTE_BYTES);
+}
+
+/// `respect_parent_sampled`: on (the default), a row's sampled flag is followed
+/// whatever `sampling_ratio` says; off, the ratio decides for every event, so a
+/// row can neither force an export nor prevent one.
+#[test]
+fn respect_parent_sampled_off_applies_the_ratio_to_every_event() {
+    let sampled = format!(r#"{{"traceparent":"{VALID}"}}"#);
+    let unsampled = format!(r#"{{"traceparent":"{}00"}}"#, &VALID[..53]);
+    let run = |respect: bool, ratio: f64, headers: &str| {
+        let exporter = Collect::default();
+        let mut tracer = tracer_with(
+            &exporter,
+            TraceOptions {
+                respect_parent_sampled: respect,
+                sampling_ratio: ratio,
+                ..TraceOptions::default()
+            },
+        );
+        let mut e = event();
+        e.headers = Some(Bytes::from(headers.to_string()));
+        let span = tracer.start(&e, "orders", None);
+        let carried = span.traceparent().to_string();
+        span.end();
+        let exported = exporter.0.lock().unwrap().len();
+        (exported, carried)
+    };
+    // Followed: exported at ratio 0, not exported at ratio 1.
+    assert_eq!(run(true, 0.0, &sampled).0, 1);
+    assert_eq!(run(true, 1.0, &unsampled).0, 0);
+    // Not followed: the ratio decides; the span stays in the row's trace.
+    let (exported, carried) = run(false, 0.0, &sampled);
+    assert_eq!(exported, 0);
+    assert!(carried.starts_with(&VALID[..36]) && carried.ends_with("-00"));
+    let (exported, carried) = run(false, 1.0, &unsampled);
+    assert_eq!(exported, 1);
+    assert!(carried.ends_with("-01"), "{carried}");
+    assert!(TraceOptions::default().respect_parent_sampled);
+}

@@ -28,7 +28,7 @@ pub async fn execute(
     crate::build_info::log();
     crate::background::validate(cfg)?;
     // Before the first publisher starts: each takes the tracer when it starts.
-    let telemetry = crate::telemetry::start(&cfg.tracing)?;
+    let telemetry = crate::telemetry::start(cfg)?;
     let mut shutdown = Shutdown::new();
     spawn_signal_handler(shutdown.clone())?;
     let control = Control::new(args.paused, shutdown.clone());

@@ -13,11 +13,14 @@ use secrecy::ExposeSecret;
 use wal_reader::conninfo::ConnInfoError;
 use wal_reader::{PgConnectOptions, ReaderConfig, TableName};
 
-use super::{redact_url, ColumnMapping, Config, HeaderProfileKind, MessageFormatKind};
+use super::{
+    redact_url, ColumnMapping, Config, HeaderProfileKind, MessageFormatKind, TraceAttributesKind,
+};
 use publisher::message::cloudevents::CloudEventsFormat;
-use publisher::message::{HeaderProfile, MessageFormat};
+use publisher::message::{HeaderProfile, MessageFormat, RoutingKeyTemplate};
 use publisher::settings::Shared;
 use publisher::stream::StreamConfig;
+use publisher::trace::{AttributeSet, TraceOptions};
 
 impl Config {
     /// The Postgres URL or conninfo, password included. Do not log it.
@@ -168,6 +171,31 @@ impl Config {
             .iter()
             .map(|u| redact_url(u.expose_secret()))
             .collect()
+    }
+
+    /// How the publish spans are made (`[tracing]`, docs/tracing.md): the
+    /// destinations the configuration names (the exchange as written, the
+    /// dead-letter exchange, the stream) are the only ones `attributes = "minimal"`
+    /// names; a template exchange is the destination template.
+    pub fn trace_options(&self) -> TraceOptions {
+        let t = &self.tracing;
+        let exchange = &self.rabbitmq.exchange;
+        let template = RoutingKeyTemplate::parse(exchange).is_ok_and(|t| t.has_placeholders());
+        let configured = (!template).then_some(exchange.as_str());
+        TraceOptions {
+            attributes: match t.attributes {
+                TraceAttributesKind::Full => AttributeSet::Full,
+                TraceAttributesKind::Minimal => AttributeSet::Minimal,
+            },
+            respect_parent_sampled: t.respect_parent_sampled,
+            sampling_ratio: t.sampling_ratio,
+            configured_destinations: [configured, self.dead_letter_exchange(), self.stream()]
+                .into_iter()
+                .flatten()
+                .map(str::to_string)
+                .collect(),
+            destination_template: template.then(|| exchange.clone()),
+        }
     }
 
     /// What both targets take from outside `[rabbitmq]`.

@@ -67,6 +67,9 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("rabbitmq", "password_file", Kind::Str),
     ("rabbitmq", "stream_password_file", Kind::Str),
     ("rabbitmq", "management_url", Kind::Str),
+    ("rabbitmq", "management_user", Kind::Str),
+    ("rabbitmq", "management_password_file", Kind::Str),
+    ("rabbitmq", "allow_insecure_http", Kind::Bool),
     ("message", "format", Kind::Str),
     ("message", "headers", Kind::Str),
     ("message", "cloudevents_source", Kind::Str),
@@ -89,6 +92,9 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("tracing", "sampling_ratio", Kind::Float),
     ("tracing", "headers_file", Kind::Str),
     ("tracing", "max_queue_size", Kind::UInt),
+    ("tracing", "attributes", Kind::Str),
+    ("tracing", "respect_parent_sampled", Kind::Bool),
+    ("tracing", "allow_insecure_http", Kind::Bool),
 ];
 
 pub(super) const ENV_METADATA_NAME: &str = "environment variable";

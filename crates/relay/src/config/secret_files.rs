@@ -11,7 +11,7 @@ use super::{Config, ConfigError};
 impl Config {
     /// The files that hold credentials, by key (empty when not set): each new
     /// connection reads them again, and a reload checks them (docs/security.md).
-    pub(crate) fn credential_files(&self) -> [(&'static str, &str); 4] {
+    pub(crate) fn credential_files(&self) -> [(&'static str, &str); 6] {
         let r = &self.rabbitmq;
         let m = &self.relay;
         [
@@ -20,6 +20,11 @@ impl Config {
                 "rabbitmq.stream_password_file",
                 r.stream_password_file.as_str(),
             ),
+            (
+                "rabbitmq.management_password_file",
+                r.management_password_file.as_str(),
+            ),
+            ("tracing.headers_file", self.tracing.headers_file.as_str()),
             (
                 "relay.metrics_bearer_token_file",
                 m.metrics_bearer_token_file.as_str(),

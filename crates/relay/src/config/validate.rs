@@ -138,7 +138,8 @@ pub fn validate_routing_key(template: &str) -> Result<(), ConfigError> {
 }
 
 /// `[tracing]`: the ratio is a share, the queue holds at least one span, the
-/// endpoint is an HTTP URL (never quoted: it may hold credentials).
+/// endpoint is an HTTP URL (never quoted: it may hold credentials), and not plain
+/// http:// beyond loopback when headers go with it (docs/security.md).
 fn validate_tracing(t: &super::TracingConfig) -> Result<(), ConfigError> {
     if !(0.0..=1.0).contains(&t.sampling_ratio) {
         return Err(ConfigError::invalid(
@@ -162,6 +163,17 @@ fn validate_tracing(t: &super::TracingConfig) -> Result<(), ConfigError> {
             "tracing.endpoint",
             "is not an http:// or https:// URL: set the OTLP/HTTP receiver, e.g. \"http://collector:4318\"",
         ));
+    }
+    // The endpoint of the OTEL_* variables is checked when the export starts.
+    if !t.headers_file.is_empty() {
+        let why = super::plain_http::tracing_headers_in_clear(
+            endpoint,
+            t.allow_insecure_http,
+            "tracing.headers_file",
+        );
+        if let Some(why) = why {
+            return Err(ConfigError::invalid("tracing.endpoint", why));
+        }
     }
     Ok(())
 }

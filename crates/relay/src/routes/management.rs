@@ -3,8 +3,10 @@
 //!
 //! ```text
 //!   management_url (http:// or https://, optional user:password@, optional path prefix)
-//!     credentials: the URL's own, else those of the first [rabbitmq] url
-//!                  (password_file, when set, gives the password)
+//!     plain http:// beyond loopback: refused unless allow_insecure_http (credentials.rs)
+//!     credentials: the URL's own, else management_user and its password file,
+//!                  else those of the first [rabbitmq] url (password_file, when
+//!                  set, gives the password), never the AMQP password for another user
 //!     vhost: that of the first [rabbitmq] url
 //!   GET {prefix}/api/exchanges/{vhost}, /api/bindings/{vhost}, /api/queues/{vhost}
 //!     ─► routing::Topology (queues_complete: the broker's every queue is known)
@@ -32,6 +34,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::config::{redact_url, Config};
 
+mod credentials;
+
 /// How long one request may take, connection and TLS included.
 const TIMEOUT: Duration = Duration::from_secs(15);
 /// The largest answer read.
@@ -47,6 +51,8 @@ pub struct Management {
     authorization: String,
     /// The URL without credentials, for messages.
     pub shown: String,
+    /// What `check --routes` warns about the credentials (sent in clear).
+    pub warnings: Vec<String>,
 }
 
 /// `scheme://[user[:password]@]host[:port][/path]` split up (no query or fragment
@@ -153,6 +159,8 @@ impl Management {
             "https" => true,
             _ => return Err(bad()),
         };
+        // Before any secret is read.
+        let warnings = credentials::in_clear(cfg, url, &shown)?;
         // The broker's credentials and vhost: those of the first AMQP URL.
         let urls = cfg.rabbitmq.expose_urls();
         let amqp = urls.first().and_then(|u| parse_url(u));
@@ -160,23 +168,13 @@ impl Management {
             None | Some("") | Some("/") => "/".to_string(),
             Some(p) => decode(&p[1..]),
         };
-        let (user, password) = match (m.user, m.password) {
-            (Some(u), Some(p)) => (u, p),
-            (own_user, _) => {
-                let user = own_user
-                    .or_else(|| amqp.as_ref().and_then(|a| a.user.clone()))
-                    .unwrap_or_else(|| "guest".into());
-                let password = if cfg.rabbitmq.password_file.is_empty() {
-                    amqp.as_ref()
-                        .and_then(|a| a.password.clone())
-                        .unwrap_or_else(|| "guest".into())
-                } else {
-                    publisher::routing::read_password_file(Path::new(&cfg.rabbitmq.password_file))
-                        .map_err(|e| e.to_string())?
-                };
-                (user, password)
-            }
-        };
+        let (user, password) = credentials::pick(credentials::Given {
+            url_user: m.user,
+            url_password: m.password,
+            amqp_user: amqp.as_ref().and_then(|a| a.user.clone()),
+            amqp_password: amqp.as_ref().and_then(|a| a.password.clone()),
+            cfg,
+        })?;
         let pair = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
         Ok(Some(Management {
             tls,
@@ -186,6 +184,7 @@ impl Management {
             vhost,
             authorization: format!("Basic {pair}"),
             shown,
+            warnings,
         }))
     }
 

@@ -192,6 +192,9 @@ pub async fn execute(cfg: &Config, since: Option<Duration>) -> Result<(), CliErr
     // The broker's own topology first: it decides whether the rest is complete.
     let mut topology = Topology::default();
     let management = management::Management::from_config(cfg).map_err(CliError::Usage)?;
+    for warning in management.iter().flat_map(|m| &m.warnings) {
+        say(&format!("warn  management API: {warning}"));
+    }
     if let Some(m) = &management {
         let t = m
             .topology(cfg.ca_file())

@@ -3,11 +3,12 @@
 //! It runs on the export thread's own runtime (`export.rs`), never on the
 //! publishers'. Replaces opentelemetry-otlp's reqwest client, a second HTTP stack.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt as _, Full, Limited};
+use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use opentelemetry_http::{HttpClient, HttpError};
@@ -19,10 +20,30 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest answer read (a receiver's answer is a few bytes).
 const MAX_RESPONSE: usize = 1024 * 1024;
 
+/// Request headers, name and value.
+pub type HeaderList = Vec<(HeaderName, HeaderValue)>;
+
+/// The request headers of `[tracing] headers_file` (credentials), which every
+/// export request carries; a reload replaces them (docs/tracing.md).
+#[derive(Clone, Default)]
+pub struct Headers(Arc<Mutex<Arc<HeaderList>>>);
+
+impl Headers {
+    /// Every later request carries `headers` instead.
+    pub fn set(&self, headers: HeaderList) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Arc::new(headers);
+    }
+
+    fn get(&self) -> Arc<HeaderList> {
+        Arc::clone(&self.0.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
 #[derive(Clone)]
 pub struct Client {
     tls: Arc<rustls::ClientConfig>,
     timeout: Duration,
+    headers: Headers,
 }
 
 impl std::fmt::Debug for Client {
@@ -32,8 +53,9 @@ impl std::fmt::Debug for Client {
 }
 
 impl Client {
-    /// A client trusting the system's roots for https endpoints.
-    pub fn new() -> Result<Client, String> {
+    /// A client trusting the system's roots for https endpoints, whose requests
+    /// carry `headers`.
+    pub fn new(headers: Headers) -> Result<Client, String> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -52,6 +74,7 @@ impl Client {
         Ok(Client {
             tls: Arc::new(tls),
             timeout,
+            headers,
         })
     }
 
@@ -70,6 +93,9 @@ impl Client {
         let tcp = TcpStream::connect((host.trim_matches(['[', ']']), port)).await?;
         let _ = tcp.set_nodelay(true);
         let (mut parts, body) = request.into_parts();
+        for (name, value) in self.headers.get().iter() {
+            parts.headers.insert(name.clone(), value.clone());
+        }
         if !parts.headers.contains_key(hyper::header::HOST) {
             let authority = uri.authority().map(|a| a.as_str()).unwrap_or(&host);
             // Never the userinfo part of an authority.

@@ -349,3 +349,40 @@ fn closest_suggests_only_near_names() {
     );
     assert_eq!(closest("zzz", &["max_in_flight", "url"]), None);
 }
+
+/// The tracing headers (credentials) never go to a plain http:// endpoint beyond
+/// loopback unless `[tracing] allow_insecure_http = true` says so; https://, a
+/// loopback collector, or no headers at all are fine.
+#[test]
+fn tracing_headers_over_plain_http_beyond_loopback_are_refused() {
+    let secret = std::env::temp_dir().join(format!("otlp-headers-{}", std::process::id()));
+    std::fs::write(&secret, "x-api-key=k\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let file = secret.to_str().unwrap();
+    let with = |endpoint: &str, allow: &str| {
+        load_env(&[
+            ("OUTBOX_RELAY_TRACING_ENDPOINT", endpoint),
+            ("OUTBOX_RELAY_TRACING_HEADERS_FILE", file),
+            ("OUTBOX_RELAY_TRACING_ALLOW_INSECURE_HTTP", allow),
+        ])
+    };
+    let msg = err_about(
+        with("http://collector.example:4318", "false"),
+        "tracing.endpoint",
+    );
+    assert!(
+        msg.contains("collector.example") && msg.contains("allow_insecure_http = true"),
+        "{msg}"
+    );
+    for (endpoint, allow) in [
+        ("http://collector.example:4318", "true"),
+        ("https://collector.example:4318", "false"),
+        ("http://127.0.0.1:4318", "false"),
+        ("http://localhost:4318", "false"),
+    ] {
+        assert!(with(endpoint, allow).is_ok(), "{endpoint} {allow}");
+    }
+    let no_headers = load_env(&[("OUTBOX_RELAY_TRACING_ENDPOINT", "http://c.example:4318")]);
+    assert!(no_headers.is_ok());
+    let _ = std::fs::remove_file(&secret);
+}

@@ -155,6 +155,10 @@ fn every_key_has_a_working_env_var() {
             ("rabbitmq.channels", _) => continue,
             ("rabbitmq.routing_key", _) => "{table}",
             ("rabbitmq.management_url", _) => "http://h:15672",
+            // A pair: checked against each other below.
+            ("rabbitmq.management_user" | "rabbitmq.management_password_file", _) => continue,
+            ("rabbitmq.allow_insecure_http" | "tracing.allow_insecure_http", _) => "true",
+            ("tracing.attributes", _) => "minimal",
             ("rabbitmq.ca_file", _) => "Cargo.toml",
             ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => secret.as_str(),
             // A pair, checked against each other (like the metrics keys below).
@@ -245,6 +249,10 @@ fn every_key_has_a_working_env_var() {
             "tracing.sampling_ratio" => c.tracing.sampling_ratio == 0.5,
             "tracing.headers_file" => c.tracing.headers_file == value,
             "tracing.max_queue_size" => c.tracing.max_queue_size == 123,
+            "tracing.attributes" => c.tracing.attributes == TraceAttributesKind::Minimal,
+            "tracing.respect_parent_sampled" => !c.tracing.respect_parent_sampled,
+            "tracing.allow_insecure_http" => c.tracing.allow_insecure_http,
+            "rabbitmq.allow_insecure_http" => c.rabbitmq.allow_insecure_http,
             "relay.pause_alert_after" => {
                 c.relay.pause_alert_after == Some(Duration::from_secs(300))
             }
@@ -290,6 +298,37 @@ fn metrics_endpoint_pairs_are_set_together() {
     let e = c.metrics_endpoint().unwrap();
     assert_eq!(e.auth.basic, Some(("prom".into(), "/p".into())));
     assert_eq!(e.tls, Some(("/c".into(), "/k".into())));
+    // The management API's own user and password file: the same rule.
+    for (set, missing) in [
+        (
+            "rabbitmq.management_user",
+            "rabbitmq.management_password_file",
+        ),
+        (
+            "rabbitmq.management_password_file",
+            "rabbitmq.management_user",
+        ),
+    ] {
+        let var = env_var_name(set);
+        let e = load_env(&[(var.as_str(), "x")]).unwrap_err().to_string();
+        assert!(e.contains(missing), "{set}: {e}");
+    }
+    let secret = std::env::temp_dir().join(format!("mgmt-pair-{}", std::process::id()));
+    std::fs::write(&secret, "pw\n").unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let c = load_env(&[
+        (env_var_name("rabbitmq.management_user").as_str(), "monitor"),
+        (
+            env_var_name("rabbitmq.management_password_file").as_str(),
+            secret.to_str().unwrap(),
+        ),
+    ])
+    .unwrap();
+    assert_eq!(c.rabbitmq.management_user, "monitor");
+    assert_eq!(
+        c.rabbitmq.management_password_file,
+        secret.to_str().unwrap()
+    );
     // The broker's client certificate: the same rule, and both reach both targets.
     let e = load_env(&[(env_var_name("rabbitmq.cert_file").as_str(), "Cargo.toml")])
         .unwrap_err()
