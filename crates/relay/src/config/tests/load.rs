@@ -170,6 +170,7 @@ fn every_key_has_a_working_env_var() {
             | ("relay.metrics_tls_cert_file" | "relay.metrics_tls_key_file", _) => continue,
             ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
             ("relay.pause_alert_after", _) => "5m",
+            ("rabbitmq.request_timeout" | "rabbitmq.stall_after", _) => "5m",
             ("tracing.endpoint", _) => "http://h:4318",
             ("tracing.headers_file", _) => secret.as_str(),
             ("relay.log_filter", _) => "debug",
@@ -213,6 +214,13 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.declare_topology" => c.rabbitmq.declare_topology,
             "rabbitmq.routing_key" => c.rabbitmq.routing_key == value,
             "rabbitmq.max_in_flight" => c.rabbitmq.max_in_flight == 123,
+            "rabbitmq.max_in_flight_bytes" => c.rabbitmq.max_in_flight_bytes == 123,
+            "rabbitmq.allowed_exchanges" => c.rabbitmq.allowed_exchanges == ["x.y"],
+            "rabbitmq.max_declared_exchanges" => c.rabbitmq.max_declared_exchanges == 123,
+            "rabbitmq.request_timeout" => {
+                c.publisher_config().request_timeout == Duration::from_secs(300)
+            }
+            "rabbitmq.stall_after" => c.publisher_config().stall_after == Duration::from_secs(300),
             "rabbitmq.ordering" => c.rabbitmq.ordering == publisher::settings::Ordering::Aggregate,
             "rabbitmq.dead_letter_exchange" => c.dead_letter_exchange() == Some(value),
             "rabbitmq.ca_file" => c.ca_file() == Some(Path::new(value)),
