@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use support::bin;
 use testkit::unique_name;
 
-use crate::metrics_endpoint::{ctl, get, send, spawn_on, start, CONTROL};
+use crate::metrics_endpoint::{ctl, get, send, spawn_env, spawn_on, start, CONTROL};
 
 fn text(out: &Output) -> String {
     format!(
@@ -196,9 +196,10 @@ struct Squatter {
 }
 
 impl Squatter {
-    /// Listens on 127.0.0.1:`port` (retrying until the port is free, up to 5 s).
-    fn bind(port: u16, answer: &'static str) -> Squatter {
-        let deadline = Instant::now() + Duration::from_secs(5);
+    /// Listens on 127.0.0.1:`port`, retrying every millisecond until the port is
+    /// free (up to `wait`).
+    fn bind(port: u16, wait: Duration, answer: &'static str) -> Squatter {
+        let deadline = Instant::now() + wait;
         let listener = loop {
             match TcpListener::bind(("127.0.0.1", port)) {
                 Ok(l) => break l,
@@ -258,15 +259,27 @@ const FAKE_PROOF: &str = "HTTP/1.1 200 OK\r\ncontent-length: 76\r\n\r\n{\"proof\
 
 /// After `ctl drain --wait` the relay frees its port; a local process that takes
 /// it at once gets nothing from `ctl` (it watches the relay's pid, and asks the
-/// port nothing more). Then, with the old token file still there, `ctl pause`
+/// port nothing more; the relay's drain takes a while, as with confirms to wait
+/// for). Then, with the old token file still there, `ctl pause`
 /// against the squatter (which cannot prove the token) sends no credential.
 /// Before, `ctl` sent the bearer token to the port every 200 ms while waiting, and
 /// `pause` sent it to whatever answered.
 #[test]
 fn a_port_squatter_gets_no_credential() {
-    let relay = start(
+    // A Postgres that never answers: the relay's drain waits up to connect_timeout
+    // (2 s) for the connection attempt under way, as a drain waits for confirms,
+    // so `ctl drain --wait` has to wait.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!(
+        "postgresql://u@127.0.0.1:{}/app?connect_timeout=2",
+        silent.local_addr().unwrap().port()
+    );
+    let relay = spawn_env(
+        "127.0.0.1",
+        &[("OUTBOX_RELAY_POSTGRES_URL", &url)],
         "metrics_bearer_token_file = \"{dir}/bearer\"\n",
         &[("bearer", "Tk-squatted-0123456789\n")],
+        &|port| get(port, "/healthz", &[]).map(|r| r.0) == Some(200),
     );
     let cfg = relay.dir.join("relay.toml");
     let token = std::fs::read_to_string(relay.dir.join("control.token")).unwrap();
@@ -274,36 +287,34 @@ fn a_port_squatter_gets_no_credential() {
     let wait = Command::new(bin())
         .arg("--config")
         .arg(&cfg)
-        .args(["ctl", "drain", "--wait", "--timeout", "30s"])
+        .args(["ctl", "drain", "--wait", "--timeout", "10s"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while relay.child.try_wait().unwrap().is_none() {
-        assert!(
-            Instant::now() < deadline,
-            "the relay did not stop: {}",
-            relay.log()
-        );
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    // Takes the port the moment the relay frees it (within a millisecond or so).
     let squatter = Squatter::bind(
         relay.port,
+        Duration::from_secs(30),
         "HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\nok\n",
     );
     let out = wait.wait_with_output().unwrap();
+    let seen = squatter.seen();
+    assert!(
+        !seen.contains("Tk-squatted") && !seen.contains(token.trim()),
+        "the process that took the port received a credential: {seen}"
+    );
     assert!(
         out.status.success() && text(&out).contains("stopped"),
         "{}",
         text(&out)
     );
-    std::thread::sleep(Duration::from_millis(500));
-    let seen = squatter.seen();
-    assert!(
-        !seen.contains("Tk-squatted") && !seen.contains(token.trim()),
-        "{seen}"
+    assert_eq!(
+        relay.child.wait().unwrap().code(),
+        Some(0),
+        "{}",
+        relay.log()
     );
     drop(squatter);
 
@@ -311,7 +322,7 @@ fn a_port_squatter_gets_no_credential() {
     let file = relay.dir.join("control.token");
     std::fs::write(&file, &token).unwrap();
     std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
-    let squatter = Squatter::bind(relay.port, FAKE_PROOF);
+    let squatter = Squatter::bind(relay.port, Duration::from_secs(5), FAKE_PROOF);
     let out = ctl(&cfg, &["pause"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
     assert!(text(&out).contains("nothing was sent"), "{}", text(&out));

@@ -56,6 +56,17 @@ pub(crate) fn spawn_on(
     files: &[(&str, &str)],
     up: &dyn Fn(u16) -> bool,
 ) -> Relay {
+    spawn_env(ip, &[], extra, files, up)
+}
+
+/// [`spawn_on`] with `env` in the relay's environment.
+pub(crate) fn spawn_env(
+    ip: &str,
+    env: &[(&str, &str)],
+    extra: &str,
+    files: &[(&str, &str)],
+    up: &dyn Fn(u16) -> bool,
+) -> Relay {
     bin();
     let dir = std::env::temp_dir().join(unique_name("metrics"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -72,6 +83,7 @@ pub(crate) fn spawn_on(
         .arg(&cfg)
         .arg("run")
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("relay.log")).unwrap())
         .spawn()

@@ -27,10 +27,17 @@ pub async fn execute(settings: &CtlSettings, args: &CtlArgs) -> Result<(), CliEr
             println!("{}", describe(&state));
         }
         CtlCommand::Drain(drain) => {
+            // The process to watch, named while it surely runs.
+            let process = if drain.wait {
+                let before = send(&target, "GET", "/control/status").await?;
+                watchable(&target, &before).await
+            } else {
+                None
+            };
             let state = send(&target, "POST", "/control/drain").await?;
             println!("{}", describe(&state));
             if drain.wait {
-                wait_stopped(&target, &state, drain.timeout).await?;
+                wait_stopped(&target, process, drain.timeout).await?;
                 println!("stopped");
             }
         }
@@ -210,23 +217,25 @@ fn reload_outcome(report: &serde_json::Value) -> Result<(), CliError> {
     )))
 }
 
-/// Waits until the relay has exited. On this host it watches the process the
-/// drain's answer names (its pid and start time): nothing more goes to the port,
-/// which another process may take once the relay has freed it. Elsewhere it asks
+/// The relay's process (pid and start time) when `ctl` can watch it: on this host,
+/// in this pid namespace, visible in `/proc`.
+async fn watchable(target: &Target, state: &serde_json::Value) -> Option<(u32, u64)> {
+    let pid = u32::try_from(state["pid"].as_u64()?).ok()?;
+    let start = state["process_start"].as_u64()?;
+    (target.is_local().await && crate::control_endpoint::process_start(pid) == Some(start))
+        .then_some((pid, start))
+}
+
+/// Waits until the relay has exited. On this host it watches the relay's `process`
+/// (named by the status before the drain): nothing more goes to the port, which
+/// another process may take once the relay has freed it. Elsewhere it asks
 /// `/healthz`, with no credential, until no answer comes.
 async fn wait_stopped(
     target: &Target,
-    state: &serde_json::Value,
+    process: Option<(u32, u64)>,
     timeout: Duration,
 ) -> Result<(), CliError> {
     let deadline = Instant::now() + timeout;
-    let process = match (state["pid"].as_u64(), state["process_start"].as_u64()) {
-        (Some(pid), Some(start)) if target.is_local().await => u32::try_from(pid)
-            .ok()
-            .filter(|&pid| crate::control_endpoint::process_start(pid) == Some(start))
-            .map(|pid| (pid, start)),
-        _ => None,
-    };
     while Instant::now() < deadline {
         let gone = match process {
             Some((pid, start)) => crate::control_endpoint::process_start(pid) != Some(start),
