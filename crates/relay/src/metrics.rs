@@ -176,6 +176,12 @@ fn describe() {
     );
     metrics::gauge!(p::POISON_MESSAGES).set(0.0);
     describe_gauge!(
+        p::STALLED_SECONDS,
+        Unit::Seconds,
+        "how long events have waited with nothing confirmed, once that is [rabbitmq] stall_after or longer; 0 otherwise"
+    );
+    metrics::gauge!(p::STALLED_SECONDS).set(0.0);
+    describe_gauge!(
         "outbox_relay_confirmed_lsn",
         "the last flush position sent to Postgres (LSN as a number)"
     );

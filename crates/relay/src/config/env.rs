@@ -90,6 +90,8 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("relay", "metrics_basic_auth_password_file", Kind::Str),
     ("relay", "metrics_tls_cert_file", Kind::Str),
     ("relay", "metrics_tls_key_file", Kind::Str),
+    ("relay", "metrics_allowed_hosts", Kind::List),
+    ("relay", "control_token_file", Kind::Str),
     ("relay", "log_filter", Kind::Str),
     ("relay", "pause_alert_after", Kind::Str),
     ("retention", "keep", Kind::Str),

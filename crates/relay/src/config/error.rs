@@ -288,6 +288,7 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         "message.headers" => "one of full, minimal",
         "postgres.tables" => "a table name or a list of them, like [\"public.outbox\"]",
         "postgres.messages" => "a prefix or a list of them, like [\"outbox\"]",
+        "relay.metrics_allowed_hosts" => "a list of host names like [\"relay\", \"relay.example\"]",
         "rabbitmq.url" => {
             "a URL in quotes, or a list of URLs like [\"amqp://...\", \"amqp://...\"]"
         }

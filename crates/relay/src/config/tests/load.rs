@@ -174,6 +174,7 @@ fn every_key_has_a_working_env_var() {
             ("tracing.endpoint", _) => "http://h:4318",
             ("tracing.headers_file", _) => secret.as_str(),
             ("relay.log_filter", _) => "debug",
+            ("relay.metrics_allowed_hosts", _) => "relay, Relay.Example",
             ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
             ("message.format", _) => "cloudevents",
             ("message.headers", _) => "minimal",
@@ -251,6 +252,12 @@ fn every_key_has_a_working_env_var() {
             "relay.metrics_read_timeout_ms" => c.relay.metrics_read_timeout_ms == 123,
             "relay.metrics_max_connections" => c.relay.metrics_max_connections == 123,
             "relay.metrics_bearer_token_file" => c.relay.metrics_bearer_token_file == value,
+            "relay.metrics_allowed_hosts" => {
+                c.relay.metrics_allowed_hosts == ["relay", "Relay.Example"]
+            }
+            "relay.control_token_file" => {
+                c.metrics_endpoint().map(|e| e.token_file.path) == Some(value.into())
+            }
             "retention.keep" => c.retention_keep() == Some(Duration::from_secs(300)),
             "relay.log_filter" => c.relay.log_filter == value,
             "tracing.endpoint" => c.tracing.endpoint == value,
@@ -369,4 +376,24 @@ fn channels_and_ordering_from_the_environment() {
         e.contains("rabbitmq.channels") && e.contains("ordering = \"aggregate\""),
         "{e}"
     );
+}
+
+/// A host name with a port or a scheme is refused, naming the key and the fix.
+#[test]
+fn metrics_allowed_hosts_are_names_alone() {
+    for bad in ["relay:9187", "http://relay", "", "a b"] {
+        let e = load_env(&[(
+            "OUTBOX_RELAY_RELAY_METRICS_ALLOWED_HOSTS",
+            &format!("[{bad:?}]"),
+        )])
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("relay.metrics_allowed_hosts") && e.contains("without port or scheme"),
+            "{bad}: {e}"
+        );
+    }
+    let c = load_env(&[("OUTBOX_RELAY_RELAY_METRICS_ALLOWED_HOSTS", "*")]).unwrap();
+    assert_eq!(c.metrics_endpoint().unwrap().allowed_hosts, ["*"]);
 }
