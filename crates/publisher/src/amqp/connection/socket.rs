@@ -21,6 +21,16 @@ const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(60);
 const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 const KEEPALIVE_RETRIES: u32 = 6;
 
+/// TCP keepalive on: a peer gone without a word (a half-open connection) is noticed
+/// by the kernel too, not only by heartbeats (which the broker may have switched off).
+pub(crate) fn set_keepalive(tcp: &TcpStream) {
+    let keepalive = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_RETRIES);
+    let _ = socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive);
+}
+
 /// The IPv6 address of a URL whose host is a literal in brackets, without them.
 pub(crate) fn ipv6_literal(url: &str) -> Option<String> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -74,13 +84,7 @@ pub(crate) async fn open(
         .await
         .map_err(|e| OpenError::Io(format!("connecting to {host}:{}: {e}", uri.authority.port)))?;
     let _ = tcp.set_nodelay(true);
-    // A peer gone without a word (a half-open connection) is noticed by the kernel
-    // too, not only by heartbeats (which the broker may have switched off).
-    let keepalive = socket2::TcpKeepalive::new()
-        .with_time(KEEPALIVE_IDLE)
-        .with_interval(KEEPALIVE_INTERVAL)
-        .with_retries(KEEPALIVE_RETRIES);
-    let _ = socket2::SockRef::from(&tcp).set_tcp_keepalive(&keepalive);
+    set_keepalive(&tcp);
     if !secure {
         return Ok(Box::new(tcp));
     }

@@ -11,9 +11,12 @@
 //!   back, 3 a given-up connection closed, 5 frames behind a reply);
 //! - `protocol.rs`: the protocol's (6 tags, 7 interleaved content, 8 limits, 9
 //!   login errors and `connection.secure`, messages AMQP cannot frame);
-//! - `topology.rs`: the declarations and bindings of `[topology]`, and a 406.
+//! - `topology.rs`: the declarations and bindings of `[topology]`, and a 406;
+//! - `edges.rs`: issue 49's (heartbeat negotiation, request and confirm deadlines,
+//!   `channel.flow`, a reply kept, an IPv6 literal, TCP keepalive).
 
 mod broker;
+mod edges;
 mod io;
 mod ported;
 mod protocol;

@@ -329,7 +329,7 @@ impl Cluster {
             || self
                 .conns
                 .iter()
-                .any(|c| c.open() && (c.blocked || c.silent()))
+                .any(|c| c.open() && (c.blocked || c.silent() || c.flow_until.is_some()))
     }
 
     /// Ends every fault whose time is up (blocked connections unblock, nodes come

@@ -281,7 +281,9 @@ impl Checks {
         ))
     }
 
-    /// Every event in a queue, or the oldest waiting one holds the relay, named.
+    /// Every event in a queue, or the oldest waiting one holds the relay, named; and
+    /// the publisher's window empty unless a poison holds it (a tag-0 confirm it
+    /// rightly ignored leaves a delivered event waiting for its confirm's deadline).
     pub(super) fn all_settled(
         &self,
         events: &[Ev],
@@ -289,7 +291,8 @@ impl Checks {
         status: &PublisherStatus,
         p: &Params,
     ) -> bool {
-        self.holding(events, c, status, p).is_ok()
+        let idle = status.buffered() == 0 || status.poison().is_some();
+        self.holding(events, c, status, p).is_ok() && idle
     }
 
     /// The end of a schedule, after every fault stopped.
