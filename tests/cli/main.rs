@@ -4,7 +4,8 @@
 //! recovery commands (`replay`, `replay_targets`, `skip`), and the commands with
 //! logical messages (`messages`), and `[topology]` declared by `check --declare` and
 //! `run` and compared by `check` (`topology`; its one policy matches only its own
-//! queue).
+//! queue), what a new user hit following the docs (`new_user`), and the README's
+//! command list against `--help` (`help_docs`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: each
 //! test has its own database, slot, publication, exchange, queue, stream and role
@@ -15,7 +16,9 @@
 mod cli_extras;
 mod config_cli;
 mod first_hour;
+mod help_docs;
 mod messages;
+mod new_user;
 mod preconditions;
 mod replay;
 mod replay_targets;

@@ -120,8 +120,9 @@ async fn from_table_to_one_queue() {
 }
 
 /// From the replay window: the dry run counts the selected events of the range; the
-/// replay puts exactly them into a stream of the operator's, flagged as replays,
-/// while the relay's exchange gets no copy.
+/// replay puts exactly them into a stream of the operator's, flagged as replays, then
+/// one aggregate's into one queue through the default exchange (`--exchange ""
+/// --routing-key`), while the relay's exchange gets no copy.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn from_lsn_filtered_into_a_stream() {
     let mut env = Env::new().await;
@@ -182,7 +183,38 @@ async fn from_lsn_filtered_into_a_stream() {
         })
         .collect();
     assert_eq!(shown, [("o-1", "paid", "true"), ("o-2", "paid", "true")]);
+
+    // The same range to one queue, through the default exchange by its name.
+    let exchange = env.exchange.clone();
+    let queue = env
+        .broker
+        .queue_bound(&exchange, "no.event.has.this.key")
+        .await;
+    let queue_got = env.broker.consume(&queue).await;
+    let out = env.cli_env(
+        &[
+            "replay",
+            "--from-lsn",
+            &from,
+            "--where",
+            "aggregate_id=o-2",
+            "--exchange",
+            "",
+            "--routing-key",
+            &queue,
+        ],
+        &window,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let one = queue_got.wait_for(1, WAIT).await;
+    assert_eq!(ids(&one), [("o-2".to_string(), "paid".to_string())]);
+    assert!(one.iter().all(is_replay));
     tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        queue_got.len(),
+        1,
+        "more than the selection reached the queue"
+    );
     assert_eq!(got.len(), 4, "copies reached the relay's exchange");
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");

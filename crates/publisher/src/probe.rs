@@ -78,6 +78,38 @@ pub async fn probe_exchanges(config: &PublisherConfig) -> Result<ExchangeProbe, 
     result
 }
 
+/// Whether each exchange of `names` exists (the names a template of `[rabbitmq]
+/// exchange` rendered for some events), looked up without declaring anything, as
+/// `run` would log in. The answers are in the order of `names`.
+pub async fn probe_exchange_names(
+    config: &PublisherConfig,
+    names: &[String],
+) -> Result<Vec<(String, Presence)>, PublishError> {
+    let bare = bare(config);
+    bare.validate()?;
+    let tls = bare.tls()?;
+    let mut conn = connect_any(&bare, &tls, 0).await?;
+    let mut found = Vec::with_capacity(names.len());
+    let mut result = Ok(());
+    for name in names {
+        if !conn.is_alive() {
+            conn = connect_any(&bare, &tls, conn.node).await?;
+        }
+        match conn.declare_exchange(name, "topic", Declare::Passive).await {
+            Ok(()) => found.push((name.clone(), Presence::Exists)),
+            Err(ConnError::ChannelClosed { code: 404, .. }) => {
+                found.push((name.clone(), Presence::Missing));
+            }
+            Err(e) => {
+                result = Err(refused(config, conn.node, name, e));
+                break;
+            }
+        }
+    }
+    conn.close().await;
+    result.map(|()| found)
+}
+
 /// Whether the stream of `config` exists, asked without declaring it (the stream
 /// protocol's metadata request), as `run` would log in.
 pub async fn probe_stream(config: &StreamConfig) -> Result<Presence, PublishError> {

@@ -51,7 +51,8 @@ pub struct Cli {
     #[arg(long, global = true, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Log line format on stderr; the level comes from RUST_LOG (default: info).
+    /// Log line format on stderr. The level comes from [relay] log_filter when it is
+    /// set (a reload can change it), else from RUST_LOG, else info.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
@@ -71,7 +72,8 @@ pub enum LogFormat {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Run the relay until SIGTERM/SIGINT.
+    /// Run the relay until SIGTERM/SIGINT or `ctl drain`. SIGHUP (or `ctl reload`)
+    /// rereads the configuration file.
     Run(RunArgs),
     /// Create or drop the replication slot.
     #[command(subcommand)]

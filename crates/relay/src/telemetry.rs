@@ -72,7 +72,18 @@ impl Telemetry {
 /// Starts the export and installs the tracer every publisher takes its spans from
 /// (`publisher::trace`); `None` when tracing is off.
 pub fn start(cfg: &Config) -> Result<Option<Telemetry>, CliError> {
-    let config = &cfg.tracing;
+    match exporter(&cfg.tracing)? {
+        Some(exporter) => install(exporter, cfg).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Everything `run` checks of tracing before it starts, as the exporter is built:
+/// the protocol, the endpoint and the headers file. `check` calls it too, so that
+/// the two never disagree. `Ok(None)` when tracing is off ([`enabled`]).
+pub fn exporter(
+    config: &TracingConfig,
+) -> Result<Option<opentelemetry_otlp::SpanExporter>, CliError> {
     if !enabled(config) {
         return Ok(None);
     }
@@ -108,6 +119,15 @@ pub fn start(cfg: &Config) -> Result<Option<Telemetry>, CliError> {
             "the OTLP trace exporter cannot be built from it or OTEL_EXPORTER_OTLP_*: set an http:// or https:// URL",
         )
     })?;
+    Ok(Some(exporter))
+}
+
+/// [`start`] once the exporter is built.
+fn install(
+    exporter: opentelemetry_otlp::SpanExporter,
+    cfg: &Config,
+) -> Result<Telemetry, CliError> {
+    let config = &cfg.tracing;
     let processor = export::BoundedExport::start(exporter, config.max_queue_size)
         .map_err(|e| CliError::Runtime(format!("cannot start the trace export thread: {e}")))?;
     let service = std::env::var("OTEL_SERVICE_NAME")
@@ -138,7 +158,7 @@ pub fn start(cfg: &Config) -> Result<Option<Telemetry>, CliError> {
         max_queue_size = config.max_queue_size,
         "exporting a publish span per event over OTLP/HTTP (docs/tracing.md)"
     );
-    Ok(Some(Telemetry { provider }))
+    Ok(Telemetry { provider })
 }
 
 /// `[tracing] endpoint` as the traces URL: a base URL (`http://collector:4318`)

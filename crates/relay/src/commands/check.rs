@@ -6,9 +6,17 @@
 //! declare it (declare_exchange = true)"). `check --declare` creates what `run`
 //! would create, and the publication as `slot create` would, explicitly.
 //!
+//! A template of `[rabbitmq] exchange` gets a line, then one per name it renders for
+//! the pending events and recent rows ([`per_event`]).
+//!
+//! `[tracing]` gets one line: off, on, or what `run` would refuse (the checks `run`
+//! makes, [`crate::telemetry::exporter`]).
+//!
 //! `[topology]` gets a line per exchange, queue and binding: present, missing (and
 //! whether `run` declares it), or different from the configuration, named by the
 //! broker's 406 (see [`probe::probe_topology`]).
+
+mod per_event;
 
 use std::io::Write;
 
@@ -57,10 +65,39 @@ pub async fn execute(config: &Config, args: &CheckArgs) -> Result<(), CliError> 
         // Which queues each event shape reaches, rather than the preconditions.
         return crate::routes::execute(config, args.since).await;
     }
+    let settings = run_settings(config);
     let pg = postgres(config, args.declare).await;
     let mq = rabbitmq(config, args.declare).await;
     let topology = topology(config, args.declare).await;
-    pg.and(mq).and(topology)
+    settings.and(pg).and(mq).and(topology)
+}
+
+/// What `run` validates of the configuration before it connects, beyond what
+/// loading it checks: the replay window's anchor slot name, and `[tracing]` (with
+/// the `OTEL_*` variables) as the exporter is built; one line for tracing.
+fn run_settings(cfg: &Config) -> Result<(), CliError> {
+    let background = crate::background::validate(cfg);
+    if let Err(e) = &background {
+        line(Status::Fail, "config", &e.to_string());
+    }
+    let tracing = crate::telemetry::exporter(&cfg.tracing);
+    match &tracing {
+        Ok(None) => line(
+            Status::Ok,
+            "tracing",
+            "off: no endpoint in [tracing] or OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, or OTEL_SDK_DISABLED = true (docs/tracing.md)",
+        ),
+        Ok(Some(_)) => line(
+            Status::Ok,
+            "tracing",
+            &format!(
+                "on: a publish span per event over OTLP/HTTP, sampling_ratio {}",
+                cfg.tracing.sampling_ratio
+            ),
+        ),
+        Err(e) => line(Status::Fail, "tracing", &e.to_string()),
+    }
+    background.and(tracing.map(drop))
 }
 
 /// Runs the Postgres preconditions, printing one line each. Returns the first
@@ -218,6 +255,11 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
     let exchange = &cfg.rabbitmq.exchange;
     let name = format!("exchange {exchange}");
     let mut publisher_config = cfg.publisher_config();
+    let per_event = crate::routes::is_template(cfg);
+    if per_event {
+        // No one exchange: the names it renders are looked up below.
+        publisher_config.exchange = String::new();
+    }
     if declare && cfg.rabbitmq.declare_exchange {
         // The topology first when it declares the exchange or the DLX: with its
         // arguments, and before the DLX is checked (`topology` declares it all).
@@ -226,12 +268,15 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
         return match publisher::Publisher::connect(publisher_config).await {
             Ok(p) => {
                 line(Status::Ok, "rabbitmq", "logged in");
+                p.close().await;
+                if per_event {
+                    return per_event::lines(cfg).await;
+                }
                 line(
                     Status::Ok,
                     &name,
                     "exists or was declared (check --declare)",
                 );
-                p.close().await;
                 Ok(())
             }
             Err(e) => {
@@ -258,6 +303,7 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
     );
     let mut result = Ok(());
     match found.exchange {
+        None if per_event => result = per_event::lines(cfg).await,
         None => line(
             Status::Ok,
             "exchange \"\"",

@@ -275,7 +275,7 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         "relay.metrics_max_connections" => "a whole number like 64",
         "tracing.sampling_ratio" => "a number from 0.0 to 1.0 like 0.1",
         "tracing.max_queue_size" => "a whole number of spans like 8192",
-        "relay.replay_window" | "retention.keep" | "rabbitmq.max_age" => {
+        "relay.replay_window" | "relay.pause_alert_after" | "retention.keep" | "rabbitmq.max_age" => {
             "a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none"
         }
         "relay.metrics_listen" => {

@@ -20,7 +20,7 @@
 //! with one `SELECT DISTINCT` each, the broker through its management API's GETs.
 
 mod management;
-mod sources;
+pub(crate) mod sources;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -115,7 +115,7 @@ pub fn exchange_of(cfg: &Config, column: Option<&str>, f: &Fields) -> String {
 }
 
 /// Whether `[rabbitmq] exchange` is a template (checked at load).
-fn is_template(cfg: &Config) -> bool {
+pub(crate) fn is_template(cfg: &Config) -> bool {
     ExchangeRule::new(&cfg.rabbitmq.exchange, false)
         .map(|r| r.is_template())
         .unwrap_or(false)

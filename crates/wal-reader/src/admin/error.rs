@@ -90,8 +90,13 @@ pub enum AdminError {
     #[error("the server runs Postgres {version} but outbox-relay needs Postgres 14 or newer: upgrade Postgres")]
     ServerTooOld { version: String },
 
-    #[error("publication \"{publication}\" does not exist: run `outbox-relay slot create` (creates it) or CREATE PUBLICATION {publication} FOR TABLE …")]
-    PublicationMissing { publication: String },
+    /// `statement` is what `slot create` would run (no `FOR TABLE` without tables:
+    /// logical messages only).
+    #[error("publication \"{publication}\" does not exist: run `outbox-relay slot create` (creates it) or {statement}")]
+    PublicationMissing {
+        publication: String,
+        statement: String,
+    },
 
     #[error("publication \"{publication}\" does not publish inserts: run ALTER PUBLICATION {publication} SET (publish = 'insert')")]
     PublicationNoInserts { publication: String },

@@ -89,12 +89,9 @@ pub async fn check_publication(
     tables: &[TableName],
 ) -> Result<(), AdminError> {
     validate(publication, tables)?;
-    let publishes_insert =
-        publication_flags(c, publication)
-            .await?
-            .ok_or_else(|| AdminError::PublicationMissing {
-                publication: publication.to_string(),
-            })?;
+    let Some(publishes_insert) = publication_flags(c, publication).await? else {
+        return Err(publication_missing(c, publication, tables).await);
+    };
     if !publishes_insert {
         return Err(AdminError::PublicationNoInserts {
             publication: publication.to_string(),
@@ -125,6 +122,21 @@ pub async fn check_publication(
         }
     }
     Ok(())
+}
+
+/// The publication is missing: the error names the statement `slot create` runs
+/// ([`ensure_publication`]): through the root for a partitioned table, and without
+/// `FOR TABLE` when there is no table (logical messages only).
+async fn publication_missing(c: &Client, publication: &str, tables: &[TableName]) -> AdminError {
+    let mut via_root = false;
+    for table in tables {
+        // A table that cannot be found is reported on its own line.
+        via_root |= matches!(find_table(c, table).await, Ok(Some(t)) if t.partitioned);
+    }
+    AdminError::PublicationMissing {
+        publication: publication.to_string(),
+        statement: create_statement(publication, tables, via_root, display_table),
+    }
 }
 
 /// Whether the publication lists partitions of the partitioned table `root`.

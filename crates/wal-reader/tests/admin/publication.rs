@@ -19,7 +19,9 @@ async fn publication_missing() {
     );
     assert!(msg.contains("outbox-relay slot create"), "{msg}");
     assert!(
-        msg.contains("CREATE PUBLICATION outbox_relay FOR TABLE"),
+        msg.contains(
+            "CREATE PUBLICATION \"outbox_relay\" FOR TABLE public.outbox WITH (publish = 'insert')"
+        ),
         "{msg}"
     );
 }

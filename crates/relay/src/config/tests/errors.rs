@@ -214,6 +214,16 @@ fn invalid_values_name_the_key() {
             "zero",
         ),
         (
+            "relay.pause_alert_after",
+            "[relay]\npause_alert_after = \"soon\"",
+            "must be a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none, not the string \"soon\"",
+        ),
+        (
+            "relay.pause_alert_after",
+            "[relay]\npause_alert_after = 5",
+            "must be a duration in quotes like \"1h\"",
+        ),
+        (
             "retention.keep",
             "[retention]\nkeep = \"7 days-ish\"",
             "must be a duration",
