@@ -40,9 +40,11 @@ pub(crate) async fn connect_any(
             tracing::debug!(error = %e, "broker node refused the connection; trying the next");
         }
         // The first of the most specific errors wins; among unreachable nodes the
-        // last one.
+        // last one (a connection limit, transient too, is never replaced by a later
+        // node that did not answer).
         if best.as_ref().is_none_or(|b| {
-            e.specificity() > b.specificity() || (b.is_transient() && e.is_transient())
+            e.specificity() > b.specificity()
+                || (e.specificity() == b.specificity() && b.is_transient() && e.is_transient())
         }) {
             best = Some(e);
         }

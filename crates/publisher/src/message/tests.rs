@@ -544,3 +544,59 @@ mod cloudevents_tests {
         );
     }
 }
+
+/// A dead-letter notice that cannot be framed (a 200 KB aggregate id copied into its
+/// headers) is cut down until it fits (issue 49): level 1 cuts every header value to
+/// 255 bytes, level 2 keeps only what names the event and says why; both keep the
+/// message id and say `x-outbox-truncated`. It used to be held as poison even with a
+/// dead-letter exchange.
+#[test]
+fn a_notice_too_large_to_frame_is_cut_down_and_still_names_the_event() {
+    let mut e = event(JSON, Some(b"{}"));
+    e.aggregate_id = Some(Bytes::from("i".repeat(200_000)));
+    let mut b = MessageBuilder::new(DEFAULT_ROUTING_KEY, &[]).unwrap();
+    let m = b.build_owned(e);
+    let notice = m.dead_letter_copy(
+        b.properties_of(&m),
+        "outbox",
+        &DeadLetterReason::Refused {
+            reason: "its headers take a frame of 200,300 bytes".into(),
+        },
+    );
+    let size = |m: &OutboundMessage| {
+        let mut out = Vec::new();
+        let header = amq_protocol::frame::AMQPFrame::Header(
+            1,
+            amq_protocol::frame::AMQPContentHeader {
+                class_id: 60,
+                body_size: m.body.len() as u64,
+                properties: fixed(m).clone(),
+            },
+        );
+        crate::amqp::connection::frame::encode(&mut out, &header).unwrap();
+        out.len()
+    };
+    assert!(
+        size(&notice) > 131_072,
+        "the notice as it was is over any frame"
+    );
+    for level in [1, 2] {
+        let small = notice.shrunk(level);
+        assert!(size(&small) < 4096, "level {level}: {} bytes", size(&small));
+        let p = fixed(&small);
+        assert_eq!(
+            p.message_id().as_ref().map(|s| s.as_str()),
+            Some("6f1c2a4e-0000-4000-8000-000000000001")
+        );
+        let h = p.headers().as_ref().unwrap().inner();
+        assert_eq!(h.get("x-outbox-truncated"), Some(&AMQPValue::Boolean(true)));
+        assert!(text(h.get("x-outbox-error")).contains("200,300 bytes"));
+        assert_eq!(text(h.get("commit_lsn")), "1/A0");
+    }
+    let h1 = fixed(&notice.shrunk(1)).headers().clone().unwrap();
+    assert_eq!(
+        text(h1.inner().get("aggregate_id")).len(),
+        255,
+        "cut, not dropped, at level 1"
+    );
+}

@@ -253,3 +253,54 @@ async fn the_socket_keeps_alive() {
     // The idle time before the first probe.
     assert_eq!(sock.tcp_keepalive_time().unwrap(), Duration::from_secs(60));
 }
+
+/// Node A refuses at `connection.open` with 530 (the user's connection limit), node B
+/// does not answer: the error reported is A's connection limit, which names what to
+/// do. A later unreachable node used to replace it, and mid-run it was logged at
+/// DEBUG only (`run/recover.rs` now logs it at ERROR).
+#[tokio::test]
+async fn a_connection_limit_is_the_error_reported_over_a_later_unreachable_node() {
+    let limited = broker(None, |mut socket| async move {
+        greet(&mut socket, start_with(Default::default())).await;
+        send(
+            &mut socket,
+            &[conn_frame(
+                amq_protocol::protocol::connection::AMQPMethod::Tune(
+                    amq_protocol::protocol::connection::Tune {
+                        channel_max: 2047,
+                        frame_max: 4096,
+                        heartbeat: 0,
+                    },
+                ),
+            )],
+        )
+        .await;
+        let _tune_ok = expect_method(&mut socket, 0).await;
+        let _open = expect_method(&mut socket, 0).await;
+        send(
+            &mut socket,
+            &[connection_close(
+                530,
+                "NOT_ALLOWED - access to vhost '/' refused for user 'relay': connection limit (1) is reached",
+            )],
+        )
+        .await;
+        read_frame_within(&mut socket, Duration::from_millis(500)).await
+    });
+    // A port nothing listens on.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = closed.local_addr().unwrap().port();
+    drop(closed);
+    let mut config = PublisherConfig::new(url(limited.port), "orders");
+    config.urls.push(url(dead));
+    let e = crate::amqp::session::connect_any(&config, &Tls::SystemRoots, 0)
+        .await
+        .err()
+        .expect("no node connects");
+    assert!(
+        matches!(e, crate::PublishError::ConnectionLimit { .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("connection limit"), "{e}");
+    limited.done().await;
+}
