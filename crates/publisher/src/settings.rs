@@ -401,6 +401,7 @@ impl RabbitMqConfig {
         s.ca_file = self.ca_file();
         s.auth = self.client_auth(&self.stream_password_file);
         s.shutdown_timeout = shared.shutdown_timeout;
+        s.stall_after = self.stall_after();
         s.format = shared.format;
         s.headers = shared.headers;
         // One heartbeat setting for both protocols; 0 keeps the stream client's and

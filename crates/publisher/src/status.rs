@@ -39,6 +39,12 @@ pub(crate) trait Describe: Send + Sync + std::fmt::Debug {
     fn waiting(&self) -> Waiting;
 }
 
+impl Describe for Waiting {
+    fn waiting(&self) -> Waiting {
+        self.clone()
+    }
+}
+
 /// Events wait and nothing was confirmed for `stall_after` (§1.8 of the design).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Stall {

@@ -146,6 +146,9 @@ pub struct StreamConfig {
     pub backoff_initial: Duration,
     pub backoff_max: Duration,
     pub shutdown_timeout: Duration,
+    /// Events waiting with nothing confirmed this long: the stall is named
+    /// (`crate::watchdog`).
+    pub stall_after: Duration,
     /// The heartbeat the client proposes, and the interval of the liveness check: a
     /// connection silent for two of them while confirms are outstanding is given up
     /// (`liveness.rs`). The relay sets it from `[rabbitmq] heartbeat_secs`.
@@ -172,6 +175,7 @@ impl StreamConfig {
             backoff_initial: crate::DEFAULT_BACKOFF_INITIAL,
             backoff_max: crate::DEFAULT_BACKOFF_MAX,
             shutdown_timeout: crate::DEFAULT_SHUTDOWN_TIMEOUT,
+            stall_after: crate::watchdog::DEFAULT_STALL_AFTER,
             heartbeat: DEFAULT_HEARTBEAT,
         }
     }
@@ -330,6 +334,15 @@ impl StreamPublisher {
         watermark: watch::Sender<Lsn>,
         flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<PublisherReport, PublishError> {
-        run::Runner::new(self, watermark, flushed).run(input).await
+        let status = self.status.clone();
+        let watchdog = crate::watchdog::watch(status.clone(), self.config.stall_after);
+        let run = run::Runner::new(self, watermark, flushed).run(input);
+        let result = tokio::select! {
+            biased;
+            result = run => result,
+            never = watchdog => match never {},
+        };
+        status.set_stall(None);
+        result
     }
 }

@@ -67,6 +67,8 @@ pub(super) struct Runner {
     liveness: Liveness,
     /// The URL whose connection was given up for silence, until the next connect.
     silent: Option<usize>,
+    /// The window's front when the status last heard of it (`after_progress`).
+    front_seen: Option<u64>,
 }
 
 impl Runner {
@@ -84,6 +86,7 @@ impl Runner {
         let start = *watermark.borrow();
         status.set_acked_lsn(start);
         status.set_poison(None);
+        status.set_destination(&config.stream);
         let (named, timeline, wal) = match &config.source {
             Some(s) => (true, s.history.timeline, s.server_wal),
             None => (false, 0, Lsn::ZERO),
@@ -122,6 +125,7 @@ impl Runner {
             resends_logged: 0,
             liveness: Liveness::new(config.heartbeat),
             silent: None,
+            front_seen: None,
             config,
         }
     }
@@ -143,6 +147,8 @@ impl Runner {
             if failure.is_none() {
                 let want_input =
                     input_open && (!self.engine.window().has_unpublished() || input.is_closed());
+                // What waits for the publisher, for the watchdog.
+                self.status.set_queued(!input.is_empty());
                 let unacked = self.engine.window().unacked() > 0;
                 self.liveness.waiting(unacked, Instant::now());
                 let step = {
@@ -447,6 +453,21 @@ impl Runner {
         let oldest = window.oldest_message().map(|p| p.commit_time_micros);
         self.status
             .set_in_flight(window.in_flight(), window.buffered(), oldest);
+        // The oldest waiting event, for a stall to name (`crate::watchdog`): told only
+        // when the front moves, which is progress.
+        let front = window.front_seq();
+        if self.front_seen != Some(front) {
+            self.status.add_progress();
+            self.front_seen = Some(front);
+            let oldest = window.oldest_message().map(|p| {
+                std::sync::Arc::new(crate::status::Waiting {
+                    message_id: p.message_id.clone(),
+                    commit_lsn: p.commit_lsn,
+                    destination: String::new(),
+                }) as std::sync::Arc<dyn crate::status::Describe>
+            });
+            self.status.set_oldest(oldest);
+        }
     }
 
     /// Ends the connection and connects again (with backoff); `Ok(false)` when the
