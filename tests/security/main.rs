@@ -6,8 +6,8 @@
 //! planted in the database (`search_path`), outbox text on the operator's
 //! terminal (`operator_output`), who may emit logical messages (`emit`),
 //! reloading a running relay's password file, log filter and settings (`reload`),
-//! and credentials sent to the management API and the OTLP collector
-//! (`credentials_in_clear`).
+//! credentials sent to the management API and the OTLP collector
+//! (`credentials_in_clear`), and rows that pick destinations (`destinations`).
 //!
 //! The modules run in parallel in one process. None changes anything shared: the
 //! RabbitMQ users they add, change the password of and close the connections of
@@ -19,6 +19,7 @@
 mod broker_tls;
 mod control;
 mod credentials_in_clear;
+mod destinations;
 mod emit;
 mod hostile_peers;
 mod metrics_endpoint;
