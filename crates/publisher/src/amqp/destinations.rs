@@ -264,12 +264,6 @@ impl Destinations {
     pub(crate) fn reconnected(&mut self) {
         self.known.retain(|_, s| matches!(s, State::Refused(_)));
     }
-
-    /// Names known (the simulation checks the bound).
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.known.len()
-    }
 }
 
 #[cfg(test)]

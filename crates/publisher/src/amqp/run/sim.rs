@@ -100,7 +100,6 @@ enum Kind {
 #[derive(Debug, Clone)]
 struct Ev {
     key: EventKey,
-    tx: usize,
     /// Its transaction's end (the mark after it).
     end: Lsn,
     id: String,
@@ -128,6 +127,8 @@ struct Params {
     p_bad: f64,
     /// Per step, the chance of a fault.
     p_fault: f64,
+    /// `max_declared_exchanges`: the default, or 2 (the bound reached).
+    max_declared: usize,
 }
 
 /// Counts the relay's wake-ups.
@@ -197,6 +198,7 @@ impl Sim {
                 [0.0, 0.03, 0.1][rng.gen_range(0..3)]
             },
             p_fault: [0.0, 0.01, 0.04][rng.gen_range(0..3)],
+            max_declared: [1000, 1000, 2][rng.gen_range(0..3)],
         }
     }
 
@@ -220,6 +222,7 @@ impl Sim {
         c.backoff_max = p.backoff_max;
         c.connection_name = "sim".into();
         c.request_timeout = p.request_timeout;
+        c.max_declared_exchanges = p.max_declared;
         c.stall_after = p.stall_after;
         c
     }
@@ -319,7 +322,6 @@ impl Sim {
                 };
                 events.push(Ev {
                     key,
-                    tx,
                     end,
                     id,
                     exchange,
@@ -406,7 +408,7 @@ impl Sim {
         let (flushed, flushed_rx) = watch::channel(Lsn(900));
         let (input, input_rx) = mpsc::channel(4);
         let mut sim = Sim {
-            checks: checks::Checks::new(&events),
+            checks: checks::Checks::new(&events, p.max_declared),
             rng,
             cluster,
             events,

@@ -71,7 +71,7 @@ pub(super) struct Cluster {
     /// Exchanges the broker refused a declaration of, or a publish to (404, 403,
     /// 406): an event of such an exchange may be poison.
     pub refused_exchanges: BTreeSet<String>,
-    /// Names the relay declared actively (the per-event bound counts them).
+    /// Names the relay declared or checked (the per-event bound counts them).
     pub declared: BTreeSet<String>,
     /// Dials, opens, declarations and publishes read: the relay is doing something.
     pub activity: u64,
@@ -137,7 +137,7 @@ impl Cluster {
                     body,
                 } => {
                     if self.conns[i].channel_live(ch) {
-                        self.publish(i, ch, tag, publish, header, &body, rng)
+                        self.publish(i, ch, tag, publish, *header, &body, rng)
                     }
                 }
             }
@@ -198,8 +198,9 @@ impl Cluster {
                 self.conns[i].close_channel(ch, code, &text, 40, 10);
             }
             None => {
+                // Declared or checked: both count against the relay's bound.
+                self.declared.insert(d.exchange.to_string());
                 if !d.passive {
-                    self.declared.insert(d.exchange.to_string());
                     self.exchanges
                         .entry(name)
                         .or_insert_with(|| d.kind.to_string());

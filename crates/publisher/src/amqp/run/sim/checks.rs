@@ -31,6 +31,8 @@ pub(super) struct Seen<'a> {
 }
 
 pub(super) struct Checks {
+    /// `max_declared_exchanges`.
+    max_declared: usize,
     by_key: HashMap<EventKey, usize>,
     /// Per event: in the main queue, in the dead-letter queue.
     main: Vec<bool>,
@@ -53,8 +55,9 @@ pub(super) struct Checks {
 }
 
 impl Checks {
-    pub(super) fn new(events: &[Ev]) -> Checks {
+    pub(super) fn new(events: &[Ev], max_declared: usize) -> Checks {
         Checks {
+            max_declared,
             by_key: events.iter().enumerate().map(|(i, e)| (e.key, i)).collect(),
             main: vec![false; events.len()],
             dead: vec![false; events.len()],
@@ -84,10 +87,21 @@ impl Checks {
         matches!(
             e.kind,
             Kind::Poison | Kind::Unfit | Kind::BadName | Kind::Forbidden
-        ) || e
-            .exchange
-            .as_ref()
-            .is_some_and(|x| cluster.refused_exchanges.contains(x))
+        ) || e.exchange.as_ref().is_some_and(|x| {
+            cluster.refused_exchanges.contains(x)
+                // Past `max_declared_exchanges`, a name never declared is refused.
+                || (!cluster.declared.contains(x) && self.chosen(cluster) >= self.max_declared)
+        })
+    }
+
+    /// Exchanges chosen by events that the relay declared (the configured one and
+    /// the DLX are not).
+    fn chosen(&self, cluster: &Cluster) -> usize {
+        cluster
+            .declared
+            .iter()
+            .filter(|x| x.as_str() != super::OUTBOX && x.as_str() != super::broker::DLX)
+            .count()
     }
 
     pub(super) fn after_step(&mut self, step: usize, events: &[Ev], s: Seen<'_>) {
@@ -103,6 +117,12 @@ impl Checks {
                 "step {step}: the relay published after channel.flow(false) was acknowledged"
             );
         }
+        let chosen = self.chosen(c);
+        assert!(
+            chosen <= self.max_declared,
+            "step {step}: the relay declared {chosen} exchanges chosen by events, over max_declared_exchanges = {}",
+            self.max_declared
+        );
         let before = self.settled;
         // New deliveries, in the order the queues received them.
         for d in &c.deliveries[self.seen..] {

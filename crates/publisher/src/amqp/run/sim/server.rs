@@ -40,7 +40,7 @@ pub(super) enum Request {
         ch: u16,
         tag: u64,
         publish: basic::Publish,
-        header: AMQPContentHeader,
+        header: Box<AMQPContentHeader>,
         body: Vec<u8>,
     },
 }
@@ -502,7 +502,7 @@ impl Server {
             ch,
             tag,
             publish,
-            header,
+            header: Box::new(header),
             body,
         });
     }
