@@ -23,6 +23,23 @@ use crate::status::{PublisherStatus, Stall};
 /// Default `[rabbitmq] stall_after`.
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_secs(60);
 
+/// Runs a publishing loop with the watchdog beside it, and clears the stall it may
+/// have named once the loop returns (both targets' `run`).
+pub(crate) async fn alongside<T>(
+    status: PublisherStatus,
+    stall_after: Duration,
+    run: impl std::future::Future<Output = T>,
+) -> T {
+    let watchdog = watch(status.clone(), stall_after);
+    let result = tokio::select! {
+        biased;
+        result = run => result,
+        never = watchdog => match never {},
+    };
+    status.set_stall(None);
+    result
+}
+
 /// Watches `status` for ever (run it beside the publishing loop).
 pub(crate) async fn watch(status: PublisherStatus, stall_after: Duration) -> Infallible {
     let stall_after = stall_after.max(Duration::from_millis(100));

@@ -334,15 +334,8 @@ impl StreamPublisher {
         watermark: watch::Sender<Lsn>,
         flushed: Option<watch::Receiver<Lsn>>,
     ) -> Result<PublisherReport, PublishError> {
-        let status = self.status.clone();
-        let watchdog = crate::watchdog::watch(status.clone(), self.config.stall_after);
+        let (status, stall_after) = (self.status.clone(), self.config.stall_after);
         let run = run::Runner::new(self, watermark, flushed).run(input);
-        let result = tokio::select! {
-            biased;
-            result = run => result,
-            never = watchdog => match never {},
-        };
-        status.set_stall(None);
-        result
+        crate::watchdog::alongside(status, stall_after, run).await
     }
 }

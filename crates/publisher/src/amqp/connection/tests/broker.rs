@@ -434,3 +434,22 @@ pub(super) async fn next_events(connection: &mut Connection) -> Result<Vec<Event
         .await
         .expect("the connection reported nothing in time")
 }
+
+/// The broker's half of opening the control channel.
+pub(super) async fn accept_control(socket: &mut TcpStream) {
+    assert!(
+        matches!(
+            expect_method(socket, 1).await,
+            AMQPClass::Channel(channel::AMQPMethod::Open(_))
+        ),
+        "the control channel is opened first"
+    );
+    send(
+        socket,
+        &[method(
+            1,
+            AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+        )],
+    )
+    .await;
+}

@@ -73,18 +73,7 @@ where
 async fn a_request_the_broker_never_answers_fails_the_connection_in_time() {
     let (mut conn, broker) = with_timeout(Duration::from_millis(300), |mut socket| async move {
         // The control channel opens; the declaration is read and never answered.
-        assert!(matches!(
-            expect_method(&mut socket, 1).await,
-            AMQPClass::Channel(channel::AMQPMethod::Open(_))
-        ));
-        send(
-            &mut socket,
-            &[method(
-                1,
-                AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
-            )],
-        )
-        .await;
+        accept_control(&mut socket).await;
         let _declare = expect_method(&mut socket, 1).await;
         tokio::time::sleep(Duration::from_secs(2)).await;
     })
@@ -162,18 +151,7 @@ async fn channel_flow_is_answered_and_obeyed() {
 #[tokio::test]
 async fn a_reply_is_not_overwritten_by_a_method_read_after_it() {
     let (mut conn, broker) = pair(Script::default(), |mut socket| async move {
-        assert!(matches!(
-            expect_method(&mut socket, 1).await,
-            AMQPClass::Channel(channel::AMQPMethod::Open(_))
-        ));
-        send(
-            &mut socket,
-            &[method(
-                1,
-                AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
-            )],
-        )
-        .await;
+        accept_control(&mut socket).await;
         let _declare = expect_method(&mut socket, 1).await;
         send(
             &mut socket,

@@ -13,25 +13,6 @@ use super::super::channels::QueueCounts;
 use super::super::{ConnError, Declare, ExchangeFlags};
 use super::broker::*;
 
-/// The broker's half of opening the control channel.
-async fn accept_control(socket: &mut TcpStream) {
-    assert!(
-        matches!(
-            expect_method(socket, 1).await,
-            AMQPClass::Channel(channel::AMQPMethod::Open(_))
-        ),
-        "the control channel is opened first"
-    );
-    send(
-        socket,
-        &[method(
-            1,
-            AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
-        )],
-    )
-    .await;
-}
-
 /// The broker closes the control channel with `code` and `text` (as RabbitMQ does
 /// on a refused declaration) and reads the client's close-ok.
 async fn close_control(socket: &mut TcpStream, code: u16, text: &str, class_id: u16) {
