@@ -1,7 +1,8 @@
 //! The binary against hostile input and with secrets (docs/security.md), one module
 //! per topic: hostile passwords (`secrets`), secrets from files (`secret_files`),
 //! hostile servers (`hostile_peers`), the broker over TLS (`broker_tls`), the
-//! metrics endpoint against hostile clients (`metrics_endpoint`), functions
+//! metrics endpoint against hostile clients (`metrics_endpoint`), control against
+//! web pages, other local users and port squatters (`control`), functions
 //! planted in the database (`search_path`), outbox text on the operator's
 //! terminal (`operator_output`), who may emit logical messages (`emit`),
 //! reloading a running relay's password file, log filter and settings (`reload`),
@@ -16,6 +17,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod broker_tls;
+mod control;
 mod credentials_in_clear;
 mod emit;
 mod hostile_peers;

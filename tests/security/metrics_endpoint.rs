@@ -21,10 +21,10 @@ use support::bin;
 use testkit::hostile::base64;
 use testkit::{free_port, unique_name};
 
-struct Relay {
-    child: Child,
-    dir: PathBuf,
-    port: u16,
+pub(crate) struct Relay {
+    pub(crate) child: Child,
+    pub(crate) dir: PathBuf,
+    pub(crate) port: u16,
 }
 
 impl Drop for Relay {
@@ -37,7 +37,7 @@ impl Drop for Relay {
 
 /// Starts `run` with the metrics endpoint on a free port and `extra` lines in
 /// `[relay]`; waits until `/healthz` answers.
-fn start(extra: &str, files: &[(&str, &str)]) -> Relay {
+pub(crate) fn start(extra: &str, files: &[(&str, &str)]) -> Relay {
     spawn(extra, files, &|port| {
         get(port, "/healthz", &[]).map(|r| r.0) == Some(200)
     })
@@ -45,7 +45,28 @@ fn start(extra: &str, files: &[(&str, &str)]) -> Relay {
 
 /// Writes the configuration and `files` into a new directory (`{dir}` in `extra`
 /// names it), starts `run`, and waits until `up(port)`.
-fn spawn(extra: &str, files: &[(&str, &str)], up: &dyn Fn(u16) -> bool) -> Relay {
+pub(crate) fn spawn(extra: &str, files: &[(&str, &str)], up: &dyn Fn(u16) -> bool) -> Relay {
+    spawn_on("127.0.0.1", extra, files, up)
+}
+
+/// [`spawn`] on the address `ip`.
+pub(crate) fn spawn_on(
+    ip: &str,
+    extra: &str,
+    files: &[(&str, &str)],
+    up: &dyn Fn(u16) -> bool,
+) -> Relay {
+    spawn_env(ip, &[], extra, files, up)
+}
+
+/// [`spawn_on`] with `env` in the relay's environment.
+pub(crate) fn spawn_env(
+    ip: &str,
+    env: &[(&str, &str)],
+    extra: &str,
+    files: &[(&str, &str)],
+    up: &dyn Fn(u16) -> bool,
+) -> Relay {
     bin();
     let dir = std::env::temp_dir().join(unique_name("metrics"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -56,12 +77,13 @@ fn spawn(extra: &str, files: &[(&str, &str)], up: &dyn Fn(u16) -> bool) -> Relay
     }
     let port = free_port();
     let extra = extra.replace("{dir}", &dir.display().to_string());
-    let cfg = write_config(&dir, &format!("127.0.0.1:{port}"), &extra);
+    let cfg = write_config(&dir, &format!("{ip}:{port}"), &extra);
     let child = Command::new(bin())
         .arg("--config")
         .arg(&cfg)
         .arg("run")
         .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(dir.join("relay.log")).unwrap())
         .spawn()
@@ -80,7 +102,7 @@ fn spawn(extra: &str, files: &[(&str, &str)], up: &dyn Fn(u16) -> bool) -> Relay
 }
 
 impl Relay {
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.join("relay.log")).unwrap_or_default()
     }
 
@@ -91,12 +113,13 @@ impl Relay {
     }
 }
 
-/// One request on its own connection: (status, body), or `None` when the server
-/// closed the connection without an answer or did not answer within 5 s.
-fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+/// One request on its own connection, naming the listener's address in `Host`:
+/// (status, body), or `None` when the server closed the connection without an
+/// answer or did not answer within 5 s.
+pub(crate) fn get(port: u16, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let mut req = format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    let mut req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -138,7 +161,7 @@ fn slow_clients_are_cut_off_and_connections_are_capped() {
     let mut slow = Vec::new();
     for _ in 0..300 {
         let mut s = TcpStream::connect(("127.0.0.1", relay.port)).unwrap();
-        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n");
+        let _ = s.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n");
         slow.push(s);
     }
     std::thread::sleep(Duration::from_millis(1500));
@@ -257,15 +280,21 @@ fn an_open_endpoint_beyond_loopback_is_warned_about() {
 }
 
 /// A configuration in `dir` with an unreachable Postgres and broker, the endpoint on
-/// `listen` and `extra` lines in `[relay]`.
-fn write_config(dir: &Path, listen: &str, extra: &str) -> PathBuf {
+/// `listen` and `extra` lines in `[relay]`; the control token goes to
+/// `dir/control.token` unless `extra` sets `control_token_file` (`""`: the default).
+pub(crate) fn write_config(dir: &Path, listen: &str, extra: &str) -> PathBuf {
     let cfg = dir.join("relay.toml");
+    let token = if extra.contains("control_token_file") {
+        String::new()
+    } else {
+        format!("control_token_file = \"{}/control.token\"\n", dir.display())
+    };
     std::fs::write(
         &cfg,
         format!(
             "[postgres]\nurl = \"postgresql://u@127.0.0.1:1/app\"\n\
              [rabbitmq]\nurl = \"amqp://guest:guest@127.0.0.1:2/%2f\"\n\
-             [relay]\nmetrics_listen = \"{listen}\"\n{extra}\n"
+             [relay]\nmetrics_listen = \"{listen}\"\n{token}{extra}\n"
         ),
     )
     .unwrap();
@@ -370,13 +399,26 @@ fn start_tls(extra: &str) -> Relay {
     })
 }
 
-/// One request with `method` on its own connection: (status, body).
-fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Option<(u16, String)> {
+/// The header a control change needs (`ctl` sends it; no web page can cross-site).
+pub(crate) const CONTROL: (&str, &str) = ("X-Outbox-Relay-Control", "1");
+
+/// One request with `method` on its own connection: (status, body). `Host` names
+/// the listener's address unless `headers` give one.
+pub(crate) fn send(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Option<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n"
-    );
+    let host = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        String::new()
+    } else {
+        format!("Host: 127.0.0.1:{port}\r\n")
+    };
+    let mut req =
+        format!("{method} {path} HTTP/1.1\r\n{host}Connection: close\r\nContent-Length: 0\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
@@ -390,7 +432,7 @@ fn send(port: u16, method: &str, path: &str, headers: &[(&str, &str)]) -> Option
 }
 
 /// `outbox-relay --config cfg ctl args`.
-fn ctl(cfg: &Path, args: &[&str]) -> std::process::Output {
+pub(crate) fn ctl(cfg: &Path, args: &[&str]) -> std::process::Output {
     Command::new(bin())
         .arg("--config")
         .arg(cfg)
@@ -401,10 +443,13 @@ fn ctl(cfg: &Path, args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
-/// Control (issue 44) needs the credentials whenever some are configured: without
-/// them or with wrong ones every `/control/` route answers 401 and changes nothing;
-/// `ctl` with the relay's configuration sends them, and `ctl pause` pauses
-/// (`/readyz`: not ready: paused) and `ctl resume` resumes.
+/// Control (issue 44) needs the credentials (or this start's control token)
+/// whenever some are configured: without them or with wrong ones every `/control/`
+/// route answers 401 and changes nothing; `ctl` with the relay's configuration
+/// reads the control token, and `ctl pause` pauses (`/readyz`: not ready: paused)
+/// and `ctl resume` resumes. A `ctl` that cannot read the token file sends the
+/// configured token nowhere over plain HTTP (issue 50: nothing proves the port's
+/// owner), and one without either is refused with the fix named.
 #[test]
 fn control_needs_the_credentials() {
     let relay = start(
@@ -419,7 +464,7 @@ fn control_needs_the_credentials() {
         ("GET", "/control/status"),
     ] {
         assert_eq!(
-            send(relay.port, method, path, &[]).map(|r| r.0),
+            send(relay.port, method, path, &[CONTROL]).map(|r| r.0),
             Some(401),
             "{path}"
         );
@@ -428,7 +473,7 @@ fn control_needs_the_credentials() {
                 relay.port,
                 method,
                 path,
-                &[("Authorization", "Bearer wrong")]
+                &[CONTROL, ("Authorization", "Bearer wrong")]
             )
             .map(|r| r.0),
             Some(401),
@@ -464,19 +509,30 @@ fn control_needs_the_credentials() {
     assert_eq!(json["state"], "paused", "{json}");
     let out = ctl(&cfg, &["resume"]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("state: running"));
-    // Without the token file, `ctl` is refused with the fix named.
-    let bare = relay.dir.join("bare.toml");
+    // Without the control token file, the configured token does not go over plain
+    // HTTP; without either, `ctl` is refused with the fix named.
     let text = std::fs::read_to_string(&cfg).unwrap();
+    let elsewhere = text.replace("control.token", "not-the.token");
+    let unproven = relay.dir.join("unproven.toml");
+    std::fs::write(&unproven, &elsewhere).unwrap();
+    let out = ctl(&unproven, &["pause"]);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("nothing was sent") && err.contains("TLS"),
+        "{err}"
+    );
+    let bare = relay.dir.join("bare.toml");
     std::fs::write(
         &bare,
-        text.replace("metrics_bearer_token_file", "# metrics_bearer_token_file"),
+        elsewhere.replace("metrics_bearer_token_file", "# metrics_bearer_token_file"),
     )
     .unwrap();
     let out = ctl(&bare, &["pause"]);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("401") && err.contains("metrics_bearer_token_file"),
+        err.contains("401") && err.contains("control token"),
         "{err}"
     );
     assert_eq!(

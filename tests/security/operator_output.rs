@@ -185,9 +185,9 @@ fn secret(path: &std::path::Path, content: Option<&str>) {
 }
 
 /// With a bearer token and TLS on the endpoint, `status` shows the stuck message
-/// (it asks over HTTPS, trusting the endpoint's own certificate, with the token);
-/// with a token the endpoint refuses it says it could not ask instead of showing
-/// nothing.
+/// (it asks over HTTPS, trusting the endpoint's own certificate, with the relay's
+/// control token); with only a token the endpoint refuses it says it could not ask
+/// instead of showing nothing.
 #[tokio::test]
 async fn status_asks_for_the_stuck_message_with_the_endpoints_credentials_and_tls() {
     let env = stuck_event("'nobody'").await;
@@ -222,7 +222,11 @@ async fn status_asks_for_the_stuck_message_with_the_endpoints_credentials_and_tl
         relay.log_text()
     );
 
+    // The configured token alone (`status` on this host would read the relay's
+    // control token first): a wrong one is refused.
     vars[1].1 = wrong.as_str();
+    let elsewhere = format!("{d}/not-the-relays.token");
+    vars.push(("OUTBOX_RELAY_RELAY_CONTROL_TOKEN_FILE", elsewhere.as_str()));
     let out = env.cli_env(&["status"], &vars);
     let text = stdout(&out);
     assert!(!text.contains("stuck_message:"), "{text}");

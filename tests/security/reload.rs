@@ -113,16 +113,23 @@ async fn ctl_reload_reports_a_changed_slot_and_refuses_an_invalid_file() {
     ));
     assert_eq!(slots.trim(), format!("{}:true", env.slot));
 
-    // `ctl reload` reads the file too (for the endpoint), so it names the errors
-    // itself; SIGHUP has the relay read it.
+    // `ctl reload` reaches the relay whatever else the file holds (issue 55): the
+    // relay logs every error and answers them, and ctl exits 2 naming them. SIGHUP
+    // has the relay read the file the same way.
     env.extra = "no_such_key = 1\nmetrics_read_timeout_ms = 5\n".into();
     let out = env.cli_env(&["ctl", "reload"], &vars);
     let err = stderr(&out);
     assert_eq!(out.status.code(), Some(2), "{}{err}", stdout(&out));
     assert!(
-        err.contains("no_such_key") && err.contains("metrics_read_timeout_ms"),
+        err.contains("the reload was refused")
+            && err.contains("no_such_key")
+            && err.contains("metrics_read_timeout_ms"),
         "{err}"
     );
+    let log = relay
+        .wait_log("reload refused", Duration::from_secs(30))
+        .await;
+    assert!(log.contains("no_such_key"), "{log}");
     relay.signal("HUP");
     env.extra = String::new();
     let log = relay

@@ -253,14 +253,23 @@ mod tests {
             "amqps://guest:Qxjz@[fd00::5]/",
             "amqp://[::1]:5673/%2f",
         ] {
-            assert!(crate::PublisherConfig::new(url, "x").validate().is_ok(), "{url}");
+            assert!(
+                crate::PublisherConfig::new(url, "x").validate().is_ok(),
+                "{url}"
+            );
         }
         assert_eq!(
             crate::amqp::connection::ipv6_literal("amqp://u:p@[fd00::5]:5673/%2f").as_deref(),
             Some("fd00::5")
         );
-        assert_eq!(crate::amqp::connection::ipv6_literal("amqp://[::1]/"), Some("::1".into()));
-        assert_eq!(crate::amqp::connection::ipv6_literal("amqp://host:5672/"), None);
+        assert_eq!(
+            crate::amqp::connection::ipv6_literal("amqp://[::1]/"),
+            Some("::1".into())
+        );
+        assert_eq!(
+            crate::amqp::connection::ipv6_literal("amqp://host:5672/"),
+            None
+        );
     }
 
     #[test]

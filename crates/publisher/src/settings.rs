@@ -124,6 +124,26 @@ pub struct RabbitMqConfig {
     pub routing_key: String,
     /// Messages published but not yet confirmed to Postgres (≥ 1).
     pub max_in_flight: usize,
+    /// Bytes of message bodies published and not yet acked, at most (one message
+    /// always goes, whatever its size).
+    pub max_in_flight_bytes: usize,
+    /// Globs (`*`: one or more of `[A-Za-z0-9_.:-]`) an exchange chosen by an event
+    /// must match; `[]` = the template's own shape (`events.{aggregate_type}` allows
+    /// `events.*`), or any such name for an exchange column. `amq.*` and the
+    /// dead-letter exchange only when listed by name (docs/routing.md).
+    pub allowed_exchanges: Vec<String>,
+    /// Exchanges chosen by events that one relay declares at most; the next ones are
+    /// poison (docs/routing.md).
+    pub max_declared_exchanges: usize,
+    /// How long any request to the broker (and publishes waiting for their confirms
+    /// while the connection is not blocked) may go unanswered before the connection
+    /// counts as failed and the next node is tried (docs/reliability.md).
+    #[serde(deserialize_with = "de_duration")]
+    pub request_timeout: Option<Duration>,
+    /// Events waiting with nothing confirmed this long: the stall is named (an
+    /// ERROR line, `/readyz` 503, `outbox_relay_stalled_seconds`).
+    #[serde(deserialize_with = "de_duration")]
+    pub stall_after: Option<Duration>,
     /// `"commit"`: one channel, one global order. `"aggregate"`: `channels`
     /// channels, each aggregate pinned to one, order kept per aggregate.
     pub ordering: Ordering,
@@ -196,6 +216,11 @@ impl Default for RabbitMqConfig {
             declare_topology: DEFAULT_DECLARE_TOPOLOGY,
             routing_key: message::DEFAULT_ROUTING_KEY.to_string(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
+            max_in_flight_bytes: crate::config::DEFAULT_MAX_IN_FLIGHT_BYTES,
+            allowed_exchanges: Vec::new(),
+            max_declared_exchanges: crate::amqp::destinations::DEFAULT_MAX_DECLARED_EXCHANGES,
+            request_timeout: Some(crate::config::DEFAULT_REQUEST_TIMEOUT),
+            stall_after: Some(crate::watchdog::DEFAULT_STALL_AFTER),
             ordering: DEFAULT_ORDERING,
             channels: DEFAULT_CHANNELS,
             dead_letter_exchange: DEFAULT_DEAD_LETTER_EXCHANGE.to_string(),
@@ -239,6 +264,11 @@ impl fmt::Debug for RabbitMqConfig {
             .field("declare_topology", &self.declare_topology)
             .field("routing_key", &self.routing_key)
             .field("max_in_flight", &self.max_in_flight)
+            .field("max_in_flight_bytes", &self.max_in_flight_bytes)
+            .field("allowed_exchanges", &self.allowed_exchanges)
+            .field("max_declared_exchanges", &self.max_declared_exchanges)
+            .field("request_timeout", &self.request_timeout)
+            .field("stall_after", &self.stall_after)
             .field("ordering", &self.ordering)
             .field("channels", &self.channels)
             .field("dead_letter_exchange", &self.dead_letter_exchange)
@@ -294,6 +324,18 @@ impl RabbitMqConfig {
             .collect()
     }
 
+    /// `request_timeout`, its default when unset.
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+            .unwrap_or(crate::config::DEFAULT_REQUEST_TIMEOUT)
+    }
+
+    /// `stall_after`, its default when unset.
+    pub fn stall_after(&self) -> Duration {
+        self.stall_after
+            .unwrap_or(crate::watchdog::DEFAULT_STALL_AFTER)
+    }
+
     /// `ca_file`, `None` when `""` (system roots).
     pub fn ca_file(&self) -> Option<PathBuf> {
         Some(&self.ca_file)
@@ -324,6 +366,11 @@ impl RabbitMqConfig {
         p.declare_exchange = self.declare_exchange;
         p.routing_key = self.routing_key.clone();
         p.max_in_flight = self.max_in_flight;
+        p.max_in_flight_bytes = self.max_in_flight_bytes;
+        p.allowed_exchanges = self.allowed_exchanges.clone();
+        p.max_declared_exchanges = self.max_declared_exchanges;
+        p.request_timeout = self.request_timeout();
+        p.stall_after = self.stall_after();
         p.channels = match self.ordering {
             Ordering::Commit => 1,
             Ordering::Aggregate => self.channels,

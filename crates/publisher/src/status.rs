@@ -63,7 +63,11 @@ impl std::fmt::Display for Stall {
             )?;
         }
         match &self.last_answer {
-            Some(a) => write!(f, "; the broker's last answer: {}", outbox_event::redact::printable(a)),
+            Some(a) => write!(
+                f,
+                "; the broker's last answer: {}",
+                outbox_event::redact::printable(a)
+            ),
             None => f.write_str("; no answer from the broker"),
         }
     }
@@ -183,7 +187,12 @@ impl PublisherStatus {
         let front = self.front().unwrap_or_else(|| self.clone());
         let seconds = front
             .all()
-            .filter_map(|s| s.0.stall.lock().ok().and_then(|s| s.as_ref().map(|s| s.quiet)))
+            .filter_map(|s| {
+                s.0.stall
+                    .lock()
+                    .ok()
+                    .and_then(|s| s.as_ref().map(|s| s.quiet))
+            })
             .max()
             .map_or(0.0, |q| q.as_secs_f64());
         metrics::gauge!(STALLED_SECONDS).set(seconds);

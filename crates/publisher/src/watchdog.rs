@@ -114,7 +114,10 @@ mod tests {
         let stall = status.stalled().expect("a stall after stall_after");
         assert!(!status.ready());
         let text = stall.to_string();
-        assert!(text.contains("m-1") && text.contains("0/10") && text.contains("events.x"), "{text}");
+        assert!(
+            text.contains("m-1") && text.contains("0/10") && text.contains("events.x"),
+            "{text}"
+        );
         assert!(text.contains("(404)"), "{text}");
         status.add_progress();
         tokio::time::sleep(Duration::from_secs(2)).await;

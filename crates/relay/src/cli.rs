@@ -13,7 +13,7 @@
 //!          [--where FIELD=VALUE]... [--exchange NAME | --stream NAME]
 //!          [--routing-key TEMPLATE] [--dry-run]
 //!   check [--declare] | check --routes [--since DURATION]
-//!   ctl pause | resume | drain [--wait [--timeout D]] | status [--json] | reload
+//!   ctl [--endpoint URL] pause | resume | drain [--wait [--timeout D]] | status [--json] | reload
 //!   completions <bash|zsh|fish|elvish|powershell>
 //!   man                       (hidden: the man page, docs/man/outbox-relay.1)
 //! ```
@@ -86,9 +86,10 @@ pub enum Command {
     /// nothing unless --declare is given.
     Check(CheckArgs),
     /// Control the running relay through its endpoint ([relay] metrics_listen, with
-    /// the same credentials and TLS as /metrics): pause, resume, drain, status, reload.
-    #[command(subcommand)]
-    Ctl(CtlCommand),
+    /// the control token the relay writes at start, or the credentials and TLS of
+    /// /metrics): pause, resume, drain, status, reload. Reads only those keys of the
+    /// file: errors elsewhere in it are warned about.
+    Ctl(CtlArgs),
     /// Print a shell completion script to stdout, e.g.
     /// `outbox-relay completions bash > /etc/bash_completion.d/outbox-relay`.
     Completions(CompletionsArgs),
@@ -147,6 +148,19 @@ pub struct RunArgs {
 }
 
 /// `ctl`: commands to the running relay (docs/operations.md, "Incident levers").
+#[derive(Debug, Args)]
+pub struct CtlArgs {
+    /// The relay's endpoint, e.g. http://127.0.0.1:9187 or https://relay.example:9187,
+    /// instead of [relay] metrics_listen; works without a configuration file (the
+    /// credentials, certificate and control token file then come from
+    /// OUTBOX_RELAY_RELAY_* variables or their defaults).
+    #[arg(long, global = true, value_name = "URL")]
+    pub endpoint: Option<String>,
+    #[command(subcommand)]
+    pub command: CtlCommand,
+}
+
+/// The commands of `ctl`.
 #[derive(Debug, Subcommand)]
 pub enum CtlCommand {
     /// Stop publishing at the next transaction boundary; in-flight messages are

@@ -37,7 +37,8 @@
 //! [`RabbitMqConfig`]); `load.rs` loads them (every error at once) and refuses
 //! built-in server addresses; `env.rs` the environment overrides, `de.rs` the value
 //! deserializers, `validate.rs` the checks (those of `[mapping]` and `[rabbitmq]` are
-//! their owners'), `access.rs` the typed accessors and what each component takes
+//! their owners'), `ctl.rs` what `ctl` reads (the endpoint's keys alone when the
+//! rest is broken), `access.rs` the typed accessors and what each component takes
 //! from other sections, `error.rs` [`ConfigError`], `plain_http.rs` which URLs would
 //! carry credentials in clear, `secret_files.rs` the secret files' rule.
 
@@ -49,6 +50,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 mod access;
+mod ctl;
 mod de;
 mod env;
 mod error;
@@ -57,6 +59,7 @@ mod plain_http;
 mod secret_files;
 mod validate;
 
+pub use ctl::CtlSettings;
 pub use error::ConfigError;
 pub use plain_http::{beyond_loopback, tracing_headers_in_clear};
 /// `[rabbitmq]` is the publisher's own section: its keys, defaults and checks.
@@ -245,6 +248,16 @@ pub struct RelayConfig {
     /// PEM certificate chain and key to serve the endpoint over HTTPS; `""` = HTTP.
     pub metrics_tls_cert_file: String,
     pub metrics_tls_key_file: String,
+    /// Host names the endpoint answers to besides its own address (the IP literal
+    /// it listens on, any IP literal on a wildcard, `localhost` on loopback): a
+    /// request naming another gets 421 (DNS rebinding, docs/security.md); `"*"`
+    /// admits every name. Checked at load.
+    pub metrics_allowed_hosts: Vec<String>,
+    /// Where `run` writes its per-start control token and `ctl` reads it;
+    /// `""` = `/run/outbox-relay/`, `$XDG_RUNTIME_DIR/outbox-relay/` or
+    /// `<temp>/outbox-relay-<uid>/`, as `control-<port>.token`
+    /// (crate::control_token).
+    pub control_token_file: String,
     /// The log filter (`tracing_subscriber::EnvFilter` syntax, e.g.
     /// `"info,outbox_relay=debug"`); `""` = `RUST_LOG`, else `info`. Reloaded by
     /// SIGHUP and `ctl reload`. Checked at load.
@@ -270,6 +283,8 @@ impl Default for RelayConfig {
             metrics_basic_auth_password_file: String::new(),
             metrics_tls_cert_file: String::new(),
             metrics_tls_key_file: String::new(),
+            metrics_allowed_hosts: Vec::new(),
+            control_token_file: String::new(),
             log_filter: String::new(),
             pause_alert_after: Some(DEFAULT_PAUSE_ALERT_AFTER),
         }

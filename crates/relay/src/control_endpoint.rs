@@ -6,9 +6,13 @@
 //!   POST /control/reload   GET  /control/status
 //! ```
 //!
-//! crate::endpoint requires the credentials for every `/control/` path whenever
-//! some are configured, and refuses control on a listener beyond loopback that has
-//! none. Answers are JSON; a refused command is 409 with `{"error": …}`.
+//! crate::endpoint_guard checks every `/control/` request first: its Host, its
+//! origin and shape (a POST carries `X-Outbox-Relay-Control`, no form body), and the
+//! configured credentials or this start's control token; it refuses control on a
+//! listener beyond loopback without credentials, and answers `GET /control/proof`
+//! itself. Answers are JSON; a refused command is 409 with `{"error": …}`. The
+//! status names the process (`pid`, `process_start`), so that `ctl drain --wait`
+//! watches the process instead of asking the port again.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -92,6 +96,47 @@ pub fn status_json(control: &Control, health: &Health) -> String {
         "acked_lsn": publisher.as_ref().map(|p| p.acked_lsn().to_string()),
         "confirmed_lsn": health.confirmed().map(|l| l.to_string()),
         "in_flight": publisher.as_ref().map(|p| p.in_flight()),
+        "pid": std::process::id(),
+        "process_start": process_start(std::process::id()),
     });
     format!("{value}\n")
+}
+
+/// When process `pid` started, in clock ticks since boot (`/proc/<pid>/stat`, field
+/// 22): with the pid, it names one process even after the pid is reused. `None` when
+/// the process is not visible (another pid namespace, no `/proc`) or has exited (a
+/// zombie its parent has not reaped yet has exited).
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) is in parentheses and may hold spaces: count after it.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    if matches!(fields.next(), Some("Z" | "X" | "x")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_process_is_named_by_its_start_until_it_exits() {
+        let me = super::process_start(std::process::id());
+        assert!(me.is_some_and(|t| t > 0));
+        assert_eq!(super::process_start(std::process::id()), me);
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let pid = child.id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        // Exited but not reaped (a zombie): gone already.
+        while super::process_start(pid).is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a zombie counts as running"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.wait();
+        assert_eq!(super::process_start(u32::MAX), None);
+    }
 }

@@ -6,8 +6,9 @@
 //!          ─► [TLS handshake, within the read timeout]
 //!          ─► hyper HTTP/1: request headers within the read timeout (also the
 //!             longest idle time between requests of a kept-alive connection)
-//!          ─► credentials (bearer token or basic) for /metrics, /poison and
-//!             /control/ (control beyond loopback without credentials: refused)
+//!          ─► crate::endpoint_guard: the Host (421), control's origin and shape
+//!             (403), credentials (bearer token or basic, or this start's control
+//!             token) for /metrics, /poison and /control/ (401)
 //!          ─► the router (crate::metrics)
 //!   every connection ends after CONNECTION_LIFETIME whatever it does
 //! ```
@@ -15,23 +16,22 @@
 //! The probes (`/healthz`, `/readyz`) answer without credentials, as Kubernetes
 //! probes cannot send them from a secret; without credentials `/readyz` says only
 //! ready or not. The credential files are read at every request, so a rotated token
-//! or password works at once.
+//! or password works at once. The control token (crate::control_token) is made at
+//! every start and written where `ctl` on this host finds it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::http::header;
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
+use crate::endpoint_guard::{Guard, Hosts};
 use crate::error::CliError;
 
 /// The longest a connection lives, whatever it does: bounds slow readers and slow
@@ -50,6 +50,11 @@ pub struct EndpointConfig {
     pub auth: Credentials,
     /// Certificate chain and key (PEM) to serve HTTPS; `None`: plain HTTP.
     pub tls: Option<(PathBuf, PathBuf)>,
+    /// Host names requests may carry besides the listener's own
+    /// (`[relay] metrics_allowed_hosts`, crate::endpoint_guard).
+    pub allowed_hosts: Vec<String>,
+    /// Where this start's control token is written (crate::control_token).
+    pub token_file: crate::control_token::TokenFile,
 }
 
 /// What `/metrics` and `/poison` require; nothing when neither is set.
@@ -86,7 +91,7 @@ impl Credentials {
 
     /// True when `headers` carry one of the configured credentials (always when
     /// none is configured).
-    fn allow(&self, headers: &axum::http::HeaderMap) -> bool {
+    pub(crate) fn allow(&self, headers: &axum::http::HeaderMap) -> bool {
         if !self.is_set() {
             return true;
         }
@@ -137,7 +142,7 @@ fn key_error(key: &str, path: &std::path::Path, why: &str) -> CliError {
 }
 
 /// Compares without an early exit on the first difference.
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
@@ -145,44 +150,6 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 /// `/readyz` gives its detail only then.
 #[derive(Debug, Clone, Copy)]
 pub struct Authorized(pub bool);
-
-/// Paths that need credentials when some are configured.
-const GUARDED: &[&str] = &["/metrics", "/poison"];
-/// The control routes (crate::control_endpoint): credentials whenever some are
-/// configured, and refused beyond loopback without them.
-const CONTROL: &str = "/control/";
-
-/// The credentials and whether the listener is on loopback.
-struct Guard {
-    auth: Credentials,
-    loopback: bool,
-}
-
-async fn authorize(State(guard): State<Arc<Guard>>, mut req: Request, next: Next) -> Response {
-    let auth = &guard.auth;
-    let control = req.uri().path().starts_with(CONTROL);
-    if control && !guard.loopback && !auth.is_set() {
-        return (
-            StatusCode::FORBIDDEN,
-            "control refused: the endpoint listens beyond loopback without credentials; set [relay] metrics_bearer_token_file (or metrics_basic_auth_user and metrics_basic_auth_password_file), or listen on 127.0.0.1\n",
-        )
-            .into_response();
-    }
-    let ok = auth.allow(req.headers());
-    req.extensions_mut().insert(Authorized(ok));
-    if !ok && (control || GUARDED.contains(&req.uri().path())) {
-        return (
-            StatusCode::UNAUTHORIZED,
-            [(
-                header::WWW_AUTHENTICATE,
-                "Bearer, Basic realm=\"outbox-relay\"",
-            )],
-            "credentials required\n",
-        )
-            .into_response();
-    }
-    next.run(req).await
-}
 
 /// Binds the listener and serves `router` in the background under `cfg`'s limits.
 pub async fn serve(cfg: EndpointConfig, router: Router) -> Result<(), CliError> {
@@ -204,14 +171,28 @@ pub async fn serve(cfg: EndpointConfig, router: Router) -> Result<(), CliError> 
             warn!(%addr, "the metrics endpoint takes credentials over plain HTTP beyond loopback: anyone on the path reads them; set [relay] metrics_tls_cert_file and metrics_tls_key_file (docs/security.md)");
         }
     }
+    let token = crate::control_token::generate().map_err(CliError::Runtime)?;
+    // Control works on loopback, or with credentials: only then is the file of use.
+    let written = if addr.ip().is_loopback() || cfg.auth.is_set() {
+        write_token(&cfg.token_file, &token)?
+    } else {
+        None
+    };
     let guard = Arc::new(Guard {
         auth: cfg.auth.clone(),
         loopback: addr.ip().is_loopback(),
+        hosts: Hosts::new(addr.ip(), &cfg.allowed_hosts),
+        token,
     });
-    let router = router.layer(axum::middleware::from_fn_with_state(guard, authorize));
+    let router = router.layer(axum::middleware::from_fn_with_state(
+        guard,
+        crate::endpoint_guard::check,
+    ));
     let limits = Arc::new(tokio::sync::Semaphore::new(cfg.max_connections.max(1)));
     let read_timeout = cfg.read_timeout;
     tokio::spawn(async move {
+        // Removed with the task, when the runtime ends at the process's exit.
+        let _written = written;
         loop {
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
@@ -258,6 +239,27 @@ pub async fn serve(cfg: EndpointConfig, router: Router) -> Result<(), CliError> 
         }
     });
     Ok(())
+}
+
+/// Writes this start's control token; a failure stops `run` when
+/// `[relay] control_token_file` names the file, else it is warned about.
+fn write_token(
+    file: &crate::control_token::TokenFile,
+    token: &str,
+) -> Result<Option<crate::control_token::Written>, CliError> {
+    match crate::control_token::write(file, token) {
+        Ok(written) => {
+            info!(file = %file.path.display(), "control token written: `outbox-relay ctl` as this user reads it");
+            Ok(Some(written))
+        }
+        Err(why) if file.configured => Err(CliError::Precondition(format!(
+            "cannot write the control token to [relay] control_token_file ({why}): name a file in a directory the relay's user may write, or \"\" for the default"
+        ))),
+        Err(why) => {
+            warn!("cannot write the control token ({why}): `ctl` on this host cannot control the relay without it; set [relay] control_token_file to a file in a directory the relay's user may write (docs/operations.md, \"Incident levers\")");
+            Ok(None)
+        }
+    }
 }
 
 /// Serves HTTP/1 requests on one connection until it ends.

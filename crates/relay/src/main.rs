@@ -28,11 +28,14 @@
 //! - `health`: the live state `/readyz` and the metrics read.
 //! - `shutdown`: the clean-stop request shared by everything `run` starts.
 //! - `control`: pause, resume and drain (docs/design.md §9); `control_endpoint`:
-//!   their routes; `reload`: SIGHUP and `ctl reload`.
+//!   their routes; `control_token`: the per-start token control needs and `ctl`
+//!   reads; `reload`: SIGHUP and `ctl reload`.
 //! - `background`: the tasks beside the pipeline: `anchor` (the replay window's
 //!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges).
 //! - `metrics`: `/metrics`, `/healthz`, `/readyz`; `endpoint`: the HTTP server
-//!   under them (timeouts, connection cap, credentials, TLS).
+//!   under them (timeouts, connection cap, credentials, TLS); `endpoint_guard`:
+//!   the checks every request passes (Host, control's origin and shape,
+//!   credentials); `endpoint_client`: how `ctl` and `status` ask it.
 //!
 //! Shared: `sql`, the one way to open an ordinary SQL connection.
 
@@ -44,8 +47,10 @@ mod commands;
 mod config;
 mod control;
 mod control_endpoint;
+mod control_token;
 mod endpoint;
 mod endpoint_client;
+mod endpoint_guard;
 mod error;
 mod health;
 mod logging;
@@ -118,6 +123,12 @@ fn main() -> ExitCode {
 
 /// Loads the configuration and executes the one command the command line names.
 async fn execute_command(cli: Cli) -> Result<(), CliError> {
+    // `ctl` reads only the endpoint's keys, so that a bad edit elsewhere in the file
+    // leaves the incident levers working (config::ctl).
+    if let Command::Ctl(args) = &cli.command {
+        let settings = Config::load_for_ctl(cli.config.as_deref(), args.endpoint.is_some())?;
+        return commands::ctl::execute(&settings, args).await;
+    }
     let config = Config::load(cli.config.as_deref())?;
     let log_format = cli.log_format;
     tracing::debug!(source = %config.source, "configuration loaded");
@@ -153,7 +164,7 @@ async fn execute_command(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Check(args) => commands::check::execute(&config, &args).await,
         Command::Run(args) => commands::run::execute(&config, &args, cli.config).await,
-        Command::Ctl(cmd) => commands::ctl::execute(&config, &cmd).await,
+        Command::Ctl(_) => Ok(()), // handled above
         Command::Slot(SlotCommand::Create(args)) => commands::slot::create(&config, &args).await,
         Command::Slot(SlotCommand::Drop(args)) => commands::slot::drop(&config, &args).await,
         Command::Slot(SlotCommand::Skip(args)) => commands::skip::skip(&config, &args).await,

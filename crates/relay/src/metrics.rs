@@ -61,23 +61,19 @@ fn router(handle: PrometheusHandle, health: Health, control: Control) -> Router 
                     let paused = matches!(control.state(), RunState::Paused { .. });
                     let ready = health.ready() && !paused;
                     // Without credentials (when some are configured): ready or not only.
-                    let poison = health
-                        .publisher()
-                        .and_then(|p| p.poison())
-                        .filter(|_| authorized);
-                    std::future::ready(match (ready, poison) {
+                    let reason = (!ready && !paused && authorized)
+                        .then(|| not_ready_reason(&health))
+                        .flatten();
+                    std::future::ready(match (ready, reason) {
                         (true, _) => (StatusCode::OK, "ready\n".to_string()),
                         // A deliberate state, no secret: said to everyone.
                         (false, _) if paused => (
                             StatusCode::SERVICE_UNAVAILABLE,
                             "not ready: paused\n".to_string(),
                         ),
-                        (false, Some(p)) => (
+                        (false, Some(reason)) => (
                             StatusCode::SERVICE_UNAVAILABLE,
-                            format!(
-                                "not ready: rabbitmq refuses message {} ({})\n",
-                                p.message_id, p.reason
-                            ),
+                            format!("not ready: {reason}\n"),
                         ),
                         (false, None) => {
                             (StatusCode::SERVICE_UNAVAILABLE, "not ready\n".to_string())
@@ -90,6 +86,33 @@ fn router(handle: PrometheusHandle, health: Health, control: Control) -> Router 
             "/poison",
             get(move || std::future::ready(poison_json(&poison))),
         )
+}
+
+/// Why the relay is not ready (docs/operations.md, "Health"): a message the broker
+/// refuses, a stall (events wait and nothing is confirmed for `stall_after`), the
+/// broker blocking publishers, the publisher connecting, the reader not streaming.
+/// Text from rows and the broker is escaped.
+fn not_ready_reason(health: &Health) -> Option<String> {
+    use outbox_event::redact::printable;
+    let publisher = health.publisher();
+    if let Some(p) = publisher.as_ref().and_then(|p| p.poison()) {
+        return Some(format!(
+            "rabbitmq refuses message {} ({})",
+            printable(&p.message_id),
+            printable(&p.reason)
+        ));
+    }
+    if let Some(stall) = publisher.as_ref().and_then(|p| p.stalled()) {
+        return Some(format!("stalled: {stall}"));
+    }
+    match publisher {
+        Some(p) if p.blocked() => {
+            Some("blocked: rabbitmq blocks publishing (a resource alarm)".into())
+        }
+        Some(p) if !p.connected() => Some("connecting to rabbitmq".into()),
+        None => Some("connecting".into()),
+        Some(_) => Some("not streaming from postgres".into()),
+    }
 }
 
 /// The message the broker refuses, as JSON (`null` when none): what `status` shows.
@@ -175,6 +198,12 @@ fn describe() {
         "1 while a message RabbitMQ refuses holds the relay (no dead_letter_exchange)"
     );
     metrics::gauge!(p::POISON_MESSAGES).set(0.0);
+    describe_gauge!(
+        p::STALLED_SECONDS,
+        Unit::Seconds,
+        "how long events have waited with nothing confirmed, once that is [rabbitmq] stall_after or longer; 0 otherwise"
+    );
+    metrics::gauge!(p::STALLED_SECONDS).set(0.0);
     describe_gauge!(
         "outbox_relay_confirmed_lsn",
         "the last flush position sent to Postgres (LSN as a number)"

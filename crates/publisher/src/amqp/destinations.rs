@@ -301,9 +301,16 @@ mod tests {
         assert!(p.check(&long).unwrap_err().contains("255"));
         assert!(p.check("amq.topic").unwrap_err().contains("amq."));
         assert!(p.check("dlx").unwrap_err().contains("dead-letter"));
-        assert!(p.check("billing.x").unwrap_err().contains("allowed_exchanges (events.*)"));
+        assert!(p
+            .check("billing.x")
+            .unwrap_err()
+            .contains("allowed_exchanges (events.*)"));
         // Listed by name, amq.* and the DLX are allowed.
-        let p = Policy::new("x", &["amq.topic".into(), "dlx".into(), "t.*".into()], Some("dlx"));
+        let p = Policy::new(
+            "x",
+            &["amq.topic".into(), "dlx".into(), "t.*".into()],
+            Some("dlx"),
+        );
         assert_eq!(p.check("amq.topic"), Ok(()));
         assert_eq!(p.check("dlx"), Ok(()));
         assert_eq!(p.check("t.1"), Ok(()));

@@ -292,14 +292,23 @@ impl Runner {
                         // headers) is cut down until it fits: it never holds the relay.
                         let dlx = dead_letter.as_ref().map_or("", |d| d.as_str());
                         let copy = original.dead_letter_copy(properties, own.as_str(), reason);
-                        let mut sent =
-                            conn.publish(dlx, routing_key, builder.properties_of(&copy), &copy.body);
+                        let mut sent = conn.publish(
+                            dlx,
+                            routing_key,
+                            builder.properties_of(&copy),
+                            &copy.body,
+                        );
                         for level in 1..=2 {
                             if sent.is_ok() {
                                 break;
                             }
                             let small = copy.shrunk(level);
-                            sent = conn.publish(dlx, routing_key, builder.properties_of(&small), &small.body);
+                            sent = conn.publish(
+                                dlx,
+                                routing_key,
+                                builder.properties_of(&small),
+                                &small.body,
+                            );
                         }
                         sent
                     }

@@ -77,6 +77,10 @@ impl RabbitMqConfig {
             check_max_in_flight(r.max_in_flight)
                 .map_err(|reason| SettingError::new("rabbitmq.max_in_flight", reason)),
         );
+        check(check_recovery_limits(r));
+        for glob in &r.allowed_exchanges {
+            check(check_exchange_glob(glob));
+        }
         check(check_ordering(r));
         if !r.ca_file.is_empty() && !Path::new(&r.ca_file).is_file() {
             check(Err(SettingError::new(
@@ -139,6 +143,62 @@ fn check_ordering(r: &RabbitMqConfig) -> Result<(), SettingError> {
         _ => check_channels(r.channels, r.max_in_flight)
             .map_err(|reason| SettingError::new("rabbitmq.channels", reason)),
     }
+}
+
+/// The bounds of the recovery layer (docs/reliability.md): each at least 1, and
+/// durations of at least a second.
+fn check_recovery_limits(r: &RabbitMqConfig) -> Result<(), SettingError> {
+    if r.max_in_flight_bytes == 0 {
+        return Err(SettingError::new(
+            "rabbitmq.max_in_flight_bytes",
+            "must be at least 1 (0 would never publish): set the bytes of message bodies to allow unconfirmed, e.g. 268435456 (256 MiB)",
+        ));
+    }
+    if r.max_declared_exchanges == 0 {
+        return Err(SettingError::new(
+            "rabbitmq.max_declared_exchanges",
+            "must be at least 1: set how many exchanges named by events the relay may declare, e.g. 1000",
+        ));
+    }
+    for (key, value) in [
+        ("rabbitmq.request_timeout", r.request_timeout),
+        ("rabbitmq.stall_after", r.stall_after),
+    ] {
+        match value {
+            None => {
+                return Err(SettingError::new(
+                    key,
+                    "cannot be turned off: set a duration in quotes like \"60s\"",
+                ))
+            }
+            Some(d) if d < std::time::Duration::from_secs(1) => {
+                return Err(SettingError::new(
+                    key,
+                    "must be at least a second: set a duration in quotes like \"60s\"",
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// One glob of `allowed_exchanges`: an exchange name whose `*` stands for one or
+/// more of `[A-Za-z0-9_.:-]`.
+fn check_exchange_glob(glob: &str) -> Result<(), SettingError> {
+    let bad = glob.is_empty()
+        || glob.len() > 255
+        || glob.chars().any(|c| c.is_control() || c.is_whitespace());
+    if bad {
+        return Err(SettingError::new(
+            "rabbitmq.allowed_exchanges",
+            format!(
+                "{:?} is not an exchange name or glob: use names of at most 255 bytes without spaces or control characters, `*` for one or more of [A-Za-z0-9_.:-] (e.g. \"events.*\")",
+                outbox_event::redact::printable(glob)
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn validate_client_files(r: &RabbitMqConfig) -> Result<(), SettingError> {

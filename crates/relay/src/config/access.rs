@@ -98,6 +98,11 @@ impl Config {
                     .map(|p| (r.metrics_basic_auth_user.clone(), p)),
             },
             tls: path(&r.metrics_tls_cert_file).zip(path(&r.metrics_tls_key_file)),
+            allowed_hosts: r.metrics_allowed_hosts.clone(),
+            token_file: crate::control_token::TokenFile::new(
+                &r.control_token_file,
+                r.metrics_listen?.port(),
+            ),
         })
     }
 

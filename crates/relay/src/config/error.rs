@@ -260,6 +260,11 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         .map(|(_, _, kind)| *kind);
     let text = match dotted_key {
         "rabbitmq.max_in_flight" => "a whole number like 10000",
+        "rabbitmq.max_in_flight_bytes" => "a whole number of bytes like 268435456 (256 MiB)",
+        "rabbitmq.max_declared_exchanges" => "a whole number like 1000",
+        "rabbitmq.request_timeout" | "rabbitmq.stall_after" => {
+            "a duration in quotes like \"30s\" or \"2min\""
+        }
         "rabbitmq.heartbeat_secs" => "a whole number of seconds like 60, or 0 for the broker's",
         "rabbitmq.max_length_bytes" => {
             "a whole number of bytes like 20000000000, or 0 for no limit"
@@ -283,6 +288,7 @@ pub(super) fn expectation(dotted_key: &str) -> String {
         "message.headers" => "one of full, minimal",
         "postgres.tables" => "a table name or a list of them, like [\"public.outbox\"]",
         "postgres.messages" => "a prefix or a list of them, like [\"outbox\"]",
+        "relay.metrics_allowed_hosts" => "a list of host names like [\"relay\", \"relay.example\"]",
         "rabbitmq.url" => {
             "a URL in quotes, or a list of URLs like [\"amqp://...\", \"amqp://...\"]"
         }

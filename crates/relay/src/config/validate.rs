@@ -116,6 +116,23 @@ fn validate_metrics_endpoint(r: &super::RelayConfig) -> Result<(), ConfigError> 
             &r.metrics_tls_key_file,
         ),
     ];
+    for name in &r.metrics_allowed_hosts {
+        let n = name.trim();
+        let bad = n.is_empty()
+            || (n != "*"
+                && !n
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '-'));
+        if bad {
+            return Err(ConfigError::invalid(
+                "relay.metrics_allowed_hosts",
+                format!(
+                    "{} is not a host name: list names without port or scheme, e.g. [\"relay\", \"relay.example\"], or \"*\" for any",
+                    outbox_event::redact::printable(&format!("{n:?}"))
+                ),
+            ));
+        }
+    }
     for (a, va, b, vb) in pairs {
         if va.is_empty() != vb.is_empty() {
             let (set, missing) = if va.is_empty() { (b, a) } else { (a, b) };

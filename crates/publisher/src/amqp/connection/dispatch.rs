@@ -134,9 +134,7 @@ impl Connection {
         if self.closing_channel == Some(ch)
             && !matches!(
                 method,
-                AMQPClass::Channel(
-                    channel::AMQPMethod::Close(_) | channel::AMQPMethod::CloseOk(_)
-                )
+                AMQPClass::Channel(channel::AMQPMethod::Close(_) | channel::AMQPMethod::CloseOk(_))
             )
         {
             // The relay closed this channel: until its close-ok, all else is
@@ -151,9 +149,7 @@ impl Connection {
         if self.closing_channel == Some(ch)
             && matches!(
                 method,
-                AMQPClass::Channel(
-                    channel::AMQPMethod::Close(_) | channel::AMQPMethod::CloseOk(_)
-                )
+                AMQPClass::Channel(channel::AMQPMethod::Close(_) | channel::AMQPMethod::CloseOk(_))
             )
         {
             // The channel the relay closed is closed now (its close-ok, or the

@@ -47,9 +47,9 @@ use tokio::time::{Instant, Sleep};
 pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
 pub(crate) use handshake::connect;
-pub(crate) use socket::{ipv6_literal, Socket, Tls};
 #[cfg(test)]
 pub(crate) use socket::sim_dial;
+pub(crate) use socket::{ipv6_literal, Socket, Tls};
 
 use frame::{FrameError, FRAME_MIN, FRAME_OVERHEAD};
 

@@ -27,7 +27,8 @@ impl Runner {
                     if !ack {
                         self.report.nacked += 1;
                         metrics::counter!(status::EVENTS_NACKED).increment(1);
-                        self.status.set_last_answer("a nack (the broker did not take a message)");
+                        self.status
+                            .set_last_answer("a nack (the broker did not take a message)");
                     }
                     self.engine.confirmed(tag, ack);
                 }

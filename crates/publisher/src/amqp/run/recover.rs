@@ -185,7 +185,6 @@ impl Runner {
                 // (A local file unreadable mid-run may be a secret being rotated.)
                 Some(Err(e @ PublishError::TlsRefused { .. })) => return Recovered::Refused(e),
                 Some(Err(e)) => self.report_renew_failure(&e, attempt),
-
             }
         }
     }

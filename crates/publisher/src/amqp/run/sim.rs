@@ -392,8 +392,10 @@ impl Sim {
                 sock.set_recv_buffer_size(size).expect("SO_RCVBUF");
             }
             Some(match dial_cluster.borrow_mut().dial(node, theirs) {
-                Ok(()) => Ok(Box::new(tokio::net::UnixStream::from_std(ours).expect("into tokio"))
-                    as Box<dyn crate::amqp::connection::Socket>),
+                Ok(()) => Ok(
+                    Box::new(tokio::net::UnixStream::from_std(ours).expect("into tokio"))
+                        as Box<dyn crate::amqp::connection::Socket>,
+                ),
                 Err(e) => Err(e),
             })
         })));
@@ -429,7 +431,11 @@ impl Sim {
             .await
             .unwrap_or_else(|e| panic!("the first connect failed: {e}"));
         sim.status = publisher.status();
-        sim.run = Some(Box::pin(publisher.run(input_rx, watermark_tx, Some(flushed_rx))));
+        sim.run = Some(Box::pin(publisher.run(
+            input_rx,
+            watermark_tx,
+            Some(flushed_rx),
+        )));
         sim
     }
 
@@ -462,7 +468,8 @@ impl Sim {
         self.polled_at = wakes;
         trace(|| {
             let c = self.cluster.borrow();
-            let queued: Vec<(usize, usize)> = c.conns.iter().map(|s| (s.queued(), s.moved)).collect();
+            let queued: Vec<(usize, usize)> =
+                c.conns.iter().map(|s| (s.queued(), s.moved)).collect();
             format!("poll (wake {wakes}) broker queued/moved {queued:?}")
         });
         let Some(run) = self.run.as_mut() else {
@@ -484,7 +491,12 @@ impl Sim {
             15..=19 => {
                 // Postgres is sent the watermark (the reader's status update).
                 let w = *self.watermark.borrow();
-                trace(|| format!("postgres: sent {w} as flushed (in flight {})", self.status.in_flight()));
+                trace(|| {
+                    format!(
+                        "postgres: sent {w} as flushed (in flight {})",
+                        self.status.in_flight()
+                    )
+                });
                 self.flushed.send_replace(w);
             }
             20..=44 => {
@@ -579,9 +591,12 @@ impl Sim {
         let mut c = self.cluster.borrow_mut();
         let rng = &mut self.rng;
         let running = c.running();
-        let pick = |rng: &mut StdRng| (!running.is_empty()).then(|| running[rng.gen_range(0..running.len())]);
+        let pick = |rng: &mut StdRng| {
+            (!running.is_empty()).then(|| running[rng.gen_range(0..running.len())])
+        };
         let roll = rng.gen_range(0..100);
-        let secs = |rng: &mut StdRng, max: u64| Duration::from_millis(rng.gen_range(100..max * 1000));
+        let secs =
+            |rng: &mut StdRng, max: u64| Duration::from_millis(rng.gen_range(100..max * 1000));
         trace(|| format!("fault {roll}"));
         match roll {
             0..=14 => {
@@ -630,7 +645,8 @@ impl Sim {
             }
             72..=89 => {
                 // An operator deletes an exchange (never the dead-letter one).
-                let names: Vec<String> = c.exchanges.keys().filter(|x| *x != DLX).cloned().collect();
+                let names: Vec<String> =
+                    c.exchanges.keys().filter(|x| *x != DLX).cloned().collect();
                 if !names.is_empty() {
                     let name = names[rng.gen_range(0..names.len())].clone();
                     trace(|| format!("operator: exchange {name:?} deleted"));
@@ -702,7 +718,9 @@ impl Sim {
         let until = Instant::now() + Duration::from_secs(1200);
         let mut step = steps;
         while Instant::now() < until
-            && !self.checks.all_settled(&self.events, &self.cluster.borrow(), &self.status, &self.p)
+            && !self
+                .checks
+                .all_settled(&self.events, &self.cluster.borrow(), &self.status, &self.p)
         {
             self.feed();
             let ms = self.rng.gen_range(1..500);
@@ -853,7 +871,9 @@ fn shortest(seed: u64) -> Option<usize> {
 }
 
 fn run_schedules(test: &str, base: u64, default: u64) {
-    let limit = std::env::var("OUTBOX_SIM_STEPS").ok().and_then(|s| s.parse().ok());
+    let limit = std::env::var("OUTBOX_SIM_STEPS")
+        .ok()
+        .and_then(|s| s.parse().ok());
     if let Some(seed) = std::env::var("OUTBOX_SIM_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

@@ -170,9 +170,11 @@ fn every_key_has_a_working_env_var() {
             | ("relay.metrics_tls_cert_file" | "relay.metrics_tls_key_file", _) => continue,
             ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
             ("relay.pause_alert_after", _) => "5m",
+            ("rabbitmq.request_timeout" | "rabbitmq.stall_after", _) => "5m",
             ("tracing.endpoint", _) => "http://h:4318",
             ("tracing.headers_file", _) => secret.as_str(),
             ("relay.log_filter", _) => "debug",
+            ("relay.metrics_allowed_hosts", _) => "relay, Relay.Example",
             ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
             ("message.format", _) => "cloudevents",
             ("message.headers", _) => "minimal",
@@ -213,6 +215,13 @@ fn every_key_has_a_working_env_var() {
             "rabbitmq.declare_topology" => c.rabbitmq.declare_topology,
             "rabbitmq.routing_key" => c.rabbitmq.routing_key == value,
             "rabbitmq.max_in_flight" => c.rabbitmq.max_in_flight == 123,
+            "rabbitmq.max_in_flight_bytes" => c.rabbitmq.max_in_flight_bytes == 123,
+            "rabbitmq.allowed_exchanges" => c.rabbitmq.allowed_exchanges == ["x.y"],
+            "rabbitmq.max_declared_exchanges" => c.rabbitmq.max_declared_exchanges == 123,
+            "rabbitmq.request_timeout" => {
+                c.publisher_config().request_timeout == Duration::from_secs(300)
+            }
+            "rabbitmq.stall_after" => c.publisher_config().stall_after == Duration::from_secs(300),
             "rabbitmq.ordering" => c.rabbitmq.ordering == publisher::settings::Ordering::Aggregate,
             "rabbitmq.dead_letter_exchange" => c.dead_letter_exchange() == Some(value),
             "rabbitmq.ca_file" => c.ca_file() == Some(Path::new(value)),
@@ -243,6 +252,12 @@ fn every_key_has_a_working_env_var() {
             "relay.metrics_read_timeout_ms" => c.relay.metrics_read_timeout_ms == 123,
             "relay.metrics_max_connections" => c.relay.metrics_max_connections == 123,
             "relay.metrics_bearer_token_file" => c.relay.metrics_bearer_token_file == value,
+            "relay.metrics_allowed_hosts" => {
+                c.relay.metrics_allowed_hosts == ["relay", "Relay.Example"]
+            }
+            "relay.control_token_file" => {
+                c.metrics_endpoint().map(|e| e.token_file.path) == Some(value.into())
+            }
             "retention.keep" => c.retention_keep() == Some(Duration::from_secs(300)),
             "relay.log_filter" => c.relay.log_filter == value,
             "tracing.endpoint" => c.tracing.endpoint == value,
@@ -361,4 +376,24 @@ fn channels_and_ordering_from_the_environment() {
         e.contains("rabbitmq.channels") && e.contains("ordering = \"aggregate\""),
         "{e}"
     );
+}
+
+/// A host name with a port or a scheme is refused, naming the key and the fix.
+#[test]
+fn metrics_allowed_hosts_are_names_alone() {
+    for bad in ["relay:9187", "http://relay", "", "a b"] {
+        let e = load_env(&[(
+            "OUTBOX_RELAY_RELAY_METRICS_ALLOWED_HOSTS",
+            &format!("[{bad:?}]"),
+        )])
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("relay.metrics_allowed_hosts") && e.contains("without port or scheme"),
+            "{bad}: {e}"
+        );
+    }
+    let c = load_env(&[("OUTBOX_RELAY_RELAY_METRICS_ALLOWED_HOSTS", "*")]).unwrap();
+    assert_eq!(c.metrics_endpoint().unwrap().allowed_hosts, ["*"]);
 }

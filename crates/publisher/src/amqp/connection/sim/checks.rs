@@ -113,7 +113,11 @@ impl Sim {
         }
         if self.conn.is_alive() && self.model.client_blocked != self.conn.blocked() {
             // The notice that says so is read and waits to be handed out.
-            assert!(self.model.client_blocked != self.model.broker_blocked || !self.model.notices.is_empty(), "blocked");
+            assert!(
+                self.model.client_blocked != self.model.broker_blocked
+                    || !self.model.notices.is_empty(),
+                "blocked"
+            );
         }
     }
 

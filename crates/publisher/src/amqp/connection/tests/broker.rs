@@ -249,9 +249,10 @@ pub(super) async fn channel_close_within(
                     _,
                     AMQPFrame::Method(ch, AMQPClass::Channel(channel::AMQPMethod::Close(c))),
                 )) => return Some((ch, c.reply_code)),
-                Ok((_, AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(_))))) => {
-                    return None
-                }
+                Ok((
+                    _,
+                    AMQPFrame::Method(0, AMQPClass::Connection(connection::AMQPMethod::Close(_))),
+                )) => return None,
                 Ok(_) => continue,
                 Err(_) => return None,
             }

@@ -54,7 +54,11 @@ async fn a_confirm_of_a_tag_never_published_closes_the_channel_with_406() {
     );
     assert!(conn.is_alive() && !conn.channel_open());
     let (_, closed) = broker.done().await;
-    assert_eq!(closed, Some((2, 406)), "the broker got no channel.close 406 on channel 2");
+    assert_eq!(
+        closed,
+        Some((2, 406)),
+        "the broker got no channel.close 406 on channel 2"
+    );
 }
 
 /// Defect 6, and issue 49. Tag 1 acked twice: confirmed once, then the channel is
@@ -78,7 +82,11 @@ async fn a_tag_confirmed_twice_closes_the_channel_with_406() {
     );
     assert!(conn.is_alive());
     let (_, closed) = broker.done().await;
-    assert_eq!(closed, Some((2, 406)), "the broker got no channel.close 406 on channel 2");
+    assert_eq!(
+        closed,
+        Some((2, 406)),
+        "the broker got no channel.close 406 on channel 2"
+    );
 }
 
 fn returned() -> AMQPFrame {

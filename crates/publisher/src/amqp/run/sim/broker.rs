@@ -173,7 +173,10 @@ impl Cluster {
         let refuse = |code, text: String| (code, text);
         let refusal = if d.passive {
             (!self.exchanges.contains_key(&name)).then(|| {
-                refuse(404, format!("NOT_FOUND - no exchange '{name}' in vhost '/'"))
+                refuse(
+                    404,
+                    format!("NOT_FOUND - no exchange '{name}' in vhost '/'"),
+                )
             })
         } else if self.forbidden.contains(&name) {
             Some(refuse(
@@ -222,7 +225,10 @@ impl Cluster {
         *self.published.entry(key).or_default() += 1;
         let exchange = publish.exchange.to_string();
         let refusal = if !self.exchanges.contains_key(&exchange) {
-            Some((404, format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'")))
+            Some((
+                404,
+                format!("NOT_FOUND - no exchange '{exchange}' in vhost '/'"),
+            ))
         } else if self.forbidden.contains(&exchange) {
             Some((
                 403,
@@ -265,7 +271,9 @@ impl Cluster {
     /// Sends some of one connection's decided confirms.
     pub(super) fn confirm(&mut self, rng: &mut StdRng) {
         let live: Vec<usize> = (0..self.conns.len())
-            .filter(|i| self.conns[*i].open() && !self.conns[*i].silent() && self.conns[*i].pending() > 0)
+            .filter(|i| {
+                self.conns[*i].open() && !self.conns[*i].silent() && self.conns[*i].pending() > 0
+            })
             .collect();
         if live.is_empty() {
             return;

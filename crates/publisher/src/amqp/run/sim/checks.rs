@@ -199,7 +199,8 @@ impl Checks {
         // only while the relay names it.
         let excused = first.is_some_and(|i| {
             named
-                && (self.refusable(&events[i], c) || (events[i].kind == Kind::Lost && !s.p.dead_letter))
+                && (self.refusable(&events[i], c)
+                    || (events[i].kind == Kind::Lost && !s.p.dead_letter))
         });
         if first.is_none() || excused {
             self.progress_at = now;
@@ -254,7 +255,13 @@ impl Checks {
     /// The oldest event in no queue, if it may hold the relay while it is named: the
     /// broker or the rules refuse it, or it is unroutable with no dead-letter
     /// exchange.
-    fn holding(&self, events: &[Ev], c: &Cluster, status: &PublisherStatus, p: &Params) -> Result<(), String> {
+    fn holding(
+        &self,
+        events: &[Ev],
+        c: &Cluster,
+        status: &PublisherStatus,
+        p: &Params,
+    ) -> Result<(), String> {
         let Some(i) = (0..events.len()).find(|i| !self.main[*i] && !self.dead[*i]) else {
             return Ok(());
         };
@@ -262,7 +269,10 @@ impl Checks {
         let holdable = self.refusable(e, c) || (e.kind == Kind::Lost && !p.dead_letter);
         let poison = status.poison().map(|p| p.message_id);
         let stalled = status.stalled();
-        if holdable && (poison.as_deref() == Some(e.id.as_str()) || (e.kind == Kind::Lost && stalled.is_some())) {
+        if holdable
+            && (poison.as_deref() == Some(e.id.as_str())
+                || (e.kind == Kind::Lost && stalled.is_some()))
+        {
             return Ok(());
         }
         Err(format!(
@@ -272,12 +282,24 @@ impl Checks {
     }
 
     /// Every event in a queue, or the oldest waiting one holds the relay, named.
-    pub(super) fn all_settled(&self, events: &[Ev], c: &Cluster, status: &PublisherStatus, p: &Params) -> bool {
+    pub(super) fn all_settled(
+        &self,
+        events: &[Ev],
+        c: &Cluster,
+        status: &PublisherStatus,
+        p: &Params,
+    ) -> bool {
         self.holding(events, c, status, p).is_ok()
     }
 
     /// The end of a schedule, after every fault stopped.
-    pub(super) fn at_the_end(&self, events: &[Ev], c: &Cluster, status: &PublisherStatus, p: &Params) {
+    pub(super) fn at_the_end(
+        &self,
+        events: &[Ev],
+        c: &Cluster,
+        status: &PublisherStatus,
+        p: &Params,
+    ) {
         if let Err(why) = self.holding(events, c, status, p) {
             panic!("after every fault ended: {why}");
         }

@@ -34,10 +34,7 @@ pub(super) enum Request {
     /// `connection.open` (the cluster answers: open-ok, or 530).
     Open,
     /// `exchange.declare` on `ch`.
-    Declare {
-        ch: u16,
-        declare: exchange::Declare,
-    },
+    Declare { ch: u16, declare: exchange::Declare },
     /// A whole publish on `ch` with its delivery tag (0 outside confirm mode).
     Publish {
         ch: u16,
@@ -231,7 +228,12 @@ impl Server {
         let interval = Duration::from_secs(u64::from(self.heartbeat));
         let now = Instant::now();
         if now.duration_since(self.last_recv) >= interval * 2 && !self.blocked {
-            super::trace(|| format!("broker node {}: missed heartbeats from the client", self.node));
+            super::trace(|| {
+                format!(
+                    "broker node {}: missed heartbeats from the client",
+                    self.node
+                )
+            });
             self.violations
                 .retain(|v| !v.starts_with("missed heartbeats"));
             self.hang_up();
@@ -309,7 +311,10 @@ impl Server {
                 match m {
                     connection::AMQPMethod::CloseOk(_) => self.hang_up(),
                     connection::AMQPMethod::Close(_) => {
-                        self.send_method(0, conn(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                        self.send_method(
+                            0,
+                            conn(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                        );
                         self.write(usize::MAX);
                         self.hang_up();
                     }
@@ -327,14 +332,16 @@ impl Server {
             }
             AMQPFrame::Method(ch, AMQPClass::Exchange(exchange::AMQPMethod::Declare(d))) => {
                 if !self.chans.contains_key(&ch) {
-                    self.violations.push(format!("a declaration on closed channel {ch}"));
+                    self.violations
+                        .push(format!("a declaration on closed channel {ch}"));
                     return;
                 }
                 self.requests.push_back(Request::Declare { ch, declare: d });
             }
             AMQPFrame::Method(ch, AMQPClass::Confirm(confirm::AMQPMethod::Select(_))) => {
                 let Some(c) = self.chans.get_mut(&ch) else {
-                    self.violations.push(format!("confirm.select on closed channel {ch}"));
+                    self.violations
+                        .push(format!("confirm.select on closed channel {ch}"));
                     return;
                 };
                 c.confirm = true;
@@ -344,14 +351,16 @@ impl Server {
             }
             AMQPFrame::Method(ch, AMQPClass::Basic(basic::AMQPMethod::Publish(p))) => {
                 let Some(c) = self.chans.get_mut(&ch) else {
-                    self.violations.push(format!("a publish on closed channel {ch}"));
+                    self.violations
+                        .push(format!("a publish on closed channel {ch}"));
                     return;
                 };
                 if c.flow_off {
                     self.flow_violations += 1;
                 }
                 if c.content.is_some() {
-                    self.violations.push("a publish before the last one's content".into());
+                    self.violations
+                        .push("a publish before the last one's content".into());
                 }
                 c.content = Some((p, None, Vec::new()));
             }
@@ -359,7 +368,8 @@ impl Server {
                 let closing = self.chans.get(&ch).is_some_and(|c| c.closing);
                 let Some(content) = self.chans.get_mut(&ch).and_then(|c| c.content.as_mut()) else {
                     if !closing {
-                        self.violations.push(format!("a content header without a publish on {ch}"));
+                        self.violations
+                            .push(format!("a content header without a publish on {ch}"));
                     }
                     return;
                 };
@@ -370,7 +380,8 @@ impl Server {
                 let closing = self.chans.get(&ch).is_some_and(|c| c.closing);
                 let Some(content) = self.chans.get_mut(&ch).and_then(|c| c.content.as_mut()) else {
                     if !closing {
-                        self.violations.push(format!("a content body without a publish on {ch}"));
+                        self.violations
+                            .push(format!("a content body without a publish on {ch}"));
                     }
                     return;
                 };
@@ -402,7 +413,10 @@ impl Server {
             connection::AMQPMethod::Open(_) => self.requests.push_back(Request::Open),
             connection::AMQPMethod::Close(c) => {
                 self.client_close = Some((c.reply_code, c.reply_text.to_string()));
-                self.send_method(0, conn(connection::AMQPMethod::CloseOk(connection::CloseOk {})));
+                self.send_method(
+                    0,
+                    conn(connection::AMQPMethod::CloseOk(connection::CloseOk {})),
+                );
                 self.write(usize::MAX);
                 self.hang_up();
             }
@@ -424,7 +438,10 @@ impl Server {
                         ..Chan::default()
                     },
                 );
-                self.send_method(ch, AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})));
+                self.send_method(
+                    ch,
+                    AMQPClass::Channel(channel::AMQPMethod::OpenOk(channel::OpenOk {})),
+                );
             }
             channel::AMQPMethod::Close(_) => {
                 // Crossing the broker's own close, both sides answer (AMQP 0-9-1
@@ -432,7 +449,10 @@ impl Server {
                 if self.chans.remove(&ch).is_some_and(|c| c.closing) {
                     self.crossed.push(ch);
                 }
-                self.send_method(ch, AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})));
+                self.send_method(
+                    ch,
+                    AMQPClass::Channel(channel::AMQPMethod::CloseOk(channel::CloseOk {})),
+                );
             }
             channel::AMQPMethod::CloseOk(_) => {
                 if self.chans.get(&ch).is_some_and(|c| c.closing) {
@@ -440,7 +460,9 @@ impl Server {
                 } else if let Some(at) = self.crossed.iter().position(|c| *c == ch) {
                     self.crossed.remove(at);
                 } else {
-                    self.violations.push(format!("close-ok for channel {ch} the broker did not close"));
+                    self.violations.push(format!(
+                        "close-ok for channel {ch} the broker did not close"
+                    ));
                 }
             }
             channel::AMQPMethod::FlowOk(f) => {
@@ -450,7 +472,9 @@ impl Server {
                     c.flow_off = !f.active && !c.flow_sent_active;
                 }
             }
-            other => self.violations.push(format!("the client sent {other:?} on channel {ch}")),
+            other => self
+                .violations
+                .push(format!("the client sent {other:?} on channel {ch}")),
         }
     }
 
@@ -491,7 +515,14 @@ impl Server {
     }
 
     /// Closes channel `ch` from the broker's side (its publishes in flight are lost).
-    pub(super) fn close_channel(&mut self, ch: u16, code: u16, text: &str, class: u16, method: u16) {
+    pub(super) fn close_channel(
+        &mut self,
+        ch: u16,
+        code: u16,
+        text: &str,
+        class: u16,
+        method: u16,
+    ) {
         if let Some(c) = self.chans.get_mut(&ch) {
             if c.closing {
                 return;
@@ -530,7 +561,10 @@ impl Server {
 
     pub(super) fn open_ok(&mut self) {
         self.phase = Phase::Running;
-        self.send_method(0, conn(connection::AMQPMethod::OpenOk(connection::OpenOk {})));
+        self.send_method(
+            0,
+            conn(connection::AMQPMethod::OpenOk(connection::OpenOk {})),
+        );
     }
 
     pub(super) fn declare_ok(&mut self, ch: u16) {
@@ -558,7 +592,12 @@ impl Server {
             if c.closing || c.pending.is_empty() {
                 continue;
             }
-            let taken: Vec<(u64, bool)> = c.pending.iter().take(count).map(|(t, a)| (*t, *a)).collect();
+            let taken: Vec<(u64, bool)> = c
+                .pending
+                .iter()
+                .take(count)
+                .map(|(t, a)| (*t, *a))
+                .collect();
             for (t, _) in &taken {
                 c.pending.remove(t);
             }
@@ -569,7 +608,11 @@ impl Server {
             let everything = c.pending.is_empty();
             if multiple && same {
                 let (tag, ack) = taken[taken.len() - 1];
-                let tag = if tag_zero && everything && ack { 0 } else { tag };
+                let tag = if tag_zero && everything && ack {
+                    0
+                } else {
+                    tag
+                };
                 self.send_confirm(ch, tag, true, ack);
             } else {
                 for (tag, ack) in taken {
@@ -611,7 +654,9 @@ impl Server {
         });
         self.send_method(ch, AMQPClass::Basic(r));
         self.send(&AMQPFrame::Header(ch, header));
-        let piece = (self.frame_max as usize).saturating_sub(FRAME_OVERHEAD).max(1);
+        let piece = (self.frame_max as usize)
+            .saturating_sub(FRAME_OVERHEAD)
+            .max(1);
         for chunk in body.chunks(piece) {
             self.send(&AMQPFrame::Body(ch, chunk.to_vec()));
         }
