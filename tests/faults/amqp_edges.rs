@@ -18,8 +18,8 @@
 //! - `event_exchanges`: exchanges chosen by events: a newline in `aggregate_type`,
 //!   an exchange deleted mid-run (with and without `declare_exchange`);
 //! - `reconnects`: the connection lost during a per-event `exchange.declare`,
-//!   failover to the second URL mid-run, the user's connection limit (530) at a
-//!   reconnect.
+//!   failover to the second URL mid-run (the first node cut, or silent with its
+//!   heartbeats still arriving), the user's connection limit (530) at a reconnect.
 //!
 //! Locks (faults.rs): the memory alarm holds `BROKER` for writing; every other test
 //! here holds it for reading (their users, exchanges and queues are their own, and the

@@ -18,6 +18,8 @@ use tokio::sync::watch;
 const UP: u8 = 0;
 const CUT: u8 = 1;
 const STALLED: u8 = 2;
+/// Only the client's bytes are held ([`Proxy::stop_reading`]).
+const NOT_READING: u8 = 3;
 
 /// A running proxy to `target`; stops when dropped.
 pub struct Proxy {
@@ -147,6 +149,14 @@ impl Proxy {
         self.set(STALLED);
     }
 
+    /// Stops forwarding the clients' bytes to the target while the target's still
+    /// reach them, until [`Proxy::restore`]: a broker that stops reading its
+    /// sockets but keeps sending heartbeats (as RabbitMQ does while an alarm blocks
+    /// a connection), alive and answering nothing.
+    pub fn stop_reading(&self) {
+        self.set(NOT_READING);
+    }
+
     /// Back to forwarding (and forgets a [`Proxy::cut_after`] or
     /// [`Proxy::cut_at_client_method`] not reached).
     pub fn restore(&self) {
@@ -187,12 +197,14 @@ async fn pipe(client: TcpStream, server: TcpStream, link: Link, rx: watch::Recei
     let _ = b.await;
 }
 
-/// Waits while the proxy is stalled. False when it is cut (or dropped).
-async fn wait_until_up(state: &AtomicU8, rx: &mut watch::Receiver<u8>) -> bool {
+/// Waits while the proxy is stalled (for the client-to-target direction, `!down`,
+/// also while it does not read). False when it is cut (or dropped).
+async fn wait_until_up(state: &AtomicU8, rx: &mut watch::Receiver<u8>, down: bool) -> bool {
     loop {
         match state.load(Ordering::SeqCst) {
             CUT => return false,
-            STALLED => {
+            NOT_READING if down => return true,
+            STALLED | NOT_READING => {
                 if tokio::time::timeout(Duration::from_millis(200), rx.changed())
                     .await
                     .is_ok_and(|r| r.is_err())
@@ -219,7 +231,7 @@ async fn copy(
     let mut frames = Frames::default();
     loop {
         // Wait while stalled; stop on a cut.
-        if !wait_until_up(state, &mut rx).await {
+        if !wait_until_up(state, &mut rx, down).await {
             return;
         }
         let n = tokio::select! {
@@ -230,7 +242,7 @@ async fn copy(
             _ = rx.changed() => continue,
         };
         // Data read just before a stall is held until the stall ends.
-        if !wait_until_up(state, &mut rx).await {
+        if !wait_until_up(state, &mut rx, down).await {
             return;
         }
         let mut n = n;
@@ -414,6 +426,58 @@ mod tests {
         proxy.restore();
         let mut s2 = TcpStream::connect(proxy.addr()).await.unwrap();
         assert_eq!(roundtrip(&mut s2, b"again").await.unwrap(), b"again");
+    }
+
+    /// A server that sends `t` every 50 ms and reports what it receives.
+    async fn ticking_server() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let (s, _) = l.accept().await.unwrap();
+            let (mut r, mut w) = s.into_split();
+            tokio::spawn(async move {
+                while w.write_all(b"t").await.is_ok() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            });
+            let mut b = [0u8; 64];
+            while let Ok(n) = r.read(&mut b).await {
+                if n == 0 || tx.send(b[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        (addr, rx)
+    }
+
+    #[tokio::test]
+    async fn a_target_that_stops_reading_still_sends() {
+        let (target, mut received) = ticking_server().await;
+        let proxy = Proxy::start(target).await;
+        let mut s = TcpStream::connect(proxy.addr()).await.unwrap();
+        proxy.stop_reading();
+        s.write_all(b"hello").await.unwrap();
+        let mut b = [0u8; 1];
+        for _ in 0..3 {
+            let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut b))
+                .await
+                .unwrap()
+                .unwrap();
+            assert_eq!(&b[..n], b"t", "the target's bytes still arrive");
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), received.recv())
+                .await
+                .is_err(),
+            "the client's bytes are held"
+        );
+        proxy.restore();
+        let got = tokio::time::timeout(Duration::from_secs(2), received.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got, b"hello", "and forwarded once it reads again");
     }
 
     #[tokio::test]

@@ -6,7 +6,9 @@
 //!   (the proxy cuts when it sees the frame), round after round: every event
 //!   delivered, in order;
 //! - failover to the second URL of `[rabbitmq] url` mid-run: the first node's proxy
-//!   cut for good, delivery resumes through the second, every row present;
+//!   cut for good, or the first node silent (it stops reading while its heartbeats
+//!   still arrive, `request_timeout` then fails the connection); delivery resumes
+//!   through the second, every row present;
 //! - the user's connection limit (530) met at a reconnect: an ERROR line says
 //!   "connection limit", and delivery resumes when the other client frees the slot.
 //!
@@ -110,15 +112,22 @@ async fn connection_lost_during_a_per_event_declare() {
     w.cleanup().await;
 }
 
-/// `[rabbitmq] url = [A, B]`, two proxies to the test broker. 3,000 rows stream;
-/// after 500 arrived, A is cut and refuses every connection from then on. Delivery
-/// resumes through B within [`RECOVERY`], and every row arrives, in order, with
-/// duplicates within the window.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn failover_to_the_second_url_mid_run() {
+/// How the first node fails in a failover test.
+#[derive(Clone, Copy, Debug)]
+enum FirstNode {
+    /// Its connections cut, and new ones refused, from then on.
+    Cut,
+    /// It stops reading (the relay's requests and publishes go unanswered) while
+    /// its heartbeats still arrive: alive, and answering nothing.
+    StopsReading,
+}
+
+/// `[rabbitmq] url = [A, B]`, two proxies to the test broker, and `extra` in
+/// `[rabbitmq]`. 3,000 rows stream; after 500 arrived, A fails as `how` says and
+/// stays so. Delivery resumes through B within `recovery`, and every row arrives,
+/// in order, with duplicates within the window.
+async fn failover_mid_run(how: FirstNode, extra: &str, recovery: Duration) {
     const MAX_IN_FLIGHT: usize = 200;
-    const RECOVERY: Duration = Duration::from_secs(10);
-    let _broker = BROKER.read().await;
     let proxies = Proxies {
         postgres: false,
         amqp: true,
@@ -130,6 +139,7 @@ async fn failover_to_the_second_url_mid_run() {
         format!("amqp://guest:guest@127.0.0.1:{first}/%2f"),
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", second.port()),
     ];
+    w.rabbitmq_extra = extra.to_string();
     let relay = w.start();
     let load = w.load(1, 3000, 20, Duration::from_millis(10));
     w.wait_distinct(500, Duration::from_secs(60)).await;
@@ -139,25 +149,34 @@ async fn failover_to_the_second_url_mid_run() {
         "the relay started on the first URL"
     );
 
-    w.amqp_proxy.as_ref().unwrap().cut();
-    let at_cut = w.consumer.distinct();
-    let cut_at = Instant::now();
-    while w.consumer.distinct() <= at_cut + MAX_IN_FLIGHT {
-        assert!(
-            cut_at.elapsed() < RECOVERY,
-            "no delivery through the second URL within {RECOVERY:?} of cutting the first \
-             ({} distinct, {at_cut} at the cut; {} bytes from the second node); last log lines:\n{}",
+    let proxy = w.amqp_proxy.as_ref().unwrap();
+    match how {
+        FirstNode::Cut => proxy.cut(),
+        FirstNode::StopsReading => proxy.stop_reading(),
+    }
+    let at_fault = w.consumer.distinct();
+    let fault_at = Instant::now();
+    let mut resumed = None;
+    while fault_at.elapsed() < recovery {
+        if w.consumer.distinct() > at_fault + MAX_IN_FLIGHT {
+            resumed = Some(fault_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The load ends before any panic (its database goes with the world).
+    load.await.unwrap();
+    let Some(resumed) = resumed else {
+        panic!(
+            "no delivery through the second URL within {recovery:?} of the first node's fault \
+             ({how:?}; {} distinct, {at_fault} at the fault; {} bytes from the second node); \
+             last log lines:\n{}",
             w.consumer.distinct(),
             second.forwarded_from_target(),
             tail(&relay.log_text(), 15)
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eprintln!(
-        "publishing through the second URL {:?} after the cut",
-        cut_at.elapsed()
-    );
-    load.await.unwrap();
+    };
+    eprintln!("{how:?}: publishing through the second URL {resumed:?} after the fault");
     let report = verify_within(&w, &relay, None, Duration::from_secs(60), MAX_IN_FLIGHT).await;
     assert_eq!(report.distinct, 3000);
     assert!(
@@ -167,6 +186,32 @@ async fn failover_to_the_second_url_mid_run() {
     let (code, log) = relay.terminate();
     assert_eq!(code, Some(0), "{log}");
     w.cleanup().await;
+}
+
+/// The first node's connection cut (and new ones refused): the relay moves to the
+/// second URL within 10 s. The path was untested before issue 49; it passes on the
+/// relay of before that issue too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_to_the_second_url_when_the_first_is_cut() {
+    let _broker = BROKER.read().await;
+    failover_mid_run(FirstNode::Cut, "", Duration::from_secs(10)).await;
+}
+
+/// The first node stops answering mid-run while its heartbeats still arrive (the
+/// proxy stops reading the relay's bytes): with `request_timeout = "2s"`, publishes
+/// unconfirmed that long fail the connection and the relay moves to the second URL
+/// within 10 s. Caught: before issue 49 nothing had a deadline and the broker's
+/// heartbeats kept the connection alive, so the relay waited on the silent node
+/// and published nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failover_to_the_second_url_when_the_first_stops_answering() {
+    let _broker = BROKER.read().await;
+    failover_mid_run(
+        FirstNode::StopsReading,
+        "request_timeout = \"2s\"",
+        Duration::from_secs(10),
+    )
+    .await;
 }
 
 /// A broker user limited to one connection, which the relay holds (through a proxy).
