@@ -10,7 +10,9 @@
 //! and hold `harness::FAULT_PG`.
 //! `amqp_edges` (issue 40) follows the same rule: its memory alarm holds `BROKER` for
 //! writing, its other tests (own users, exchanges and queues; the node with small
-//! frames of scripts/rabbitmq-cluster.sh) for reading.
+//! frames of scripts/rabbitmq-cluster.sh) for reading; so do its tests of issue 49
+//! (exchanges chosen by events, faults through their own proxies, a user limited to
+//! one connection).
 //! `messages` (issue 42) runs the relay's and Postgres's faults with logical messages
 //! in the load, under the same rule (its crashes on the fault cluster, `FAULT_PG`).
 //! `control` (issue 44) pauses, resumes and drains a relay under load; its pause

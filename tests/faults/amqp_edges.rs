@@ -12,6 +12,15 @@
 //! - `alarm`: a memory alarm while 1 MB messages stall the socket: the relay's CPU
 //!   stays low, nothing is lost.
 //!
+//! And for issue 49 ("No stall and no endless loop at any broker edge"), against the
+//! relay of before that issue:
+//!
+//! - `event_exchanges`: exchanges chosen by events: a newline in `aggregate_type`,
+//!   an exchange deleted mid-run (with and without `declare_exchange`);
+//! - `reconnects`: the connection lost during a per-event `exchange.declare`,
+//!   failover to the second URL mid-run (the first node cut, or silent with its
+//!   heartbeats still arriving), the user's connection limit (530) at a reconnect.
+//!
 //! Locks (faults.rs): the memory alarm holds `BROKER` for writing; every other test
 //! here holds it for reading (their users, exchanges and queues are their own, and the
 //! node with small frames, node 4 of scripts/rabbitmq-cluster.sh, is used by this
@@ -28,8 +37,12 @@ use crate::harness::*;
 mod alarm;
 #[path = "amqp_edges/connections.rs"]
 mod connections;
+#[path = "amqp_edges/event_exchanges.rs"]
+mod event_exchanges;
 #[path = "amqp_edges/oversized.rs"]
 mod oversized;
+#[path = "amqp_edges/reconnects.rs"]
+mod reconnects;
 
 /// How long the relay may take to name a poison event, to recover after its
 /// connections were closed, or to deliver a small backlog: the tests fail instead of

@@ -86,6 +86,9 @@ pub struct World {
     pub broker_url: String,
     /// The relay's `[rabbitmq] url` when it is not `broker_url` (another user, TLS).
     pub relay_amqp_url: Option<String>,
+    /// The relay's `[rabbitmq] url` as a list (the nodes tried in order), when not
+    /// empty: it wins over `relay_amqp_url`.
+    pub relay_amqp_urls: Vec<String>,
     pub consumer: Consumer,
     pub sampler: Option<Sampler>,
 }
@@ -174,6 +177,7 @@ impl World {
             rabbitmq_extra: String::new(),
             broker_url: broker_url.to_string(),
             relay_amqp_url: None,
+            relay_amqp_urls: Vec::new(),
             consumer,
             sampler: None,
         };
@@ -210,16 +214,29 @@ impl World {
         }
     }
 
+    /// The `[rabbitmq] url` value in TOML: a string, or a list of them.
+    fn amqp_url_toml(&self) -> String {
+        if self.relay_amqp_urls.is_empty() {
+            return format!("{:?}", self.amqp_url());
+        }
+        let urls: Vec<String> = self
+            .relay_amqp_urls
+            .iter()
+            .map(|u| format!("{u:?}"))
+            .collect();
+        format!("[{}]", urls.join(", "))
+    }
+
     /// Writes the relay's config file.
     pub fn config(&self) -> PathBuf {
         let toml = format!(
             "[postgres]\nurl = {:?}\nslot = {:?}\npublication = {:?}\ntables = [\"public.outbox\"]\n\n\
-             [rabbitmq]\nurl = {:?}\nexchange = {:?}\nmax_in_flight = {}\n{}\n\n\
+             [rabbitmq]\nurl = {}\nexchange = {:?}\nmax_in_flight = {}\n{}\n\n\
              [relay]\nstatus_interval_ms = 200\nmetrics_listen = \"\"\nshutdown_timeout_ms = 10000\n",
             self.pg_url(),
             self.env.slot,
             self.env.publication,
-            self.amqp_url(),
+            self.amqp_url_toml(),
             self.env.exchange,
             self.max_in_flight,
             self.rabbitmq_extra,
