@@ -46,7 +46,10 @@ impl Sim {
                 self.broker.close(&mut self.model);
                 self.client_close().await;
             }
-            973..=974 => self.broker.bad_tag(&mut self.model),
+            973 => self.broker.bad_tag(&mut self.model),
+            974 => self
+                .broker
+                .cross_channel_content(&mut self.model, &mut self.rng),
             975..=977 => self.silence().await,
             978..=979 => {
                 if self.broker.open() && !self.broker.closing {

@@ -115,6 +115,45 @@ impl Broker {
         self.send_method(ch, AMQPClass::Basic(basic::AMQPMethod::Ack(ack)));
     }
 
+    /// A return whose content comes on another channel (its header, or a body frame
+    /// after a header on the right one): content interleaved across channels, which
+    /// AMQP forbids; the client must close the connection with 505.
+    pub(in crate::amqp::connection::sim) fn cross_channel_content(
+        &mut self,
+        model: &mut Model,
+        rng: &mut StdRng,
+    ) {
+        let Some(c) = self.confirming() else {
+            return;
+        };
+        let ch = c.ch;
+        let other = if rng.gen_bool(0.5) { 1 } else { ch + 1 };
+        model.end(End::Protocol(505));
+        let ret = basic::AMQPMethod::Return(basic::Return {
+            reply_code: 312,
+            reply_text: ShortString::from("NO_ROUTE"),
+            exchange: ShortString::from("x"),
+            routing_key: ShortString::from("k"),
+        });
+        self.send_method(ch, AMQPClass::Basic(ret));
+        let header = |ch| {
+            AMQPFrame::Header(
+                ch,
+                AMQPContentHeader {
+                    class_id: 60,
+                    body_size: 4,
+                    properties: Default::default(),
+                },
+            )
+        };
+        if rng.gen_bool(0.5) {
+            self.send(&header(other));
+        } else {
+            self.send(&header(ch));
+            self.send(&AMQPFrame::Body(other, b"body".to_vec()));
+        }
+    }
+
     /// Closes the publishing channel (406, as for a refused message).
     pub(in crate::amqp::connection::sim) fn close_channel(&mut self, model: &mut Model) {
         let Some(c) = self.confirming() else {
