@@ -78,6 +78,8 @@ pub(super) struct Cluster {
     pub p_nack: f64,
     /// Bytes moved by connections that are gone.
     pub gone_moved: usize,
+    /// Protocol violations seen on connections that are gone.
+    pub violations: Vec<String>,
 }
 
 impl Cluster {
@@ -108,12 +110,10 @@ impl Cluster {
             self.conns[i].heartbeats();
             self.conns[i].write(write);
         }
-        self.gone_moved += self
-            .conns
-            .iter()
-            .filter(|c| !c.open())
-            .map(|c| c.moved)
-            .sum::<usize>();
+        for c in self.conns.iter_mut().filter(|c| !c.open()) {
+            self.gone_moved += c.moved;
+            self.violations.append(&mut c.violations);
+        }
         self.conns.retain(Server::open);
     }
 

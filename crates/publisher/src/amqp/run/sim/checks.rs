@@ -106,6 +106,11 @@ impl Checks {
 
     pub(super) fn after_step(&mut self, step: usize, events: &[Ev], s: Seen<'_>) {
         let c = s.cluster;
+        assert!(
+            c.violations.is_empty(),
+            "step {step}: the relay broke the protocol: {:?}",
+            c.violations
+        );
         for server in &c.conns {
             assert!(
                 server.violations.is_empty(),

@@ -234,8 +234,12 @@ impl Server {
                     self.node
                 )
             });
-            self.violations
-                .retain(|v| !v.starts_with("missed heartbeats"));
+            // A client alive misses no heartbeat: not while it backs off, nor while
+            // it waits for anything (RabbitMQ would close the connection).
+            self.violations.push(format!(
+                "missed heartbeats from the client ({}s agreed)",
+                self.heartbeat
+            ));
             self.hang_up();
             return;
         }
