@@ -237,7 +237,7 @@ mod tests {
             ("amqp://guest:Qx#jz@h/%2f", "percent-encode the password"),
             ("amqp://guest:Qx/jz@h/%2f", "percent-encode the password"),
             ("amqp://guest:Qx jz@h/%2f", "percent-encode it"),
-            ("amqps://guest:Qxjz@[fd00::zz]/", "not an IPv6 address"),
+            ("amqps://guest:Qxjz@[fd00::zz]/", "IPv6 address"),
         ] {
             let e = crate::PublisherConfig::new(url, "x")
                 .validate()

@@ -136,6 +136,7 @@ impl Connection {
     pub(crate) async fn open_channel(&mut self) -> Result<(), ConnError> {
         self.channel_open = false;
         self.returning = None;
+        self.returns_seen = 0;
         if std::mem::take(&mut self.flow_off) && !self.blocked {
             // `channel.flow` stopped the last channel only.
             self.notice(false, String::new());

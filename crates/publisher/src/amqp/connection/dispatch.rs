@@ -7,7 +7,7 @@
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{basic, channel, connection, AMQPClass};
 
-use super::{ConnError, Connection, Event, Returned, Returning, CONTROL, MAX_RETURNS_AHEAD};
+use super::{ConnError, Connection, Event, Returned, Returning, CONTROL};
 
 fn unexpected(text: impl Into<String>) -> ConnError {
     ConnError::Protocol {
@@ -227,20 +227,17 @@ impl Connection {
             basic::AMQPMethod::Ack(a) => (a.delivery_tag, a.multiple, true),
             basic::AMQPMethod::Nack(n) => (n.delivery_tag, n.multiple, false),
             basic::AMQPMethod::Return(r) => {
-                // A return is of a publish not yet confirmed: more of them waiting
-                // than publishes unconfirmed is a broker flooding the relay.
-                let waiting = self
-                    .events
-                    .iter()
-                    .filter(|e| matches!(e, Event::Return(_)))
-                    .count();
-                if waiting >= self.tags.unconfirmed() + MAX_RETURNS_AHEAD {
+                // Each publish is returned at most once: more returns than publishes
+                // on the channel is a broker flooding the relay (the event queue
+                // would grow without bound).
+                self.returns_seen += 1;
+                let published = self.tags.next() - 1;
+                if self.returns_seen > published {
                     return Err(ConnError::Protocol {
                         code: 406,
                         text: format!(
-                            "the broker returned more messages ({}) than the channel has unconfirmed ({})",
-                            waiting + 1,
-                            self.tags.unconfirmed()
+                            "the broker returned {} messages on a channel that published {published}",
+                            self.returns_seen
                         ),
                     });
                 }

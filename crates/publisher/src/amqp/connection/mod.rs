@@ -64,9 +64,6 @@ const WRITE_KEEP: usize = 1024 * 1024;
 const CONTROL: u16 = 1;
 /// The request deadline until the configuration sets one.
 const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// Notices kept for the publisher at most: blocked and unblocked alternate, so a
-/// flood of them collapses; returns are bounded by the publishes unconfirmed.
-const MAX_RETURNS_AHEAD: usize = 1;
 
 /// Why the connection is gone, or why a request failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -187,6 +184,8 @@ pub(crate) struct Connection {
     /// When the oldest unconfirmed publish last had news: a confirm, or the first
     /// publish after none was waiting, or the end of a block.
     confirm_since: Instant,
+    /// Returns read on the publishing channel (at most one per publish).
+    returns_seen: u64,
     /// A frame other than a heartbeat was read since the timers last looked.
     answered: bool,
     /// The publishing channel the relay closed itself, whose close-ok is awaited.
@@ -238,6 +237,7 @@ impl Connection {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             confirm_since: now,
             answered: false,
+            returns_seen: 0,
             closing_channel: None,
             dead: None,
             reported: false,

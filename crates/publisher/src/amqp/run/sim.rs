@@ -189,7 +189,7 @@ impl Sim {
             stall_after: Duration::from_secs([10, 60][rng.gen_range(0..2)]),
             url_heartbeat: [None, None, Some(0), Some(3), Some(30)][rng.gen_range(0..5)],
             txs: rng.gen_range(1..40),
-            p_lost: [0.0, 0.05, 0.2][rng.gen_range(0..3)],
+            p_lost: [0.0, 0.05, 0.2, 0.6][rng.gen_range(0..4)],
             p_poison: [0.0, 0.0, 0.03][rng.gen_range(0..3)],
             p_unfit: [0.0, 0.0, 0.02][rng.gen_range(0..3)],
             p_bad: if mode == Mode::Fixed {

@@ -129,6 +129,8 @@ impl Broker {
         let ch = c.ch;
         let other = if rng.gen_bool(0.5) { 1 } else { ch + 1 };
         model.end(End::Protocol(505));
+        // A return on a channel with nothing left to return is refused first (406).
+        model.end(End::Protocol(406));
         let ret = basic::AMQPMethod::Return(basic::Return {
             reply_code: 312,
             reply_text: ShortString::from("NO_ROUTE"),
