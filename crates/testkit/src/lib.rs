@@ -15,6 +15,7 @@ pub mod hostile;
 pub mod otlp;
 pub mod proxy;
 pub mod recording;
+pub mod sim;
 pub mod stream;
 pub mod stream_proxy;
 

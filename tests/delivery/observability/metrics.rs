@@ -110,8 +110,10 @@ async fn readyz_fails_while_the_broker_is_cut_and_recovers() {
 
     proxy.cut();
     wait_ready(&addr, 503, &relay).await;
+    // No credentials are configured, so the answer names the reason (docs/operations.md,
+    // "Health").
     let body = http_get(&addr, "/readyz").await.unwrap().1;
-    assert_eq!(body.trim(), "not ready");
+    assert_eq!(body.trim(), "not ready: connecting to rabbitmq");
     scrape_until(&addr, "ready gauge at 0", |b| {
         sample(b, "outbox_relay_ready", "") == Some(0.0)
     })

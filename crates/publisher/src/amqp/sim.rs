@@ -579,32 +579,19 @@ fn run_schedule(seed: u64, lanes: std::ops::RangeInclusive<usize>) {
     world.drain();
 }
 
-/// Runs the schedules (or the one of `OUTBOX_SIM_SEED`) with N in `lanes`.
+/// Runs the schedules (or the one of `OUTBOX_SIM_SEED`) with N in `lanes`
+/// (`testkit::sim`).
 fn run_schedules(test: &str, base: u64, default: u64, lanes: std::ops::RangeInclusive<usize>) {
-    if let Some(seed) = std::env::var("OUTBOX_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        run_schedule(seed, lanes);
-        return;
+    let path = format!("amqp::sim::{test}");
+    testkit::sim::Schedules {
+        test_path: &path,
+        krate: "publisher",
+        base,
+        default,
+        run: &|seed, _| run_schedule(seed, lanes.clone()),
+        steps: None,
     }
-    let schedules = std::env::var("OUTBOX_SIM_SCHEDULES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default);
-    for seed in base..base + schedules {
-        let result = std::panic::catch_unwind(|| run_schedule(seed, lanes.clone()));
-        if let Err(panic) = result {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!(
-                "schedule failed: {msg}\nreproduce: OUTBOX_SIM_SEED={seed} cargo test -p publisher --lib sim::{test}"
-            );
-        }
-    }
+    .run();
 }
 
 #[test]

@@ -46,7 +46,8 @@
 //! test code only (`#[cfg(test)]`).
 //!
 //! Run longer with `OUTBOX_SIM_SCHEDULES=100000 cargo test -p publisher --release stream::sim`;
-//! replay one schedule with `OUTBOX_STREAM_SIM_SEED=<seed>`.
+//! replay one schedule with `OUTBOX_SIM_SEED=<seed>` (the runner of every simulation:
+//! `testkit::sim`).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -733,35 +734,15 @@ fn run_schedule(seed: u64) {
     w.finish();
 }
 
-fn schedules() -> u64 {
-    std::env::var("OUTBOX_SIM_SCHEDULES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3000)
-}
-
 #[test]
 fn stream_engine_against_a_scripted_broker() {
-    if let Some(seed) = std::env::var("OUTBOX_STREAM_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        run_schedule(seed);
-        return;
+    testkit::sim::Schedules {
+        test_path: "stream::sim::stream_engine_against_a_scripted_broker",
+        krate: "publisher",
+        base: 0x57e4_0000,
+        default: 3000,
+        run: &|seed, _| run_schedule(seed),
+        steps: None,
     }
-    let base: u64 = 0x57e4_0000;
-    for i in 0..schedules() {
-        let seed = base + i;
-        let result = std::panic::catch_unwind(|| run_schedule(seed));
-        if let Err(panic) = result {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!(
-                "schedule failed: {msg}\nreproduce: OUTBOX_STREAM_SIM_SEED={seed} cargo test -p publisher --lib stream::sim"
-            );
-        }
-    }
+    .run();
 }

@@ -280,31 +280,18 @@ fn run_schedule(seed: u64) {
     runtime.block_on(async move { Sim::new(seed).run().await });
 }
 
-/// Runs the schedules (or the one of `OUTBOX_SIM_SEED`).
+/// Runs the schedules (or the one of `OUTBOX_SIM_SEED`): `testkit::sim`.
 fn run_schedules(test: &str, base: u64, default: u64) {
-    if let Some(seed) = std::env::var("OUTBOX_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        run_schedule(seed);
-        return;
+    let path = format!("amqp::connection::sim::{test}");
+    testkit::sim::Schedules {
+        test_path: &path,
+        krate: "publisher",
+        base,
+        default,
+        run: &|seed, _| run_schedule(seed),
+        steps: None,
     }
-    let schedules = std::env::var("OUTBOX_SIM_SCHEDULES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default);
-    for seed in base..base + schedules {
-        if let Err(panic) = std::panic::catch_unwind(|| run_schedule(seed)) {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                .unwrap_or_default();
-            panic!(
-                "schedule failed: {msg}\nreproduce: OUTBOX_SIM_SEED={seed} cargo test -p publisher --lib amqp::connection::sim::{test}"
-            );
-        }
-    }
+    .run();
 }
 
 #[test]

@@ -858,33 +858,6 @@ fn run_schedule(seed: u64, limit: Option<usize>) {
     }
 }
 
-fn message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<String>()
-        .cloned()
-        .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-        .unwrap_or_default()
-}
-
-/// The shortest prefix of schedule `seed` (in steps before the healing) that still
-/// fails, by bisection.
-fn shortest(seed: u64) -> Option<usize> {
-    let fails = |limit| std::panic::catch_unwind(|| run_schedule(seed, Some(limit))).is_err();
-    if !fails(400) {
-        return None;
-    }
-    let (mut lo, mut hi) = (0usize, 400usize);
-    while lo + 1 < hi {
-        let mid = (lo + hi) / 2;
-        if fails(mid) {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    Some(hi)
-}
-
 /// In a survey, how much paused time the schedules simulated, and how busily.
 struct Stats;
 impl Drop for Stats {
@@ -897,44 +870,19 @@ impl Drop for Stats {
     }
 }
 
+/// Runs the schedules (`testkit::sim`), with the survey's figures.
 fn run_schedules(test: &str, base: u64, default: u64) {
-    let limit = std::env::var("OUTBOX_SIM_STEPS")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    if let Some(seed) = std::env::var("OUTBOX_SIM_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-    {
-        run_schedule(seed, limit);
-        return;
+    let _stats = std::env::var_os("OUTBOX_SIM_SURVEY").map(|_| Stats);
+    let path = format!("amqp::run::sim::{test}");
+    testkit::sim::Schedules {
+        test_path: &path,
+        krate: "publisher",
+        base,
+        default,
+        run: &run_schedule,
+        steps: Some(250),
     }
-    let schedules = std::env::var("OUTBOX_SIM_SCHEDULES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(default);
-    let survey = std::env::var_os("OUTBOX_SIM_SURVEY").is_some();
-    let _stats = survey.then_some(Stats);
-    let mut failed = Vec::new();
-    for seed in base..base + schedules {
-        if let Err(panic) = std::panic::catch_unwind(|| run_schedule(seed, None)) {
-            let msg = message(&*panic);
-            if survey {
-                // Every failing seed, one line each, without shrinking.
-                failed.push(format!("{seed}: {msg}"));
-                continue;
-            }
-            let prefix = shortest(seed).map_or(String::new(), |s| format!(" OUTBOX_SIM_STEPS={s}"));
-            panic!(
-                "schedule failed: {msg}\nreproduce: OUTBOX_SIM_SEED={seed}{prefix} cargo test -p publisher --lib amqp::run::sim::{test}"
-            );
-        }
-    }
-    assert!(
-        failed.is_empty(),
-        "{} of {schedules} schedules failed:\n{}",
-        failed.len(),
-        failed.join("\n")
-    );
+    .run();
 }
 
 /// The schedules, in two tests that `cargo test` runs side by side.
