@@ -460,6 +460,8 @@ pub fn is_release(bin: &Path) -> bool {
 pub enum Target<'a> {
     /// An exchange over AMQP (publisher confirms).
     Exchange(&'a str),
+    /// The same through a proxy on this local port (the `stalled` scenario).
+    Via(&'a str, u16),
     /// A stream over the stream protocol (named producer, publishing ids).
     Stream(&'a str),
     /// An exchange, the relay given every node of a cluster.
@@ -521,6 +523,10 @@ impl RelayProc {
         let single = format!("{:?}", testkit::amqp_url());
         let (url, target) = match target {
             Target::Exchange(exchange) => (single, format!("exchange = {exchange:?}\n")),
+            Target::Via(exchange, port) => (
+                format!("\"amqp://guest:guest@127.0.0.1:{port}/%2f\""),
+                format!("exchange = {exchange:?}\n"),
+            ),
             Target::Stream(stream) => (
                 single,
                 format!(

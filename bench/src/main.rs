@@ -58,6 +58,11 @@
 //!   baseline for 1 s.
 //! - **steady-high**: the same at ten times the rate by twice the producers.
 //! - **large**: one 1M-row transaction: time and the relay's peak RSS.
+//! - **stalled**: 400 events of 2 MiB (160 with `--quick`); once two are delivered,
+//!   a proxy stops forwarding the relay's bytes to the broker (a broker that stops
+//!   reading), or the broker's bytes to the relay (it reads all and confirms none),
+//!   for 20 s (5 s): the relay's RSS meanwhile, bounded by `max_in_flight_bytes`
+//!   (issue #49); then the time until the rest is delivered.
 //!
 //! Needs the services of `scripts/test-services.sh` (Postgres 55432 with
 //! wal_level=logical, RabbitMQ 5672 and its stream port 5552, or
@@ -108,7 +113,7 @@ pub struct Args {
     /// Only these scenarios (comma-separated: lapin,lapin-light,shape,channels,
     /// stream-raw,recvlogical,reader,drain,drain-minimal,drain-aggregate,drain-hash,
     /// drain-aggregate-hash,drain-messages,stream-drain,cluster-drain,
-    /// cluster-stream-drain,steady,steady-high,large).
+    /// cluster-stream-drain,steady,steady-high,large,stalled).
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
     /// Only draw the SVG of an existing report (e.g. a docs/benchmarks.md merged from

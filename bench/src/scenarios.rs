@@ -21,12 +21,14 @@ mod cluster;
 mod drain;
 mod latency;
 mod report;
+mod stalled;
 
 use baselines::*;
 use cluster::*;
 use drain::*;
 use latency::*;
 pub use report::{Figure, Report};
+use stalled::*;
 
 const WAIT: Duration = Duration::from_secs(600);
 /// The quick run's bound: a smoke test fails fast.
@@ -89,6 +91,7 @@ pub const SCENARIOS: &[&str] = &[
     "steady",
     "steady-high",
     "large",
+    "stalled",
 ];
 
 pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
@@ -601,6 +604,17 @@ pub async fn run_all(args: &Args) -> anyhow::Result<Report> {
         report.expect(&["large tx: commit → all received", "large tx relay peak RSS"]);
         if let Err(e) = large(args, &bin, &mut report).await {
             report.fail("large", &e);
+        }
+    }
+    if wants(args, "stalled") {
+        for how in [Stall::NotReading, Stall::NotAnswering] {
+            let name = how.name();
+            let rss = format!("{name}: relay RSS meanwhile");
+            let rest = format!("{name}: the rest delivered after it answers again");
+            report.expect(&[&rss, &rest]);
+            if let Err(e) = stalled(args, &bin, how, &mut report).await {
+                report.fail("stalled", &e);
+            }
         }
     }
     Ok(report)

@@ -20,6 +20,8 @@ const CUT: u8 = 1;
 const STALLED: u8 = 2;
 /// Only the client's bytes are held ([`Proxy::stop_reading`]).
 const NOT_READING: u8 = 3;
+/// Only the target's bytes are held ([`Proxy::stop_answering`]).
+const NOT_ANSWERING: u8 = 4;
 
 /// A running proxy to `target`; stops when dropped.
 pub struct Proxy {
@@ -157,6 +159,13 @@ impl Proxy {
         self.set(NOT_READING);
     }
 
+    /// Stops forwarding the target's bytes to the clients while the clients' still
+    /// reach it, until [`Proxy::restore`]: a broker that reads every publish and
+    /// confirms none (nor sends a heartbeat).
+    pub fn stop_answering(&self) {
+        self.set(NOT_ANSWERING);
+    }
+
     /// Back to forwarding (and forgets a [`Proxy::cut_after`] or
     /// [`Proxy::cut_at_client_method`] not reached).
     pub fn restore(&self) {
@@ -204,7 +213,8 @@ async fn wait_until_up(state: &AtomicU8, rx: &mut watch::Receiver<u8>, down: boo
         match state.load(Ordering::SeqCst) {
             CUT => return false,
             NOT_READING if down => return true,
-            STALLED | NOT_READING => {
+            NOT_ANSWERING if !down => return true,
+            STALLED | NOT_READING | NOT_ANSWERING => {
                 if tokio::time::timeout(Duration::from_millis(200), rx.changed())
                     .await
                     .is_ok_and(|r| r.is_err())
