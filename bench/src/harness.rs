@@ -455,6 +455,20 @@ pub fn is_release(bin: &Path) -> bool {
         .is_some_and(|n| n == "release")
 }
 
+/// The test broker's URL (its credentials and vhost) with the host and port of a
+/// local proxy instead.
+fn through_port(url: &str, port: u16) -> String {
+    let (prefix, rest) = match url.rsplit_once('@') {
+        Some((scheme_user, rest)) => (format!("{scheme_user}@"), rest),
+        None => match url.split_once("://") {
+            Some((scheme, rest)) => (format!("{scheme}://"), rest),
+            None => ("amqp://".to_string(), url),
+        },
+    };
+    let path = rest.find('/').map_or("", |i| &rest[i..]);
+    format!("{prefix}127.0.0.1:{port}{path}")
+}
+
 /// Where the relay publishes.
 #[derive(Debug, Clone, Copy)]
 pub enum Target<'a> {
@@ -524,7 +538,7 @@ impl RelayProc {
         let (url, target) = match target {
             Target::Exchange(exchange) => (single, format!("exchange = {exchange:?}\n")),
             Target::Via(exchange, port) => (
-                format!("\"amqp://guest:guest@127.0.0.1:{port}/%2f\""),
+                format!("{:?}", through_port(&testkit::amqp_url(), port)),
                 format!("exchange = {exchange:?}\n"),
             ),
             Target::Stream(stream) => (
@@ -692,5 +706,21 @@ pub async fn wait_child(
             );
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The proxy's port replaces the broker's; credentials and vhost stay.
+    #[test]
+    fn a_url_through_a_proxy_keeps_its_credentials_and_vhost() {
+        assert_eq!(
+            super::through_port("amqp://relay:s3cret@10.0.0.5:5672/app", 41000),
+            "amqp://relay:s3cret@127.0.0.1:41000/app"
+        );
+        assert_eq!(
+            super::through_port("amqp://127.0.0.1:5672/%2f", 41000),
+            "amqp://127.0.0.1:41000/%2f"
+        );
     }
 }
