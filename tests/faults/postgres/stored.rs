@@ -52,9 +52,12 @@ async fn backlog_fault(fault: PgFault) {
 }
 
 async fn backlog_fault_on(cluster: Cluster, fault: PgFault) {
+    backlog_fault_with(cluster, fault, 500).await;
+}
+
+async fn backlog_fault_with(cluster: Cluster, fault: PgFault, max_in_flight: usize) {
     let _broker = BROKER.read().await;
-    const MAX_IN_FLIGHT: usize = 500;
-    let w = World::new(cluster, Proxies::default(), MAX_IN_FLIGHT).await;
+    let w = World::new(cluster, Proxies::default(), max_in_flight).await;
     preload(&w).await;
     let mut relay = start_with_args(&w, &[]);
     w.wait_distinct(BACKLOG as usize / 3, WAIT).await;
@@ -93,6 +96,17 @@ async fn crash_during_a_backlog_resends_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn walsender_killed_during_a_backlog_resends_nothing() {
     backlog_fault(PgFault::KillWalsender).await;
+}
+
+/// The walsender killed while the publisher's window is full of acked events whose
+/// position was not yet sent to Postgres (100-row transactions, a window of 50): the
+/// reader is gone and will never send it, so the publisher must drain what it holds
+/// bounded by the stored position, and the session reconnect. It once waited for that
+/// flush for ever: nothing but the stall watchdog's ERROR every minute (CI, PG 14).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn walsender_killed_with_a_full_window_stalls_nothing() {
+    let _pg = FAULT_PG.lock().await;
+    backlog_fault_with(Cluster::Fault, PgFault::KillWalsender, 50).await;
 }
 
 /// The relay SIGKILLed and Postgres crashed together while a backlog drains: the new

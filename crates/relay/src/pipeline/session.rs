@@ -393,10 +393,21 @@ impl Sessions {
             }
             r = &mut reader => {
                 self.health.set_streaming(false);
+                let ended = reader_ended(r);
+                // Said now, not after the drain: a drain that takes long must not hide
+                // why the events stopped coming.
+                info!(error = %ended, "replication ended; publishing what was already read");
                 // The reader dropped its sender: the publisher drains what it has (the
-                // watermark it reaches is where the next session starts).
-                let _ = publisher.await;
-                Err(reader_ended(r))
+                // watermark it reaches is where the next session starts), within the
+                // shutdown bound; the rest is read again by the next session.
+                if tokio::time::timeout(timeout * 2 + Duration::from_secs(5), &mut publisher)
+                    .await
+                    .is_err()
+                {
+                    warn!("the publisher did not finish what was read within shutdown_timeout; the next session reads it again");
+                    publisher.abort();
+                }
+                Err(ended)
             }
             p = &mut publisher => {
                 self.health.set_streaming(false);

@@ -104,7 +104,10 @@ pub(super) struct StateWriter {
     pub(super) written: Lsn,
     /// What the reader sent Postgres as flushed.
     pub(super) flushed: watch::Receiver<Lsn>,
-    /// `min(flushed, stored)`, for the publisher; `flushed` alone once writing failed.
+    /// `min(flushed, stored)`, for the publisher; `flushed` alone once writing failed,
+    /// `stored` alone once the reader is gone (nothing more will be flushed, and the
+    /// publisher must still drain what it holds: a bound stuck at the reader's last
+    /// flush held a full window for ever), and no bound once both are.
     pub(super) bound: watch::Sender<Lsn>,
 }
 
@@ -130,14 +133,15 @@ impl StateWriter {
                     *finish.borrow()
                 }
             };
+            let reader_gone = !flushed_open;
             if broken.is_some() {
-                self.publish_bound(Lsn(u64::MAX));
+                self.publish_bound(Lsn(u64::MAX), reader_gone);
                 if finishing {
                     return Err(broken.take().expect("broken"));
                 }
                 continue;
             }
-            self.publish_bound(self.written);
+            self.publish_bound(self.written, reader_gone);
             let acked = *self.acked.borrow();
             let events = self.last_event_end.get();
             let due = finishing
@@ -153,14 +157,14 @@ impl StateWriter {
                 match res {
                     Ok(Ok(())) => {
                         self.written = acked;
-                        self.publish_bound(acked);
+                        self.publish_bound(acked, reader_gone);
                     }
                     // Never hold the publisher on a table that cannot be written.
                     Ok(Err(e)) => broken = Some(e),
                     Err(_) => broken = Some(StateError::Timeout(STATE_TIMEOUT)),
                 }
                 if broken.is_some() {
-                    self.publish_bound(Lsn(u64::MAX));
+                    self.publish_bound(Lsn(u64::MAX), reader_gone);
                     if finishing {
                         return Err(broken.take().expect("broken"));
                     }
@@ -173,8 +177,12 @@ impl StateWriter {
         }
     }
 
-    fn publish_bound(&self, stored: Lsn) {
-        let v = (*self.flushed.borrow()).min(stored);
+    fn publish_bound(&self, stored: Lsn, reader_gone: bool) {
+        let v = if reader_gone {
+            stored
+        } else {
+            (*self.flushed.borrow()).min(stored)
+        };
         self.bound.send_if_modified(|cur| {
             let changed = *cur != v;
             *cur = v;
