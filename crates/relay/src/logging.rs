@@ -110,12 +110,13 @@ pub fn init(format: LogFormat) -> Result<(), CliError> {
 }
 
 /// Drops AMQP library trace lines that carry credentials. The relay's own AMQP
-/// client logs no frame; this guards against a library linked in that does (lapin,
-/// the benchmark's and tests' reference client, logs every frame it writes at trace
-/// level, Connection.StartOk's SASL response `\0user\0password` among them; so do
+/// client logs no frame, and the codec it links (amq-protocol, targets
+/// `amq_protocol*`) logs none either; this guards against it starting to (a client
+/// that logs every frame it writes at trace level, as lapin does, logs
+/// Connection.StartOk's SASL response `\0user\0password` among them; so do
 /// Connection.SecureOk and Connection.UpdateSecret). A line saying a frame was
-/// hidden takes its place. Only those libraries' events enabled by the filter
-/// (trace level) are looked at, so this costs nothing at the usual levels
+/// hidden takes its place. Only that library's events enabled by the filter (trace
+/// level) are looked at, so this costs nothing at the usual levels
 /// (docs/security.md).
 struct HideCredentials;
 
@@ -125,7 +126,7 @@ const CREDENTIAL_FRAMES: &[&str] = &["StartOk", "SecureOk", "UpdateSecret"];
 impl<S: Subscriber> Layer<S> for HideCredentials {
     fn event_enabled(&self, event: &Event<'_>, _ctx: Context<'_, S>) -> bool {
         let target = event.metadata().target();
-        if !(target.starts_with("lapin") || target.starts_with("amq_protocol")) {
+        if !target.starts_with("amq_protocol") {
             return true;
         }
         let mut found = FindCredentials(None);

@@ -1,6 +1,6 @@
-//! The scripted-broker tests of the old publishing connection (`wire/tests.rs`),
-//! against the connection: the publishing channel is 2 (1 is the control
-//! channel) and a `multiple` confirm comes out as one event per tag.
+//! The scripted-broker tests of the publishing connection that once ran beside
+//! lapin (removed since), ported to this connection: the publishing channel is 2
+//! (1 is the control channel) and a `multiple` confirm comes out as one event per tag.
 
 use std::time::Duration;
 
