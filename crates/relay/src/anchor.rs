@@ -29,7 +29,9 @@ use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tracing::{debug, info, warn};
 use wal_reader::admin::{self, ident::validate_slot_name};
+use wal_reader::PgConnectOptions;
 
+use crate::background::{every_tick, Task, Then};
 use crate::config::Config;
 use crate::error::CliError;
 use crate::shutdown::Shutdown;
@@ -84,42 +86,17 @@ pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
     let window = cfg.replay_window()?;
     let opts = cfg.pg_options().ok()?;
     let slot = cfg.postgres.slot.clone();
-    Some(tokio::spawn(async move {
-        let mut task = Anchor::new(slot, window);
-        let mut stop = stop;
-        let mut tick = tokio::time::interval(sample_interval(window));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut client: Option<Client> = None;
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.requested() => return,
-            }
-            if client.as_ref().is_none_or(|c| c.is_closed()) {
-                // A connection attempt is dropped on a stop request; a step is not.
-                let connected = tokio::select! {
-                    r = crate::sql::connect(&opts) => r,
-                    _ = stop.requested() => return,
-                };
-                match connected {
-                    Ok(c) => client = Some(c),
-                    Err(e) => {
-                        debug!(error = %e, "anchor: cannot connect to postgres");
-                        continue;
-                    }
-                }
-            }
-            if let Some(c) = &client {
-                if let Err(e) = task.step(c).await {
-                    task.warn_once(&e);
-                }
-            }
-        }
-    }))
+    let task = Anchor::new(opts, slot, window);
+    Some(tokio::spawn(every_tick(
+        task,
+        sample_interval(window),
+        stop,
+    )))
 }
 
 /// The anchor task's state: samples of the live slot's position over time.
 struct Anchor {
+    opts: PgConnectOptions,
     slot: String,
     anchor: String,
     window: Duration,
@@ -128,8 +105,9 @@ struct Anchor {
 }
 
 impl Anchor {
-    fn new(slot: String, window: Duration) -> Anchor {
+    fn new(opts: PgConnectOptions, slot: String, window: Duration) -> Anchor {
         Anchor {
+            opts,
             anchor: anchor_slot_name(&slot),
             slot,
             window,
@@ -148,7 +126,7 @@ impl Anchor {
     }
 
     /// One sample, and the anchor moved to the newest sample older than the window.
-    async fn step(&mut self, c: &Client) -> Result<(), String> {
+    async fn advance(&mut self, c: &Client) -> Result<(), String> {
         let live = admin::slot_state(c, &self.slot)
             .await
             .map_err(|e| e.to_string())?
@@ -194,6 +172,26 @@ impl Anchor {
         }
         self.warned = false;
         Ok(())
+    }
+}
+
+impl Task for Anchor {
+    async fn connect(&mut self) -> Result<Client, String> {
+        crate::sql::connect(&self.opts)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    fn connect_failed(&mut self, error: &str, _failures: u32) -> Option<Duration> {
+        debug!(error = %error, "anchor: cannot connect to postgres");
+        None
+    }
+
+    async fn step(&mut self, c: &Client, _stop: &Shutdown) -> Then {
+        if let Err(e) = self.advance(c).await {
+            self.warn_once(&e);
+        }
+        Then::Tick
     }
 }
 

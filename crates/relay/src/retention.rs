@@ -94,6 +94,7 @@ use tracing::{debug, info, warn, Instrument};
 use wal_reader::admin::{self, ident::quote_table, AdminError};
 use wal_reader::{PgConnectOptions, TableName};
 
+use crate::background::{every_tick, Task, Then};
 use crate::config::Config;
 use crate::error::CliError;
 use crate::shutdown::Shutdown;
@@ -204,12 +205,14 @@ pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
         tables: cfg.tables(),
         keep,
         tick: tick_for(keep),
+        markers: VecDeque::new(),
     };
     for t in &task.tables {
         metrics::counter!(DELETED_ROWS, "table" => t.qualified()).increment(0);
     }
     let span = tracing::info_span!("retention", keep = %humantime::format_duration(keep));
-    Some(tokio::spawn(task.run_until_stopped(stop).instrument(span)))
+    let tick = task.tick;
+    Some(tokio::spawn(every_tick(task, tick, stop).instrument(span)))
 }
 
 /// `keep` as a reload set it (crate::reload), in milliseconds; 0: as configured at
@@ -251,66 +254,46 @@ struct Retention {
     tables: Vec<TableName>,
     keep: Duration,
     tick: Duration,
+    /// Markers taken and not yet passed by the slot, oldest first.
+    markers: VecDeque<Marker>,
 }
 
-/// Ends a connection's work: stop requested, or an error to retry after.
-enum End {
-    Stopped,
-    Failed(String),
+impl Task for Retention {
+    async fn connect(&mut self) -> Result<Client, String> {
+        Retention::connect(self).await
+    }
+
+    fn connect_failed(&mut self, error: &str, failures: u32) -> Option<Duration> {
+        let backoff = publisher::backoff::delay(self.tick, BACKOFF_MAX, failures);
+        warn!(error = %error, retry_in = ?backoff, "retention pass failed");
+        Some(backoff)
+    }
+
+    /// A marker and a deletion pass.
+    async fn step(&mut self, client: &Client, stop: &Shutdown) -> Then {
+        if stop.is_requested() {
+            return Then::Stop;
+        }
+        let mut markers = std::mem::take(&mut self.markers);
+        let passed = self.pass(client, stop, &mut markers).await;
+        self.markers = markers;
+        match passed {
+            Ok(true) => Then::Tick,
+            Ok(false) => Then::Stop,
+            Err(e) if client.is_closed() => {
+                warn!(error = %e, "retention pass failed; reconnecting");
+                Then::Reconnect
+            }
+            // A statement failed (lock timeout, ...): try again next tick.
+            Err(e) => {
+                warn!(error = %e, "retention pass failed; retrying next tick");
+                Then::Tick
+            }
+        }
+    }
 }
 
 impl Retention {
-    /// Connects, and reconnects with backoff after a failure, until stopped.
-    async fn run_until_stopped(self, mut stop: Shutdown) {
-        let mut attempt: u32 = 0;
-        let mut markers = VecDeque::new();
-        loop {
-            match self.connected(&mut stop, &mut markers).await {
-                End::Stopped => return,
-                End::Failed(e) => {
-                    attempt = attempt.saturating_add(1);
-                    let backoff = publisher::backoff::delay(self.tick, BACKOFF_MAX, attempt);
-                    warn!(error = %e, retry_in = ?backoff, "retention pass failed");
-                    tokio::select! {
-                        _ = tokio::time::sleep(backoff) => {}
-                        _ = stop.requested() => return,
-                    }
-                }
-            }
-        }
-    }
-
-    /// One connection: a marker and a deletion pass per tick until stopped or failed.
-    async fn connected(&self, stop: &mut Shutdown, markers: &mut VecDeque<Marker>) -> End {
-        // A connection attempt is dropped on a stop request; a pass is not.
-        let connected = tokio::select! {
-            r = self.connect() => r,
-            _ = stop.requested() => return End::Stopped,
-        };
-        let client = match connected {
-            Ok(c) => c,
-            Err(e) => return End::Failed(e),
-        };
-        let mut tick = tokio::time::interval(self.tick);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.requested() => return End::Stopped,
-            }
-            if stop.is_requested() {
-                return End::Stopped;
-            }
-            match self.pass(&client, stop, markers).await {
-                Ok(true) => {}
-                Ok(false) => return End::Stopped,
-                Err(e) if client.is_closed() => return End::Failed(e.to_string()),
-                // A statement failed (lock timeout, ...): try again next tick.
-                Err(e) => warn!(error = %e, "retention pass failed; retrying next tick"),
-            }
-        }
-    }
-
     async fn connect(&self) -> Result<Client, String> {
         let client = crate::sql::connect(&self.conn)
             .await

@@ -17,6 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 use wal_reader::{admin, PgConnectOptions};
 
+use crate::background::{every_tick, Task, Then};
 use crate::config::Config;
 use crate::shutdown::Shutdown;
 use crate::sql;
@@ -35,41 +36,38 @@ pub fn spawn(cfg: &Config, stop: Shutdown) -> Option<JoinHandle<()>> {
     let opts = cfg.pg_options().ok()?;
     let slot = cfg.postgres.slot.clone();
     let span = tracing::info_span!("slot_metrics", slot = %slot);
-    Some(tokio::spawn(sample(opts, slot, stop).instrument(span)))
+    let sampler = Sampler { opts, slot };
+    Some(tokio::spawn(
+        every_tick(sampler, INTERVAL, stop).instrument(span),
+    ))
 }
 
-async fn sample(opts: PgConnectOptions, slot: String, mut stop: Shutdown) {
-    let mut client: Option<tokio_postgres::Client> = None;
-    let mut tick = tokio::time::interval(INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = stop.requested() => return,
-        }
-        if client.as_ref().is_none_or(|c| c.is_closed()) {
-            // A connection attempt is dropped on a stop request.
-            let connected = tokio::select! {
-                r = sql::connect(&opts) => r,
-                _ = stop.requested() => return,
-            };
-            match connected {
-                Ok(c) => client = Some(c),
-                Err(e) => {
-                    tracing::debug!(error = %e, "cannot connect for slot metrics; retrying");
-                    continue;
-                }
-            }
-        }
-        let Some(c) = client.as_ref() else { continue };
-        match admin::slot_state(c, &slot).await {
+/// The sampling task: one read of the slot per tick.
+struct Sampler {
+    opts: PgConnectOptions,
+    slot: String,
+}
+
+impl Task for Sampler {
+    async fn connect(&mut self) -> Result<tokio_postgres::Client, String> {
+        sql::connect(&self.opts).await.map_err(|e| e.to_string())
+    }
+
+    fn connect_failed(&mut self, error: &str, _failures: u32) -> Option<Duration> {
+        tracing::debug!(error = %error, "cannot connect for slot metrics; retrying");
+        None
+    }
+
+    async fn step(&mut self, c: &tokio_postgres::Client, _stop: &Shutdown) -> Then {
+        match admin::slot_state(c, &self.slot).await {
             Ok(Some(s)) => record(&s),
             Ok(None) => tracing::debug!("slot not found for slot metrics"),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read the slot for slot metrics; reconnecting");
-                client = None;
+                return Then::Reconnect;
             }
         }
+        Then::Tick
     }
 }
 
