@@ -9,7 +9,15 @@
 //! CloudEvents 1.0 attributes added ([`cloudevents`], docs/cloudevents.md).
 
 pub mod cloudevents;
+mod json_headers;
 pub mod row_properties;
+mod template;
+
+pub(crate) use json_headers::json_headers;
+pub(crate) use template::truncate_at_char;
+pub use template::{
+    ExchangeRule, RoutingKeyError, RoutingKeyTemplate, DEFAULT_ROUTING_KEY, PLACEHOLDERS,
+};
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -117,195 +125,6 @@ pub(crate) const RELAY_HEADERS: [&str; 7] = [
 
 /// Longest AMQP short string (routing keys, property values, header names).
 pub(crate) const SHORT_STRING_MAX: usize = 255;
-
-/// One field a routing-key template may substitute.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Part {
-    Literal(String),
-    AggregateType,
-    AggregateId,
-    EventType,
-    Table,
-}
-
-/// A compiled `routing_key` template: literal text and `{aggregate_type}`,
-/// `{aggregate_id}`, `{event_type}`, `{table}` placeholders.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoutingKeyTemplate {
-    parts: Vec<Part>,
-}
-
-/// The default `routing_key` template.
-pub const DEFAULT_ROUTING_KEY: &str = "{aggregate_type}.{event_type}";
-
-/// The placeholders a routing-key template may use.
-pub const PLACEHOLDERS: [&str; 4] = ["aggregate_type", "aggregate_id", "event_type", "table"];
-
-/// Why a routing-key template is invalid (the sentence follows the config key's name).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum RoutingKeyError {
-    #[error("has a `}}` without a matching `{{`: fix the template")]
-    StrayClose,
-    #[error("has a `{{` without a closing `}}`: fix the template")]
-    Unclosed,
-    #[error("unknown placeholder `{{{0}}}`: use only {{aggregate_type}}, {{aggregate_id}}, {{event_type}}, {{table}}")]
-    Unknown(String),
-}
-
-impl From<RoutingKeyError> for PublishError {
-    fn from(e: RoutingKeyError) -> PublishError {
-        PublishError::InvalidConfig {
-            key: "routing_key",
-            reason: e.to_string(),
-        }
-    }
-}
-
-impl RoutingKeyTemplate {
-    /// Compiles a template (the project's one parser of it): an unknown or unclosed
-    /// placeholder, or a `}` without a `{`, is an error.
-    pub fn parse(template: &str) -> Result<Self, RoutingKeyError> {
-        let mut parts = Vec::new();
-        let mut rest = template;
-        while let Some(open) = rest.find(['{', '}']) {
-            if rest[open..].starts_with('}') {
-                return Err(RoutingKeyError::StrayClose);
-            }
-            if open > 0 {
-                parts.push(Part::Literal(rest[..open].to_string()));
-            }
-            let after = &rest[open + 1..];
-            let close = after.find('}').ok_or(RoutingKeyError::Unclosed)?;
-            parts.push(match &after[..close] {
-                "aggregate_type" => Part::AggregateType,
-                "aggregate_id" => Part::AggregateId,
-                "event_type" => Part::EventType,
-                "table" => Part::Table,
-                other => return Err(RoutingKeyError::Unknown(other.to_string())),
-            });
-            rest = &after[close + 1..];
-        }
-        if !rest.is_empty() {
-            parts.push(Part::Literal(rest.to_string()));
-        }
-        Ok(Self { parts })
-    }
-
-    /// Whether the template substitutes anything (else it is its literal text).
-    pub fn has_placeholders(&self) -> bool {
-        self.parts.iter().any(|p| !matches!(p, Part::Literal(_)))
-    }
-
-    /// The routing key of one event (NULL fields render as empty text). Keys longer
-    /// than AMQP allows (255 bytes) are cut at a character boundary.
-    pub fn render(&self, event: &OutboxEvent) -> String {
-        let mut key = self.render_whole(event);
-        truncate_at_char(&mut key, SHORT_STRING_MAX);
-        key
-    }
-
-    /// The template's shape as a glob of `[rabbitmq] allowed_exchanges`: each
-    /// placeholder a `*` (`events.{aggregate_type}` is `events.*`).
-    pub fn glob(&self) -> String {
-        let mut glob = String::new();
-        for part in &self.parts {
-            match part {
-                Part::Literal(text) => glob.push_str(text),
-                _ if glob.ends_with('*') => {}
-                _ => glob.push('*'),
-            }
-        }
-        glob
-    }
-
-    /// The template rendered for one event, however long (an exchange name is
-    /// checked, never cut: a cut name would be another exchange).
-    pub fn render_whole(&self, event: &OutboxEvent) -> String {
-        let mut key = String::with_capacity(64);
-        for part in &self.parts {
-            match part {
-                Part::Literal(text) => key.push_str(text),
-                Part::AggregateType => push_text(&mut key, event.aggregate_type.as_ref()),
-                Part::AggregateId => push_text(&mut key, event.aggregate_id.as_ref()),
-                Part::EventType => push_text(&mut key, event.event_type.as_ref()),
-                Part::Table => key.push_str(&event.table.qualified_name),
-            }
-        }
-        key
-    }
-}
-
-/// Which exchange each event goes to (docs/routing.md): its exchange column's value
-/// when it has one (`[mapping] exchange`, unless `replay --exchange` sends every copy
-/// to one exchange), else `[rabbitmq] exchange`, which may be a template over the
-/// routing key's placeholders (`"{aggregate_type}"`, `"events.{table}"`).
-#[derive(Debug, Clone)]
-pub struct ExchangeRule {
-    /// `[rabbitmq] exchange` when it has placeholders; `None`: the name as written.
-    template: Option<RoutingKeyTemplate>,
-    from_events: bool,
-}
-
-impl ExchangeRule {
-    /// The rule of `[rabbitmq] exchange` (`exchange`); `from_events`: whether the
-    /// events' exchange column counts.
-    pub fn new(exchange: &str, from_events: bool) -> Result<Self, PublishError> {
-        let template =
-            RoutingKeyTemplate::parse(exchange).map_err(|e| PublishError::InvalidConfig {
-                key: "exchange",
-                reason: e.to_string(),
-            })?;
-        Ok(Self {
-            template: template.has_placeholders().then_some(template),
-            from_events,
-        })
-    }
-
-    /// Whether `[rabbitmq] exchange` is a template (so no one exchange is declared
-    /// at the start).
-    pub fn is_template(&self) -> bool {
-        self.template.is_some()
-    }
-
-    /// The exchange of `event` when it is not `[rabbitmq] exchange` as written: the
-    /// column's value, or the template rendered (possibly empty, which the publisher
-    /// refuses as poison rather than send to the default exchange).
-    pub fn of(&self, event: &OutboxEvent) -> Option<String> {
-        if self.from_events {
-            if let Some(x) = event.exchange.as_ref().filter(|x| !x.is_empty()) {
-                // Checked before it is used, never cut (`amqp/destinations.rs`).
-                return Some(String::from_utf8_lossy(x).into_owned());
-            }
-        }
-        self.template.as_ref().map(|t| t.render_whole(event))
-    }
-}
-
-impl Default for ExchangeRule {
-    /// `[rabbitmq] exchange` as written, or the events' column.
-    fn default() -> Self {
-        Self {
-            template: None,
-            from_events: true,
-        }
-    }
-}
-
-fn push_text(out: &mut String, value: Option<&Bytes>) {
-    if let Some(value) = value {
-        out.push_str(&String::from_utf8_lossy(value));
-    }
-}
-
-pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-}
 
 fn short(value: Option<&Bytes>) -> Option<ShortString> {
     value.map(|v| {
@@ -742,52 +561,6 @@ fn add_json_headers(
             ShortString::from(key),
             AMQPValue::LongString(LongString::from(value)),
         );
-    }
-}
-
-/// The keys of the headers column's JSON object with their values as text (strings
-/// as they are, other values as their JSON text), reserved keys
-/// ([`is_reserved_header`]) and the target's own keys (`relay`: the relay's headers,
-/// which `[message] headers = "minimal"` leaves out but a row must not set either)
-/// dropped and logged once each. Keys are compared as JSON reads them (unescaped).
-/// Anything that is not a JSON object gives nothing (and is logged). With
-/// `cloudevents`, keys that would set one of the CloudEvents attributes the relay
-/// sets are dropped as reserved too ([`cloudevents::RELAY_ATTRIBUTES`]). Both
-/// targets use it (the AMQP headers table, the stream's application properties).
-pub(crate) fn json_headers(
-    raw: &[u8],
-    logged: &mut HashSet<String>,
-    cloudevents: bool,
-    relay: &[&str],
-) -> Vec<(String, String)> {
-    match serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(raw) {
-        Ok(map) => {
-            let mut out = Vec::with_capacity(map.len());
-            for (key, value) in map {
-                if is_reserved_header(&key)
-                    || relay.contains(&key.as_str())
-                    || (cloudevents && cloudevents::is_relay_attribute(&key))
-                {
-                    if logged.len() < 64 && logged.insert(key.clone()) {
-                        tracing::warn!(
-                            header = %key,
-                            "reserved header key in the headers column dropped (RabbitMQ or the relay interprets it); rename it"
-                        );
-                    }
-                    continue;
-                }
-                let value = match value {
-                    serde_json::Value::String(s) => s,
-                    other => other.to_string(),
-                };
-                out.push((key, value));
-            }
-            out
-        }
-        Err(error) => {
-            tracing::warn!(%error, "headers column is not a JSON object; no extra headers added");
-            Vec::new()
-        }
     }
 }
 
