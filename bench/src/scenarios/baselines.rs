@@ -42,6 +42,169 @@ impl Shape {
     }
 }
 
+/// `lapin` and `lapin-light`: the broker's limit for the relay's message, and for the
+/// lighter message a hand-written relay sends (issue #33): persistent, mandatory,
+/// message_id, type and content_type, no headers.
+pub(super) async fn lapin_scenarios(args: &Args, report: &mut Report) {
+    for (scenario, shape, name, what) in [
+        ("lapin", Shape::Full, LAPIN, "the relay's message"),
+        (
+            "lapin-light",
+            Shape::Light,
+            LAPIN_LIGHT,
+            Shape::Light.conditions(),
+        ),
+    ] {
+        if !wants(args, scenario) {
+            continue;
+        }
+        report.expect(&[name]);
+        let mut rates = Vec::new();
+        let result: anyhow::Result<()> = async {
+            for _ in 0..args.runs {
+                rates.push(lapin_baseline(args, 1, shape).await?);
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => report.add(
+                name,
+                median(rates),
+                "msgs/s",
+                format!(
+                    "N={}, window={}, {what}, until the consumer has all",
+                    args.events, args.window
+                ),
+            ),
+            Err(e) => report.fail(scenario, &e),
+        }
+    }
+}
+
+/// `shape`: what the message's shape costs the broker: the relay's full message, the
+/// same with the minimal headers, without the headers table, and the body with
+/// delivery mode alone. The shapes alternate within each run so that noise hits all
+/// alike.
+pub(super) async fn shape_scenario(args: &Args, report: &mut Report) {
+    if !wants(args, "shape") {
+        return;
+    }
+    let shapes = [
+        Shape::Full,
+        Shape::Minimal,
+        Shape::NoHeaders,
+        Shape::BodyOnly,
+    ];
+    for shape in shapes {
+        report.expect(&[shape.figure()]);
+    }
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); shapes.len()];
+    let result: anyhow::Result<()> = async {
+        for _ in 0..args.runs {
+            for (k, shape) in shapes.iter().enumerate() {
+                rates[k].push(lapin_baseline(args, 1, *shape).await?);
+            }
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            for (shape, r) in shapes.iter().zip(rates) {
+                report.add(
+                    shape.figure(),
+                    median(r),
+                    "msgs/s",
+                    format!(
+                        "N={}, window={}, {}, until the consumer has all",
+                        args.events,
+                        args.window,
+                        shape.conditions()
+                    ),
+                );
+            }
+        }
+        Err(e) => report.fail("shape", &e),
+    }
+}
+
+/// `channels`: would publishing over several channels (e.g. partitioned by
+/// aggregate_id) raise the total? Same messages, one queue, the window split between
+/// them.
+pub(super) async fn channels_scenario(args: &Args, report: &mut Report) {
+    if !wants(args, "channels") {
+        return;
+    }
+    for channels in [2usize, 4] {
+        let name = format!("lapin raw publisher, {channels} channels");
+        report.expect(&[&name]);
+        let mut rates = Vec::new();
+        let result: anyhow::Result<()> = async {
+            for _ in 0..args.runs {
+                rates.push(lapin_baseline(args, channels, Shape::Full).await?);
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => report.add(
+                name,
+                median(rates),
+                "msgs/s",
+                format!(
+                    "N={}, window={} in total, one queue",
+                    args.events, args.window
+                ),
+            ),
+            Err(e) => report.fail(format!("channels ({channels})"), &e),
+        }
+    }
+}
+
+/// `stream-raw`: a named producer on the stream protocol, until a consumer has all and
+/// until the broker confirmed all.
+pub(super) async fn stream_raw_scenario(args: &Args, report: &mut Report) {
+    if !wants(args, "stream-raw") {
+        return;
+    }
+    report.expect(&[
+        "stream raw publisher",
+        "stream raw publisher: all confirmed",
+    ]);
+    let (mut consumed, mut confirmed) = (Vec::new(), Vec::new());
+    let result: anyhow::Result<()> = async {
+        for _ in 0..args.runs {
+            let r = stream_baseline(args).await?;
+            consumed.push(r.consumed);
+            confirmed.push(r.confirmed);
+        }
+        Ok(())
+    }
+    .await;
+    match result {
+        Ok(()) => {
+            let cond = format!(
+                "N={}, window={}, frames ≤ {STREAM_BATCH} msgs, named producer",
+                args.events, args.window
+            );
+            report.add(
+                "stream raw publisher",
+                median(consumed),
+                "msgs/s",
+                format!("{cond}, until a consumer from the first offset has all"),
+            );
+            report.add(
+                "stream raw publisher: all confirmed",
+                median(confirmed),
+                "msgs/s",
+                format!("{cond}, until the broker confirmed all"),
+            );
+        }
+        Err(e) => report.fail("stream-raw", &e),
+    }
+}
+
 pub(super) async fn lapin_baseline(
     args: &Args,
     channels: usize,

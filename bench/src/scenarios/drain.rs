@@ -108,60 +108,11 @@ pub(super) async fn drain_run(
     let mut out = DrainRun::default();
 
     if wants(args, "recvlogical") {
-        let start = Instant::now();
-        let status = recvlogical(&db, &recv_slot)
-            .args(["--no-loop", "-E", &end_lsn, "-f", "/dev/null"])
-            .status()
-            .context("run pg_recvlogical")?;
-        if !status.success() {
-            bail!("pg_recvlogical failed");
-        }
-        out.recvlogical = Some(n as f64 / start.elapsed().as_secs_f64());
+        out.recvlogical = Some(recvlogical_rate(&db, &recv_slot, &end_lsn, n)?);
     }
 
     if wants(args, "reader") {
-        let end: Lsn = end_lsn.parse()?;
-        let cfg = ReaderConfig {
-            conn: PgConnectOptions::parse(&db.db.conninfo())?,
-            slot: reader_slot,
-            publication: db.publication.clone(),
-            tables: vec![TableName::parse("public.outbox").context("table")?],
-            messages: Vec::new(),
-            mapping: ColumnMapping::default(),
-            start_lsn: None,
-            status_interval: Duration::from_secs(1),
-            max_in_flight: 10_000,
-        };
-        let start = Instant::now();
-        let reader = WalReader::start(cfg).await?;
-        let (tx, mut rx) = mpsc::channel(64);
-        let (acked, acked_rx) = watch::channel(Lsn::ZERO);
-        let (stop, stop_rx) = watch::channel(false);
-        let task = tokio::spawn(reader.run(tx, acked_rx, stop_rx));
-        let mut events = 0usize;
-        'outer: while let Some(batch) = rx.recv().await {
-            for item in batch {
-                match item {
-                    WalItem::Event(_) => events += 1,
-                    WalItem::Commit(c) => {
-                        if c.end_lsn >= end || events >= n {
-                            let _ = acked.send(c.end_lsn);
-                            break 'outer;
-                        }
-                    }
-                    WalItem::Keepalive(_) => {}
-                }
-            }
-        }
-        let elapsed = start.elapsed();
-        let _ = stop.send(true);
-        while rx.recv().await.is_some() {}
-        drop(acked);
-        let _ = task.await;
-        if events < n {
-            bail!("reader saw {events} of {n} events");
-        }
-        out.reader = Some(n as f64 / elapsed.as_secs_f64());
+        out.reader = Some(reader_rate(&db, reader_slot, &end_lsn, n).await?);
     }
 
     if wants(args, "drain") {
@@ -170,48 +121,9 @@ pub(super) async fn drain_run(
     }
 
     // Right after the single-channel drain, so that all see the same load: the relay
-    // on several channels, and the same two relays into several queues (a
-    // consistent-hash exchange on the aggregate id), where the broker's work spreads
-    // over several queue processes. Each fails on its own, beside the other figures.
-    let keys = aggregate_keys();
-    let aggregate = ConfigExtra {
-        rabbitmq: &keys,
-        ..Default::default()
-    };
-    type Field = fn(&mut DrainRun) -> &mut Option<RelayDrain>;
-    let optional: [(&'static str, bool, ConfigExtra<'_>, &str, Field); 3] = [
-        ("drain-aggregate", false, aggregate, &aggregate_slot, |o| {
-            &mut o.aggregate
-        }),
-        (
-            "drain-hash",
-            true,
-            ConfigExtra::default(),
-            &hashed_slot,
-            |o| &mut o.hashed,
-        ),
-        (
-            "drain-aggregate-hash",
-            true,
-            aggregate,
-            &aggregate_hashed_slot,
-            |o| &mut o.aggregate_hashed,
-        ),
-    ];
-    for (scenario, hashed, extra, slot, field) in optional {
-        if !wants(args, scenario) {
-            continue;
-        }
-        let result = if hashed {
-            hashed_drain(args, bin, &db, slot, extra).await
-        } else {
-            queue_drain(args, bin, &db, slot, extra).await
-        };
-        match result {
-            Ok(m) => *field(&mut out) = Some(m),
-            Err(e) => out.failures.push((scenario, e)),
-        }
-    }
+    // on several channels and into several queues, each failing on its own.
+    let slots = [&aggregate_slot, &hashed_slot, &aggregate_hashed_slot];
+    optional_drains(args, bin, &db, slots.map(String::as_str), &mut out).await;
 
     if wants(args, "drain-minimal") {
         let extra = ConfigExtra {
@@ -275,6 +187,117 @@ pub(super) async fn drain_run(
         }
     }
     Ok(out)
+}
+
+/// The drains that fail on their own, beside the other figures of the run (into
+/// `out`): the relay on several channels, and the same two relays into several
+/// queues (a consistent-hash exchange on the aggregate id), where the broker's work
+/// spreads over several queue processes; on `slots`, in that order.
+async fn optional_drains(
+    args: &Args,
+    bin: &std::path::Path,
+    db: &BenchDb,
+    [aggregate_slot, hashed_slot, aggregate_hashed_slot]: [&str; 3],
+    out: &mut DrainRun,
+) {
+    let keys = aggregate_keys();
+    let aggregate = ConfigExtra {
+        rabbitmq: &keys,
+        ..Default::default()
+    };
+    type Field = fn(&mut DrainRun) -> &mut Option<RelayDrain>;
+    let optional: [(&'static str, bool, ConfigExtra<'_>, &str, Field); 3] = [
+        ("drain-aggregate", false, aggregate, aggregate_slot, |o| {
+            &mut o.aggregate
+        }),
+        (
+            "drain-hash",
+            true,
+            ConfigExtra::default(),
+            hashed_slot,
+            |o| &mut o.hashed,
+        ),
+        (
+            "drain-aggregate-hash",
+            true,
+            aggregate,
+            aggregate_hashed_slot,
+            |o| &mut o.aggregate_hashed,
+        ),
+    ];
+    for (scenario, hashed, extra, slot, field) in optional {
+        if !wants(args, scenario) {
+            continue;
+        }
+        let result = if hashed {
+            hashed_drain(args, bin, db, slot, extra).await
+        } else {
+            queue_drain(args, bin, db, slot, extra).await
+        };
+        match result {
+            Ok(m) => *field(out) = Some(m),
+            Err(e) => out.failures.push((scenario, e)),
+        }
+    }
+}
+
+/// pg_recvlogical alone draining `slot` up to `end_lsn` (`n` events): its rate.
+fn recvlogical_rate(db: &BenchDb, slot: &str, end_lsn: &str, n: usize) -> anyhow::Result<f64> {
+    let start = Instant::now();
+    let status = recvlogical(db, slot)
+        .args(["--no-loop", "-E", end_lsn, "-f", "/dev/null"])
+        .status()
+        .context("run pg_recvlogical")?;
+    if !status.success() {
+        bail!("pg_recvlogical failed");
+    }
+    Ok(n as f64 / start.elapsed().as_secs_f64())
+}
+
+/// The WAL reader alone draining `slot` up to `end_lsn` (`n` events): its rate.
+async fn reader_rate(db: &BenchDb, slot: String, end_lsn: &str, n: usize) -> anyhow::Result<f64> {
+    let end: Lsn = end_lsn.parse()?;
+    let cfg = ReaderConfig {
+        conn: PgConnectOptions::parse(&db.db.conninfo())?,
+        slot,
+        publication: db.publication.clone(),
+        tables: vec![TableName::parse("public.outbox").context("table")?],
+        messages: Vec::new(),
+        mapping: ColumnMapping::default(),
+        start_lsn: None,
+        status_interval: Duration::from_secs(1),
+        max_in_flight: 10_000,
+    };
+    let start = Instant::now();
+    let reader = WalReader::start(cfg).await?;
+    let (tx, mut rx) = mpsc::channel(64);
+    let (acked, acked_rx) = watch::channel(Lsn::ZERO);
+    let (stop, stop_rx) = watch::channel(false);
+    let task = tokio::spawn(reader.run(tx, acked_rx, stop_rx));
+    let mut events = 0usize;
+    'outer: while let Some(batch) = rx.recv().await {
+        for item in batch {
+            match item {
+                WalItem::Event(_) => events += 1,
+                WalItem::Commit(c) => {
+                    if c.end_lsn >= end || events >= n {
+                        let _ = acked.send(c.end_lsn);
+                        break 'outer;
+                    }
+                }
+                WalItem::Keepalive(_) => {}
+            }
+        }
+    }
+    let elapsed = start.elapsed();
+    let _ = stop.send(true);
+    while rx.recv().await.is_some() {}
+    drop(acked);
+    let _ = task.await;
+    if events < n {
+        bail!("reader saw {events} of {n} events");
+    }
+    Ok(n as f64 / elapsed.as_secs_f64())
 }
 
 /// `drain-messages`: a database of its own without an outbox table, `args.events`
@@ -419,6 +442,17 @@ pub(super) async fn relay_to_sink(
     )?;
     tokio::time::sleep(settle).await;
     Ok((db, sink, relay))
+}
+
+/// `large`: one transaction of `args.large_rows` rows.
+pub(super) async fn large_scenario(args: &Args, bin: &std::path::Path, report: &mut Report) {
+    if !wants(args, "large") {
+        return;
+    }
+    report.expect(&["large tx: commit → all received", "large tx relay peak RSS"]);
+    if let Err(e) = large(args, bin, report).await {
+        report.fail("large", &e);
+    }
 }
 
 pub(super) async fn large(

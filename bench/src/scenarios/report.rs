@@ -119,26 +119,24 @@ impl Report {
         Some(self.get(a)? / self.get(b)?)
     }
 
+    /// The targets' lines of the report: a table row each.
     pub(super) fn targets(&self) -> Vec<String> {
+        let mut t = self.throughput_targets();
+        t.extend(self.latency_and_cost_targets());
+        t
+    }
+
+    /// The drains' rates against their baselines and each other, and the WAL of
+    /// logical messages.
+    fn throughput_targets(&self) -> Vec<String> {
         let mut t = Vec::new();
-        let fmt = |name: &str, v: Option<f64>, target: &str, ok: Option<bool>| {
-            format!(
-                "| {name} | {} | {target} | {} |",
-                v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "–".into()),
-                match ok {
-                    Some(true) => "met",
-                    Some(false) => "not met",
-                    None => "not measured",
-                }
-            )
-        };
         // The relay's default drain against the raw publisher of its own message, and
         // (issue #33) of the lighter message a hand-written relay sends.
         for per_tx in [100usize, 1] {
             let drain = format!("drain {per_tx}-row tx: relay");
             for (baseline, what) in [(LAPIN, "raw lapin"), (LAPIN_LIGHT, "raw lapin light")] {
                 let r = self.ratio(&drain, baseline);
-                t.push(fmt(
+                t.push(target_line(
                     &format!("drain ({per_tx}-row tx) / {what}"),
                     r,
                     "≥ 0.90",
@@ -150,7 +148,7 @@ impl Report {
         // single-channel default drain of the same runs.
         for per_tx in [100usize, 1] {
             let r = self.get(&aggregate_ratio_name(per_tx));
-            t.push(fmt(
+            t.push(target_line(
                 &format!(
                     "aggregate {AGGREGATE_CHANNELS} channels / single-channel drain ({per_tx}-row tx)"
                 ),
@@ -161,7 +159,7 @@ impl Report {
             // The same relay into several queues (a consistent-hash exchange), against
             // the same default drain.
             let r = self.get(&hashed_ratio_name(per_tx));
-            t.push(fmt(
+            t.push(target_line(
                 &format!(
                     "aggregate {AGGREGATE_CHANNELS} channels, {HASH_QUEUES} queues / single-channel drain ({per_tx}-row tx)"
                 ),
@@ -174,7 +172,7 @@ impl Report {
         // retention DELETE together.
         for per_tx in [100usize, 1] {
             let r = self.get(&messages_wal_ratio_name(per_tx));
-            t.push(fmt(
+            t.push(target_line(
                 &format!(
                     "drain-messages WAL per event / table insert + retention DELETE ({per_tx}-row tx)"
                 ),
@@ -184,14 +182,14 @@ impl Report {
             ));
         }
         let r = self.ratio("reader 100-row tx", "pg_recvlogical 100-row tx");
-        t.push(fmt(
+        t.push(target_line(
             "reader / pg_recvlogical (100-row tx)",
             r,
             "≥ 1.0",
             r.map(|r| r >= 1.0),
         ));
         let r = self.ratio("reader 1-row tx", "pg_recvlogical 1-row tx");
-        t.push(fmt(
+        t.push(target_line(
             "reader / pg_recvlogical (1-row tx)",
             r,
             "≥ 1.0",
@@ -200,14 +198,14 @@ impl Report {
         for per_tx in [100usize, 1] {
             let stream = format!("stream drain {per_tx}-row tx: relay");
             let r = self.ratio(&stream, "stream raw publisher");
-            t.push(fmt(
+            t.push(target_line(
                 &format!("stream drain ({per_tx}-row tx) / raw stream"),
                 r,
                 "≥ 0.80",
                 r.map(|r| r >= 0.8),
             ));
             let r = self.ratio(&stream, &format!("drain {per_tx}-row tx: relay"));
-            t.push(fmt(
+            t.push(target_line(
                 &format!("stream drain / queue drain ({per_tx}-row tx)"),
                 r,
                 "≥ 3",
@@ -221,21 +219,38 @@ impl Report {
                 _ => None,
             };
             let r = self.get(&stream).zip(limit).map(|(s, l)| s / l);
-            t.push(fmt(
+            t.push(target_line(
                 &format!("stream drain / min(raw stream, pg_recvlogical) ({per_tx}-row tx)"),
                 r,
                 "≥ 0.80",
                 r.map(|r| r >= 0.8),
             ));
         }
+        t
+    }
+
+    /// Latency, the relay's CPU and memory, and what the message's headers cost the
+    /// broker.
+    fn latency_and_cost_targets(&self) -> Vec<String> {
+        let mut t = Vec::new();
         // Issue "performance, round 2", target 4: commit → receive p99 ≤ 5 ms at the
         // base rate (1000/s) and ≤ 30 ms at ten times it.
         let p50 = self.get("steady latency p50");
-        t.push(fmt("steady p50 (ms)", p50, "≤ 5", p50.map(|v| v <= 5.0)));
+        t.push(target_line(
+            "steady p50 (ms)",
+            p50,
+            "≤ 5",
+            p50.map(|v| v <= 5.0),
+        ));
         let p99 = self.get("steady latency p99");
-        t.push(fmt("steady p99 (ms)", p99, "≤ 5", p99.map(|v| v <= 5.0)));
+        t.push(target_line(
+            "steady p99 (ms)",
+            p99,
+            "≤ 5",
+            p99.map(|v| v <= 5.0),
+        ));
         let p99 = self.get("steady high latency p99");
-        t.push(fmt(
+        t.push(target_line(
             "steady high (10× rate) p99 (ms)",
             p99,
             "≤ 30",
@@ -245,7 +260,7 @@ impl Report {
         // limits measured beside it (pg_recvlogical's commit → receipt, a raw
         // publisher's publish → delivery).
         let share = self.get(&own_share_name("steady high"));
-        t.push(fmt(
+        t.push(target_line(
             "steady high relay own share p99 (ms): relay p99 − max(pg_recvlogical, raw publisher p99)",
             share,
             "≤ 5",
@@ -253,21 +268,21 @@ impl Report {
         ));
         // Target 2: ≤ 10 µs of relay CPU per event = 0.10 core-s per 10k events.
         let cpu = self.get("drain 100-row tx: relay CPU per 10k events");
-        t.push(fmt(
+        t.push(target_line(
             "relay CPU s per 10k events (100-row tx)",
             cpu,
             "≤ 0.10",
             cpu.map(|v| v <= 0.10),
         ));
         let cpu = self.get("drain 1-row tx: relay CPU per 10k events");
-        t.push(fmt(
+        t.push(target_line(
             "relay CPU s per 10k events (1-row tx)",
             cpu,
             "≤ 0.10",
             cpu.map(|v| v <= 0.10),
         ));
         let cpu = self.get(&aggregate_cpu_name(100));
-        t.push(fmt(
+        t.push(target_line(
             &format!(
                 "aggregate {AGGREGATE_CHANNELS} channels relay CPU s per 10k events (100-row tx)"
             ),
@@ -276,7 +291,7 @@ impl Report {
             cpu.map(|v| v <= 0.10),
         ));
         let cpu = self.get("stream drain 100-row tx: relay CPU per 10k events");
-        t.push(fmt(
+        t.push(target_line(
             "stream relay CPU s per 10k events (100-row tx)",
             cpu,
             "≤ 0.10",
@@ -285,7 +300,7 @@ impl Report {
         // Target 5: the headers the relay adds cost the broker < 10% of its rate
         // (else a lean header profile is due).
         let r = self.ratio("shape: full message", "shape: no headers");
-        t.push(fmt(
+        t.push(target_line(
             "full message / no headers (broker rate)",
             r,
             "≥ 0.90",
@@ -293,16 +308,21 @@ impl Report {
         ));
         // Its remedy, `[message] headers = "minimal"`, must itself cost < 10%.
         let r = self.ratio("shape: minimal headers", "shape: no headers");
-        t.push(fmt(
+        t.push(target_line(
             "minimal headers / no headers (broker rate)",
             r,
             "≥ 0.90",
             r.map(|r| r >= 0.9),
         ));
         let rss = self.get("steady relay RSS");
-        t.push(fmt("steady RSS (MB)", rss, "≤ 50", rss.map(|v| v <= 50.0)));
+        t.push(target_line(
+            "steady RSS (MB)",
+            rss,
+            "≤ 50",
+            rss.map(|v| v <= 50.0),
+        ));
         let rss = self.get("large tx relay peak RSS");
-        t.push(fmt(
+        t.push(target_line(
             "1M-row tx peak RSS (MB)",
             rss,
             "≤ 100",
@@ -378,4 +398,18 @@ impl Report {
         }
         s
     }
+}
+
+/// One row of the targets' table: the target's name, its measured value (if any), the
+/// goal and whether it is met.
+fn target_line(name: &str, v: Option<f64>, target: &str, ok: Option<bool>) -> String {
+    format!(
+        "| {name} | {} | {target} | {} |",
+        v.map(|v| format!("{v:.2}")).unwrap_or_else(|| "–".into()),
+        match ok {
+            Some(true) => "met",
+            Some(false) => "not met",
+            None => "not measured",
+        }
+    )
 }

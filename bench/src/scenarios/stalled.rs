@@ -44,6 +44,22 @@ impl Stall {
     }
 }
 
+/// `stalled`: both ways the broker misbehaves, one after the other.
+pub(super) async fn stalled_scenarios(args: &Args, bin: &std::path::Path, report: &mut Report) {
+    if !wants(args, "stalled") {
+        return;
+    }
+    for how in [Stall::NotReading, Stall::NotAnswering] {
+        let name = how.name();
+        let rss = format!("{name}: relay RSS meanwhile");
+        let rest = format!("{name}: the rest delivered after it answers again");
+        report.expect(&[&rss, &rest]);
+        if let Err(e) = stalled(args, bin, how, report).await {
+            report.fail("stalled", &e);
+        }
+    }
+}
+
 pub(super) async fn stalled(
     args: &Args,
     bin: &std::path::Path,
