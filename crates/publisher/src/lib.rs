@@ -44,4 +44,4 @@ pub use error::{redact_url, PublishError};
 pub use report::PublisherReport;
 pub use status::{PoisonMessage, PublisherStatus};
 pub use target::{Target, TargetConfig};
-pub use tls::ClientAuth;
+pub use tls::{https_client_config, read_password_file, ClientAuth};

@@ -16,7 +16,8 @@ mod template;
 pub(crate) use json_headers::json_headers;
 pub(crate) use template::truncate_at_char;
 pub use template::{
-    ExchangeRule, RoutingKeyError, RoutingKeyTemplate, DEFAULT_ROUTING_KEY, PLACEHOLDERS,
+    ExchangeRule, RoutingKeyError, RoutingKeyTemplate, TemplateFields, DEFAULT_ROUTING_KEY,
+    PLACEHOLDERS,
 };
 
 use std::collections::HashSet;

@@ -36,6 +36,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
+mod declared;
+
 /// An exchange's type, as far as routing goes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Kind {
@@ -381,20 +383,6 @@ fn headers_match(arguments: &BTreeMap<String, Value>, headers: &Headers) -> Matc
         XMatch::All => Match::No,
         XMatch::Any => Match::Yes,
     })
-}
-
-/// The TLS configuration of an `https://` management API, as for AMQPS: the roots
-/// of `ca_file`, else the system's (for `check --routes`).
-pub fn https_client_config(
-    ca_file: Option<&std::path::Path>,
-) -> Result<rustls::ClientConfig, crate::PublishError> {
-    crate::tls::amqps_config(ca_file, &crate::ClientAuth::default())
-}
-
-/// The password in `[rabbitmq] password_file`, read by the program's one secret-file
-/// rule (for the management API's credentials, which are the broker's).
-pub fn read_password_file(path: &std::path::Path) -> Result<String, crate::PublishError> {
-    crate::tls::read_password(path, crate::tls::Keys::Amqp)
 }
 
 #[cfg(test)]

@@ -337,6 +337,20 @@ pub(crate) fn warn_if_plaintext_beyond_loopback(url: &str, host: &str, tls: bool
     warned.push(redacted);
 }
 
+/// The TLS configuration of an `https://` management API, as for AMQPS: the roots
+/// of `ca_file`, else the system's (for `check --routes`).
+pub fn https_client_config(
+    ca_file: Option<&std::path::Path>,
+) -> Result<rustls::ClientConfig, crate::PublishError> {
+    amqps_config(ca_file, &crate::ClientAuth::default())
+}
+
+/// The password in `[rabbitmq] password_file`, read by the program's one secret-file
+/// rule (for the management API's credentials, which are the broker's).
+pub fn read_password_file(path: &std::path::Path) -> Result<String, crate::PublishError> {
+    read_password(path, Keys::Amqp)
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]

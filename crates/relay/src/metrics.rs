@@ -133,7 +133,15 @@ fn poison_json(health: &Health) -> String {
 /// HELP text for every metric, and the counters registered at 0 so that a scrape
 /// shows them (and `rate()`/`increase()` work) before the first event.
 fn describe() {
-    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counters();
+    describe_state();
+    describe_features();
+    build_info();
+}
+
+/// The event counters, by outcome, and the reconnect and fallback counters.
+fn describe_counters() {
+    use metrics::{describe_counter, Unit};
     use publisher::status as p;
 
     let counters = [
@@ -185,6 +193,13 @@ fn describe() {
     for position in ["stored", "carried"] {
         metrics::counter!(crate::pipeline::POSITION_FALLBACKS, "position" => position).increment(0);
     }
+}
+
+/// The publisher's and the relay's state: in flight, positions, poison, stalls, pause, readiness.
+fn describe_state() {
+    use metrics::{describe_gauge, describe_histogram, Unit};
+    use publisher::status as p;
+
     describe_gauge!(
         p::IN_FLIGHT,
         Unit::Count,
@@ -239,6 +254,12 @@ fn describe() {
         Unit::Seconds,
         "commit to broker ack, per event"
     );
+}
+
+/// The slot's WAL, the replay window, skips, retention and tracing.
+fn describe_features() {
+    use metrics::{describe_counter, describe_gauge, Unit};
+
     describe_gauge!(
         crate::slot_metrics::SLOT_RETAINED_WAL,
         Unit::Bytes,
@@ -282,7 +303,6 @@ fn describe() {
         "trace spans the OTLP receiver accepted (with [tracing] on)"
     );
     metrics::counter!(crate::telemetry::SPANS_EXPORTED).increment(0);
-    build_info();
 }
 
 /// The metric naming the running binary.

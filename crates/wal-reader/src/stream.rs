@@ -259,14 +259,7 @@ impl WalReader {
         mut acked: watch::Receiver<Lsn>,
         mut stop: watch::Receiver<bool>,
     ) -> Result<ReaderExit, ReaderError> {
-        let server_timeout = self.info.wal_sender_timeout;
-        let mut interval = self.cfg.status_interval.max(Duration::from_millis(10));
-        if let Some(t) = server_timeout {
-            interval = interval.min(t / 2);
-        }
-        // How long the socket may stay silent while we wait on it before we ask the
-        // server for a reply, and how long after asking before we give up.
-        let silence = server_timeout.unwrap_or(Duration::from_secs(60));
+        let (interval, silence) = self.status_timing();
         let mut tick = tokio::time::interval(interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -309,22 +302,11 @@ impl WalReader {
                 biased;
                 changed = acked.changed() => {
                     if changed.is_err() {
-                        // The consumer is done (clean stop) or gone (its error ends the
-                        // pipeline): report the final watermark and close.
                         let last = *acked.borrow();
-                        self.send_status(last, false).await?;
-                        self.conn.finish_copy(Duration::from_secs(5)).await?;
-                        info!(flushed = %self.flushed, "replication stopped");
-                        return Ok(ReaderExit { flushed: self.flushed });
+                        return self.close(last).await;
                     }
                     let a = *acked.borrow_and_update();
-                    if a > self.flushed {
-                        if self.last_status.elapsed() >= STATUS_COALESCE {
-                            self.send_status(a, false).await?;
-                        } else if status_due.is_none() {
-                            status_due = Some(self.last_status + STATUS_COALESCE);
-                        }
-                    }
+                    self.on_acked(a, &mut status_due).await?;
                 }
                 _ = async { tokio::time::sleep_until(status_due.expect("guarded").into()).await }, if status_due.is_some() => {
                     status_due = None;
@@ -358,20 +340,8 @@ impl WalReader {
                     }
                 }
                 _ = tick.tick() => {
+                    let reply = reading && ask_for_reply(&mut asked_at, last_recv, silence)?;
                     let a = *acked.borrow();
-                    let mut reply = false;
-                    if reading {
-                        match asked_at {
-                            Some(t) if t.elapsed() > silence => {
-                                return Err(ReaderError::Timeout(last_recv.elapsed()));
-                            }
-                            None if last_recv.elapsed() > silence => {
-                                asked_at = Some(Instant::now());
-                                reply = true;
-                            }
-                            _ => {}
-                        }
-                    }
                     self.send_status(a, reply).await?;
                 }
                 permit = async { out.as_ref().expect("guarded").reserve().await }, if out.is_some() && !pending.is_empty() => {
@@ -398,6 +368,46 @@ impl WalReader {
                 }
             }
         }
+    }
+
+    /// The status interval (at most half the server's `wal_sender_timeout`), and
+    /// how long the socket may stay silent while we wait on it before we ask the
+    /// server for a reply, and how long after asking before we give up.
+    fn status_timing(&self) -> (Duration, Duration) {
+        let server_timeout = self.info.wal_sender_timeout;
+        let mut interval = self.cfg.status_interval.max(Duration::from_millis(10));
+        if let Some(t) = server_timeout {
+            interval = interval.min(t / 2);
+        }
+        (interval, server_timeout.unwrap_or(Duration::from_secs(60)))
+    }
+
+    /// The consumer is done (clean stop) or gone (its error ends the pipeline):
+    /// reports the final watermark and closes.
+    async fn close(&mut self, last: Lsn) -> Result<ReaderExit, ReaderError> {
+        self.send_status(last, false).await?;
+        self.conn.finish_copy(Duration::from_secs(5)).await?;
+        info!(flushed = %self.flushed, "replication stopped");
+        Ok(ReaderExit {
+            flushed: self.flushed,
+        })
+    }
+
+    /// The consumer's watermark moved to `a`: a status update now, or one coalesced
+    /// into `status_due` when the last went out less than [`STATUS_COALESCE`] ago.
+    async fn on_acked(
+        &mut self,
+        a: Lsn,
+        status_due: &mut Option<Instant>,
+    ) -> Result<(), ReaderError> {
+        if a > self.flushed {
+            if self.last_status.elapsed() >= STATUS_COALESCE {
+                self.send_status(a, false).await?;
+            } else if status_due.is_none() {
+                *status_due = Some(self.last_status + STATUS_COALESCE);
+            }
+        }
+        Ok(())
     }
 
     /// Decodes every CopyData payload in the read buffer into `pending`. Returns true
@@ -513,6 +523,24 @@ impl WalReader {
         self.flushed = flush;
         self.last_status = Instant::now();
         Ok(())
+    }
+}
+
+/// While the socket is read and silent: after `silence`, asks the server for a
+/// reply once (returns true: this status update asks); a reply still missing
+/// `silence` after that is a timeout.
+fn ask_for_reply(
+    asked_at: &mut Option<Instant>,
+    last_recv: Instant,
+    silence: Duration,
+) -> Result<bool, ReaderError> {
+    match *asked_at {
+        Some(t) if t.elapsed() > silence => Err(ReaderError::Timeout(last_recv.elapsed())),
+        None if last_recv.elapsed() > silence => {
+            *asked_at = Some(Instant::now());
+            Ok(true)
+        }
+        _ => Ok(false),
     }
 }
 

@@ -2,11 +2,32 @@
 //! parser and renderer of `{aggregate_type}`-style templates, which the publisher
 //! and `check --routes` share.
 
-use bytes::Bytes;
 use outbox_event::OutboxEvent;
 
 use super::SHORT_STRING_MAX;
 use crate::error::PublishError;
+
+/// The fields a template substitutes, borrowed from an event or from a table row
+/// (`check --routes`); a NULL field is `None` and renders as empty text.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TemplateFields<'a> {
+    pub table: &'a str,
+    pub aggregate_type: Option<&'a [u8]>,
+    pub aggregate_id: Option<&'a [u8]>,
+    pub event_type: Option<&'a [u8]>,
+}
+
+impl<'a> TemplateFields<'a> {
+    /// An event's fields.
+    pub fn of(event: &'a OutboxEvent) -> Self {
+        Self {
+            table: &event.table.qualified_name,
+            aggregate_type: event.aggregate_type.as_deref(),
+            aggregate_id: event.aggregate_id.as_deref(),
+            event_type: event.event_type.as_deref(),
+        }
+    }
+}
 
 /// One field a routing-key template may substitute.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -89,7 +110,12 @@ impl RoutingKeyTemplate {
     /// The routing key of one event (NULL fields render as empty text). Keys longer
     /// than AMQP allows (255 bytes) are cut at a character boundary.
     pub fn render(&self, event: &OutboxEvent) -> String {
-        let mut key = self.render_whole(event);
+        self.render_fields(&TemplateFields::of(event))
+    }
+
+    /// [`RoutingKeyTemplate::render`] over fields that need not be an event's.
+    pub fn render_fields(&self, fields: &TemplateFields<'_>) -> String {
+        let mut key = self.render_whole_fields(fields);
         truncate_at_char(&mut key, SHORT_STRING_MAX);
         key
     }
@@ -111,14 +137,18 @@ impl RoutingKeyTemplate {
     /// The template rendered for one event, however long (an exchange name is
     /// checked, never cut: a cut name would be another exchange).
     pub fn render_whole(&self, event: &OutboxEvent) -> String {
+        self.render_whole_fields(&TemplateFields::of(event))
+    }
+
+    fn render_whole_fields(&self, f: &TemplateFields<'_>) -> String {
         let mut key = String::with_capacity(64);
         for part in &self.parts {
             match part {
                 Part::Literal(text) => key.push_str(text),
-                Part::AggregateType => push_text(&mut key, event.aggregate_type.as_ref()),
-                Part::AggregateId => push_text(&mut key, event.aggregate_id.as_ref()),
-                Part::EventType => push_text(&mut key, event.event_type.as_ref()),
-                Part::Table => key.push_str(&event.table.qualified_name),
+                Part::AggregateType => push_text(&mut key, f.aggregate_type),
+                Part::AggregateId => push_text(&mut key, f.aggregate_id),
+                Part::EventType => push_text(&mut key, f.event_type),
+                Part::Table => key.push_str(f.table),
             }
         }
         key
@@ -161,13 +191,21 @@ impl ExchangeRule {
     /// column's value, or the template rendered (possibly empty, which the publisher
     /// refuses as poison rather than send to the default exchange).
     pub fn of(&self, event: &OutboxEvent) -> Option<String> {
+        self.of_fields(event.exchange.as_deref(), &TemplateFields::of(event))
+    }
+
+    /// [`ExchangeRule::of`] for a row: its exchange column's value (`column`) and its
+    /// fields.
+    pub fn of_fields(&self, column: Option<&[u8]>, fields: &TemplateFields<'_>) -> Option<String> {
         if self.from_events {
-            if let Some(x) = event.exchange.as_ref().filter(|x| !x.is_empty()) {
+            if let Some(x) = column.filter(|x| !x.is_empty()) {
                 // Checked before it is used, never cut (`amqp/destinations.rs`).
                 return Some(String::from_utf8_lossy(x).into_owned());
             }
         }
-        self.template.as_ref().map(|t| t.render_whole(event))
+        self.template
+            .as_ref()
+            .map(|t| t.render_whole_fields(fields))
     }
 }
 
@@ -181,7 +219,7 @@ impl Default for ExchangeRule {
     }
 }
 
-fn push_text(out: &mut String, value: Option<&Bytes>) {
+fn push_text(out: &mut String, value: Option<&[u8]>) {
     if let Some(value) = value {
         out.push_str(&String::from_utf8_lossy(value));
     }

@@ -345,3 +345,32 @@ fn an_exchange_under_an_unread_policy_is_not_evaluated_when_it_routes_nowhere() 
     assert_eq!(r.not_evaluated.len(), 1, "{r:?}");
     assert!(r.not_evaluated[0].contains("\"ae\""), "{r:?}");
 }
+
+#[test]
+fn merge_adds_what_is_missing_only() {
+    let mut a = Topology::default();
+    a.exchanges.insert("x".into(), Exchange::new(Kind::Topic));
+    let mut b = Topology::default();
+    let mut x = Exchange::new(Kind::Direct);
+    x.bindings.push(q("q", "k"));
+    b.exchanges.insert("x".into(), x.clone());
+    b.exchanges.insert("y".into(), x);
+    b.queues.insert("q".into());
+    a.merge(b.clone());
+    a.merge(b);
+    assert_eq!(a.exchanges["x"].kind, Kind::Topic);
+    assert_eq!(a.exchanges["x"].bindings.len(), 1);
+    assert_eq!(a.exchanges.len(), 2);
+}
+
+/// The broker's defaults are added where missing, never over a declared one.
+#[test]
+fn broker_defaults_fill_in_only() {
+    let mut t = Topology::default();
+    t.exchanges
+        .insert("amq.topic".into(), Exchange::new(Kind::Fanout));
+    t.add_broker_defaults();
+    assert_eq!(t.exchanges["amq.topic"].kind, Kind::Fanout);
+    assert_eq!(t.exchanges["amq.match"].kind, Kind::Headers);
+    assert_eq!(t.exchanges.len(), 5);
+}

@@ -260,7 +260,7 @@ impl Management {
             })?;
         let answer = if self.tls {
             let config =
-                publisher::routing::https_client_config(ca_file).map_err(|e| e.to_string())?;
+                publisher::https_client_config(ca_file).map_err(|e| e.to_string())?;
             let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
             let name = ServerName::try_from(host.to_string())
                 .map_err(|e| format!("[rabbitmq] management_url: {e}"))?;

@@ -28,9 +28,8 @@ use std::io::Write as _;
 use std::time::Duration;
 
 use outbox_event::redact::printable;
-use publisher::message::ExchangeRule;
-use publisher::routing::{Binding, Destination, Exchange, Headers, Kind, Route, Topology, Verdict};
-use serde_json::Value;
+use publisher::message::{ExchangeRule, RoutingKeyTemplate, TemplateFields};
+use publisher::routing::{Exchange, Headers, Kind, Route, Topology, Verdict};
 
 use crate::config::{Config, HeaderProfileKind};
 use crate::error::CliError;
@@ -59,59 +58,36 @@ pub struct Fields {
     pub event_type: Option<String>,
 }
 
-/// A template (already checked by `RoutingKeyTemplate::parse` at load) over the
-/// fields: NULL fields render as empty text, and the result is cut to 255 bytes, as
-/// the publisher renders it.
-pub fn render(template: &str, f: &Fields) -> String {
-    let mut out = String::new();
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        let Some(close) = after.find('}') else {
-            out.push_str(&rest[open..]);
-            rest = "";
-            break;
-        };
-        let empty = String::new();
-        out.push_str(match &after[..close] {
-            "aggregate_type" => f.aggregate_type.as_ref().unwrap_or(&empty),
-            "aggregate_id" => f.aggregate_id.as_ref().unwrap_or(&empty),
-            "event_type" => f.event_type.as_ref().unwrap_or(&empty),
-            "table" => &f.table,
-            _ => &empty,
-        });
-        rest = &after[close + 1..];
+impl Fields {
+    /// The fields as the publisher's templates take them.
+    fn as_template(&self) -> TemplateFields<'_> {
+        TemplateFields {
+            table: &self.table,
+            aggregate_type: self.aggregate_type.as_deref().map(str::as_bytes),
+            aggregate_id: self.aggregate_id.as_deref().map(str::as_bytes),
+            event_type: self.event_type.as_deref().map(str::as_bytes),
+        }
     }
-    out.push_str(rest);
-    let mut end = out.len().min(255);
-    while !out.is_char_boundary(end) {
-        end -= 1;
-    }
-    out.truncate(end);
-    out
 }
 
-/// The exchange a table row goes to, as the publisher's `ExchangeRule::of` decides
-/// it for an event (pending events carry the publisher's own answer): the row's
+/// A template (already checked by `RoutingKeyTemplate::parse` at load) rendered by
+/// the publisher's own renderer: NULL fields as empty text, cut to 255 bytes.
+pub fn render(template: &str, f: &Fields) -> String {
+    RoutingKeyTemplate::parse(template)
+        .map(|t| t.render_fields(&f.as_template()))
+        .unwrap_or_default()
+}
+
+/// The exchange a table row goes to, decided by the publisher's `ExchangeRule` as
+/// for an event (pending events carry the publisher's own answer): the row's
 /// exchange column when it is not empty, else `[rabbitmq] exchange` rendered when it
 /// is a template (possibly empty: such an event is poison), else as written.
 pub fn exchange_of(cfg: &Config, column: Option<&str>, f: &Fields) -> String {
-    if let Some(x) = column.filter(|x| !x.is_empty()) {
-        let mut name = x.to_string();
-        let mut end = name.len().min(255);
-        while !name.is_char_boundary(end) {
-            end -= 1;
-        }
-        name.truncate(end);
-        return name;
-    }
     let configured = &cfg.rabbitmq.exchange;
-    if is_template(cfg) {
-        render(configured, f)
-    } else {
-        configured.clone()
-    }
+    ExchangeRule::new(configured, true)
+        .ok()
+        .and_then(|rule| rule.of_fields(column.map(str::as_bytes), &f.as_template()))
+        .unwrap_or_else(|| configured.clone())
 }
 
 /// Whether `[rabbitmq] exchange` is a template (checked at load).
@@ -137,44 +113,6 @@ fn headers_of(cfg: &Config, shape: &Shape) -> Headers {
     }
 }
 
-/// The broker default exchanges (`amq.*`), which always exist.
-fn broker_defaults(t: &mut Topology) {
-    for (name, kind) in [
-        ("amq.direct", Kind::Direct),
-        ("amq.fanout", Kind::Fanout),
-        ("amq.topic", Kind::Topic),
-        ("amq.headers", Kind::Headers),
-        ("amq.match", Kind::Headers),
-    ] {
-        t.exchanges
-            .entry(name.to_string())
-            .or_insert_with(|| Exchange::new(kind));
-    }
-}
-
-/// `into` plus what `from` has that it lacks: exchanges, bindings (by destination,
-/// key and arguments) and queues.
-fn merge(into: &mut Topology, from: Topology) {
-    for (name, x) in from.exchanges {
-        match into.exchanges.get_mut(&name) {
-            None => {
-                into.exchanges.insert(name, x);
-            }
-            Some(have) => {
-                if have.alternate.is_none() {
-                    have.alternate = x.alternate;
-                }
-                for b in x.bindings {
-                    if !have.bindings.contains(&b) {
-                        have.bindings.push(b);
-                    }
-                }
-            }
-        }
-    }
-    into.queues.extend(from.queues);
-}
-
 /// `check --routes`.
 pub async fn execute(cfg: &Config, since: Option<Duration>) -> Result<(), CliError> {
     let since = since.unwrap_or(DEFAULT_SINCE);
@@ -190,36 +128,15 @@ pub async fn execute(cfg: &Config, since: Option<Duration>) -> Result<(), CliErr
         return Ok(());
     }
     // The broker's own topology first: it decides whether the rest is complete.
-    let mut topology = Topology::default();
-    let management = management::Management::from_config(cfg).map_err(CliError::Usage)?;
-    for warning in management.iter().flat_map(|m| &m.warnings) {
-        say(&format!("warn  management API: {warning}"));
-    }
-    if let Some(m) = &management {
-        let t = m
-            .topology(cfg.ca_file())
-            .await
-            .map_err(CliError::Precondition)?;
-        let bindings: usize = t.exchanges.values().map(|x| x.bindings.len()).sum();
-        say(&format!(
-            "ok    management API: {} (vhost {:?}): {} exchanges, {} queues, {bindings} bindings",
-            m.shown,
-            m.vhost(),
-            t.exchanges.len(),
-            t.queues.len()
-        ));
-        topology = t;
-    } else {
-        say("warn  management API: [rabbitmq] management_url is not set: only the declared topology is matched, and the broker's own bindings are not seen");
-    }
+    let (mut topology, from_broker) = broker_topology(cfg, &mut say).await?;
     let declared = declared_topology(cfg);
     say(&format!(
         "ok    declared topology: {} exchanges, {} queues ([[topology.*]] and [rabbitmq] exchange)",
         cfg.topology.exchanges.len() + usize::from(!is_template(cfg)),
         cfg.topology.queues.len()
     ));
-    merge(&mut topology, declared);
-    broker_defaults(&mut topology);
+    topology.merge(declared);
+    topology.add_broker_defaults();
 
     let seen = sources::collect(cfg, since, &mut say).await?;
     if seen.is_empty() {
@@ -244,7 +161,7 @@ pub async fn execute(cfg: &Config, since: Option<Duration>) -> Result<(), CliErr
             declared_by_run.insert(shape.exchange.clone());
         }
     }
-    if management.is_some() {
+    if from_broker {
         for x in &declared_by_run {
             say(&format!(
                 "warn  exchange {x}: missing on the broker; run declares it ({}, declare_exchange = true), with no binding",
@@ -273,6 +190,41 @@ pub async fn execute(cfg: &Config, since: Option<Duration>) -> Result<(), CliErr
     for line in table(&rows).lines() {
         say(line);
     }
+    verdict(&rows, &mut say)
+}
+
+/// The broker's topology read through the management API (`true`), or an empty one
+/// when `management_url` is not set (`false`), with what `say` prints about it.
+async fn broker_topology(
+    cfg: &Config,
+    say: &mut impl FnMut(&str),
+) -> Result<(Topology, bool), CliError> {
+    let management = management::Management::from_config(cfg).map_err(CliError::Usage)?;
+    for warning in management.iter().flat_map(|m| &m.warnings) {
+        say(&format!("warn  management API: {warning}"));
+    }
+    let Some(m) = &management else {
+        say("warn  management API: [rabbitmq] management_url is not set: only the declared topology is matched, and the broker's own bindings are not seen");
+        return Ok((Topology::default(), false));
+    };
+    let t = m
+        .topology(cfg.ca_file())
+        .await
+        .map_err(CliError::Precondition)?;
+    let bindings: usize = t.exchanges.values().map(|x| x.bindings.len()).sum();
+    say(&format!(
+        "ok    management API: {} (vhost {:?}): {} exchanges, {} queues, {bindings} bindings",
+        m.shown,
+        m.vhost(),
+        t.exchanges.len(),
+        t.queues.len()
+    ));
+    Ok((t, true))
+}
+
+/// The last lines: how many were not evaluated, and whether every shape reaches a
+/// queue (else the error that lists those that reach none).
+fn verdict(rows: &[(&Shape, &Seen, Route)], say: &mut impl FnMut(&str)) -> Result<(), CliError> {
     let unroutable: Vec<&Shape> = rows
         .iter()
         .filter(|(_, _, r)| r.verdict() == Verdict::Unroutable)
@@ -322,49 +274,9 @@ pub async fn execute(cfg: &Config, since: Option<Duration>) -> Result<(), CliErr
 /// The topology `[topology]` declares (issue #43 part 3), with the relay's own
 /// exchange as run declares it (when it is one name, not a template).
 fn declared_topology(cfg: &Config) -> Topology {
-    let mut t = Topology::default();
-    let run_kind = || Kind::of(cfg.rabbitmq.exchange_type.as_str(), &BTreeMap::new());
-    let exchange = &cfg.rabbitmq.exchange;
-    if !exchange.is_empty() && !is_template(cfg) {
-        t.exchanges
-            .insert(exchange.clone(), Exchange::new(run_kind()));
-    }
-    let topology = &cfg.topology;
-    for x in &topology.exchanges {
-        let mut e = Exchange::new(Kind::of(&x.kind, &x.arguments));
-        e.internal = x.internal;
-        e.alternate = x
-            .arguments
-            .get("alternate-exchange")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        t.exchanges.insert(x.name.clone(), e);
-    }
-    broker_defaults(&mut t);
-    let mut bind = |source: &str, destination: Destination, b: &publisher::settings::Binding| {
-        t.exchanges
-            .entry(source.to_string())
-            .or_insert_with(|| Exchange::new(run_kind()))
-            .bindings
-            .push(Binding {
-                destination,
-                routing_key: b.routing_key.clone(),
-                arguments: b.arguments.clone(),
-            });
-    };
-    for x in &topology.exchanges {
-        for b in &x.bindings {
-            bind(&b.exchange, Destination::Exchange(x.name.clone()), b);
-        }
-    }
-    for q in &topology.queues {
-        for b in &q.bindings {
-            bind(&b.exchange, Destination::Queue(q.name.clone()), b);
-        }
-    }
-    t.queues
-        .extend(topology.queues.iter().map(|q| q.name.clone()));
-    t
+    let own = (!is_template(cfg)).then_some(cfg.rabbitmq.exchange.as_str());
+    let kind = Topology::kind_of_type(cfg.rabbitmq.exchange_type.as_str());
+    Topology::declared(&cfg.topology, own, &kind)
 }
 
 /// A `--since` as an operator writes it: `24h`, `7d`.
@@ -486,6 +398,22 @@ mod tests {
         assert_eq!(key.len(), 254);
     }
 
+    /// A row's exchange as the publisher decides it: its column when set, whole
+    /// (the publisher checks a name, it never cuts one: a cut name would be another
+    /// exchange; the copy this replaced cut it at 255 bytes), else the template.
+    #[test]
+    fn a_rows_exchange_is_the_publishers_choice() {
+        let mut cfg = Config::default();
+        cfg.rabbitmq.exchange = "events.{aggregate_type}".into();
+        let f = fields();
+        assert_eq!(exchange_of(&cfg, None, &f), "events.order");
+        assert_eq!(exchange_of(&cfg, Some(""), &f), "events.order");
+        let long = "x".repeat(300);
+        assert_eq!(exchange_of(&cfg, Some(&long), &f), long);
+        cfg.rabbitmq.exchange = "outbox".into();
+        assert_eq!(exchange_of(&cfg, None, &f), "outbox");
+    }
+
     /// `[[topology.*]]` as the matcher's model: exchange-to-exchange and queue
     /// bindings, the alternate exchange, plugin types, the relay's own exchange.
     #[test]
@@ -570,26 +498,5 @@ mod tests {
                 assert!(!errors[0].reason.contains("secret"));
             }
         }
-    }
-
-    #[test]
-    fn merge_adds_what_is_missing_only() {
-        let mut a = Topology::default();
-        a.exchanges.insert("x".into(), Exchange::new(Kind::Topic));
-        let mut b = Topology::default();
-        let mut x = Exchange::new(Kind::Direct);
-        x.bindings.push(publisher::routing::Binding {
-            destination: publisher::routing::Destination::Queue("q".into()),
-            routing_key: "k".into(),
-            arguments: BTreeMap::new(),
-        });
-        b.exchanges.insert("x".into(), x.clone());
-        b.exchanges.insert("y".into(), x);
-        b.queues.insert("q".into());
-        merge(&mut a, b.clone());
-        merge(&mut a, b);
-        assert_eq!(a.exchanges["x"].kind, Kind::Topic);
-        assert_eq!(a.exchanges["x"].bindings.len(), 1);
-        assert_eq!(a.exchanges.len(), 2);
     }
 }

@@ -64,53 +64,7 @@ pub async fn collect(
     let client = crate::sql::connect_for_command(cfg).await?;
     let mut seen: BTreeMap<Shape, Seen> = BTreeMap::new();
 
-    let slot = &cfg.postgres.slot;
-    match admin::require_slot(&client, slot).await {
-        Err(e) => say(&format!(
-            "warn  slot {slot}: {e}; only the tables' recent rows are read"
-        )),
-        Ok(state) => match state.holder() {
-            Some(pid) => say(&format!(
-                "warn  slot {slot}: in use by pid {pid}, and a slot a relay streams from cannot be peeked: only the tables' recent rows are read"
-            )),
-            None => {
-                let first = (MAX_PENDING as i64).saturating_mul(2);
-                let pending = crate::commands::peek::read_pending_until(
-                    &client,
-                    cfg,
-                    first,
-                    MAX_PENDING,
-                    &routing,
-                    |_| false,
-                )
-                .await?;
-                say(&format!(
-                    "ok    slot {slot}: {} pending events read{}",
-                    pending.len(),
-                    if pending.len() == MAX_PENDING {
-                        " (the first ones only)"
-                    } else {
-                        ""
-                    }
-                ));
-                // The publisher's own exchange and routing key of each.
-                for p in &pending {
-                    let e = &p.event;
-                    let shape = Shape {
-                        table: e.table.qualified_name.clone(),
-                        aggregate_type: text(e.aggregate_type.as_ref()),
-                        event_type: text(e.event_type.as_ref()),
-                        exchange: p
-                            .exchange
-                            .clone()
-                            .unwrap_or_else(|| cfg.rabbitmq.exchange.clone()),
-                        routing_key: p.routing_key.clone(),
-                    };
-                    seen.entry(shape).or_default().pending += 1;
-                }
-            }
-        },
-    }
+    read_pending(cfg, &client, &routing, say, &mut seen).await?;
 
     // The id only matters when a template uses it: else one row per shape.
     let uses_id = cfg.rabbitmq.routing_key.contains("{aggregate_id}")
@@ -181,4 +135,64 @@ pub async fn collect(
         }
     }
     Ok(seen)
+}
+
+/// The slot's pending events, peeked (not consumed), with the exchange and routing
+/// key the publisher gave each; skipped, with a `warn`, while a relay streams from
+/// the slot or when it does not exist.
+async fn read_pending(
+    cfg: &Config,
+    client: &tokio_postgres::Client,
+    routing: &RoutingKeyTemplate,
+    say: &mut impl FnMut(&str),
+    seen: &mut BTreeMap<Shape, Seen>,
+) -> Result<(), CliError> {
+    let slot = &cfg.postgres.slot;
+    match admin::require_slot(client, slot).await {
+        Err(e) => say(&format!(
+            "warn  slot {slot}: {e}; only the tables' recent rows are read"
+        )),
+        Ok(state) => match state.holder() {
+            Some(pid) => say(&format!(
+                "warn  slot {slot}: in use by pid {pid}, and a slot a relay streams from cannot be peeked: only the tables' recent rows are read"
+            )),
+            None => {
+                let first = (MAX_PENDING as i64).saturating_mul(2);
+                let pending = crate::commands::peek::read_pending_until(
+                    client,
+                    cfg,
+                    first,
+                    MAX_PENDING,
+                    routing,
+                    |_| false,
+                )
+                .await?;
+                say(&format!(
+                    "ok    slot {slot}: {} pending events read{}",
+                    pending.len(),
+                    if pending.len() == MAX_PENDING {
+                        " (the first ones only)"
+                    } else {
+                        ""
+                    }
+                ));
+                // The publisher's own exchange and routing key of each.
+                for p in &pending {
+                    let e = &p.event;
+                    let shape = Shape {
+                        table: e.table.qualified_name.clone(),
+                        aggregate_type: text(e.aggregate_type.as_ref()),
+                        event_type: text(e.event_type.as_ref()),
+                        exchange: p
+                            .exchange
+                            .clone()
+                            .unwrap_or_else(|| cfg.rabbitmq.exchange.clone()),
+                        routing_key: p.routing_key.clone(),
+                    };
+                    seen.entry(shape).or_default().pending += 1;
+                }
+            }
+        },
+    }
+    Ok(())
 }

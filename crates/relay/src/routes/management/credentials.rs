@@ -83,7 +83,7 @@ pub(super) fn pick(given: Given<'_>) -> Result<(String, String), String> {
     let password = if r.password_file.is_empty() {
         given.amqp_password.unwrap_or_else(|| "guest".into())
     } else {
-        publisher::routing::read_password_file(std::path::Path::new(&r.password_file))
+        publisher::read_password_file(std::path::Path::new(&r.password_file))
             .map_err(|e| e.to_string())?
     };
     Ok((amqp_user, password))
