@@ -156,6 +156,33 @@ impl PublisherConfig {
     }
 
     pub(crate) fn validate(&self) -> Result<(), PublishError> {
+        self.validate_login()?;
+        validate_max_in_flight(self.max_in_flight)?;
+        check_channels(self.channels, self.max_in_flight).map_err(|reason| {
+            PublishError::InvalidConfig {
+                key: "channels",
+                reason,
+            }
+        })?;
+        if self.dead_letter_exchange.as_deref() == Some(self.exchange.as_str()) {
+            // A return names the exchange it came from: the two must differ for the
+            // relay to tell a returned copy from a returned original.
+            return Err(PublishError::InvalidConfig {
+                key: "dead_letter_exchange",
+                reason: format!(
+                    "{:?} is also [rabbitmq] exchange; name a different exchange for unroutable messages",
+                    self.exchange
+                ),
+            });
+        }
+        message::RoutingKeyTemplate::parse(&self.routing_key)?;
+        message::ExchangeRule::new(&self.exchange, self.exchange_from_events)?;
+        Ok(())
+    }
+
+    /// What a login needs: the URLs, and the password file's use with them (the
+    /// probes of `check`, which only log in).
+    pub(crate) fn validate_login(&self) -> Result<(), PublishError> {
         if self.urls.is_empty() {
             return Err(PublishError::InvalidConfig {
                 key: "url",
@@ -201,26 +228,6 @@ impl PublisherConfig {
                 tls::check_password_file_url(url, tls::Keys::Amqp)?;
             }
         }
-        validate_max_in_flight(self.max_in_flight)?;
-        check_channels(self.channels, self.max_in_flight).map_err(|reason| {
-            PublishError::InvalidConfig {
-                key: "channels",
-                reason,
-            }
-        })?;
-        if self.dead_letter_exchange.as_deref() == Some(self.exchange.as_str()) {
-            // A return names the exchange it came from: the two must differ for the
-            // relay to tell a returned copy from a returned original.
-            return Err(PublishError::InvalidConfig {
-                key: "dead_letter_exchange",
-                reason: format!(
-                    "{:?} is also [rabbitmq] exchange; name a different exchange for unroutable messages",
-                    self.exchange
-                ),
-            });
-        }
-        message::RoutingKeyTemplate::parse(&self.routing_key)?;
-        message::ExchangeRule::new(&self.exchange, self.exchange_from_events)?;
         Ok(())
     }
 

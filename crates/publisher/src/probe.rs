@@ -5,7 +5,7 @@
 //! exchanges and queues of `[topology]` exist as configured ([`probe_topology`]).
 
 use crate::amqp::connection::{ConnError, Declare};
-use crate::amqp::session::{connect_any, refused};
+use crate::amqp::session::{login_any, refused};
 use crate::amqp::topology::{self, Object};
 use crate::config::PublisherConfig;
 use crate::error::{redact_url, scrub, PublishError};
@@ -37,10 +37,9 @@ pub struct ExchangeProbe {
 /// configured type when `declare_exchange` is on, as `run` does: that changes
 /// nothing, and a type or durability that differs is the error `run` would get.
 pub async fn probe_exchanges(config: &PublisherConfig) -> Result<ExchangeProbe, PublishError> {
-    let bare = bare(config);
-    bare.validate()?;
-    let tls = bare.tls()?;
-    let mut conn = connect_any(&bare, &tls, 0).await?;
+    config.validate_login()?;
+    let tls = config.tls()?;
+    let mut conn = login_any(config, &tls, 0).await?;
     let node = redact_url(&config.urls[conn.node]);
     let passive = async |conn: &mut crate::amqp::connection::Connection, name: &str| match conn
         .declare_exchange(name, "topic", Declare::Passive)
@@ -85,15 +84,14 @@ pub async fn probe_exchange_names(
     config: &PublisherConfig,
     names: &[String],
 ) -> Result<Vec<(String, Presence)>, PublishError> {
-    let bare = bare(config);
-    bare.validate()?;
-    let tls = bare.tls()?;
-    let mut conn = connect_any(&bare, &tls, 0).await?;
+    config.validate_login()?;
+    let tls = config.tls()?;
+    let mut conn = login_any(config, &tls, 0).await?;
     let mut found = Vec::with_capacity(names.len());
     let mut result = Ok(());
     for name in names {
         if !conn.is_alive() {
-            conn = connect_any(&bare, &tls, conn.node).await?;
+            conn = login_any(config, &tls, conn.node).await?;
         }
         match conn.declare_exchange(name, "topic", Declare::Passive).await {
             Ok(()) => found.push((name.clone(), Presence::Exists)),
@@ -147,15 +145,6 @@ pub struct TopologyProbe {
     pub queues: Vec<(String, TopologyState)>,
 }
 
-/// The login of `config` without anything it would declare at connect.
-fn bare(config: &PublisherConfig) -> PublisherConfig {
-    let mut bare = config.clone();
-    bare.exchange = String::new();
-    bare.dead_letter_exchange = None;
-    bare.topology = None;
-    bare
-}
-
 /// Compares each exchange and queue of `topology` with the broker's, creating
 /// nothing: a passive declaration first (404: [`TopologyState::Missing`]), then,
 /// for one that exists, the configured declaration, which the broker answers with
@@ -168,15 +157,14 @@ pub async fn probe_topology(
     config: &PublisherConfig,
     topology: &TopologyConfig,
 ) -> Result<TopologyProbe, PublishError> {
-    let bare = bare(config);
-    bare.validate()?;
-    let tls = bare.tls()?;
-    let mut conn = connect_any(&bare, &tls, 0).await?;
+    config.validate_login()?;
+    let tls = config.tls()?;
+    let mut conn = login_any(config, &tls, 0).await?;
     let node = redact_url(&config.urls[conn.node]);
     let mut exchanges = Vec::new();
     for e in &topology.exchanges {
         if !conn.is_alive() {
-            conn = connect_any(&bare, &tls, conn.node).await?;
+            conn = login_any(config, &tls, conn.node).await?;
         }
         let object = Object::Exchange(&e.name);
         let passive = topology::declare_exchange(&mut conn, e, Declare::Passive).await;
@@ -192,7 +180,7 @@ pub async fn probe_topology(
     let mut queues = Vec::new();
     for q in &topology.queues {
         if !conn.is_alive() {
-            conn = connect_any(&bare, &tls, conn.node).await?;
+            conn = login_any(config, &tls, conn.node).await?;
         }
         let object = Object::Queue(&q.name);
         let passive = topology::declare_queue(&mut conn, q, Declare::Passive).await;
@@ -275,10 +263,9 @@ pub async fn declare_topology(
     config: &PublisherConfig,
     topology: &TopologyConfig,
 ) -> Result<String, PublishError> {
-    let bare = bare(config);
-    bare.validate()?;
-    let tls = bare.tls()?;
-    let mut conn = connect_any(&bare, &tls, 0).await?;
+    config.validate_login()?;
+    let tls = config.tls()?;
+    let mut conn = login_any(config, &tls, 0).await?;
     let node = redact_url(&config.urls[conn.node]);
     let result = topology::declare_topology(&mut conn, config, topology).await;
     conn.close().await;

@@ -2,7 +2,7 @@
 //! file read at every connect, and the exchanges declared (or checked) on the
 //! control channel, as at start so after every failure.
 
-use crate::amqp::connection::{self, ConnError, Connection, Declare, Tls};
+use crate::amqp::connection::{self, ConnError, Connection, Declare, Params, Tls};
 use crate::config::PublisherConfig;
 use crate::error::{scrub, PublishError};
 
@@ -18,12 +18,44 @@ pub(crate) async fn connect_any(
     tls: &Tls,
     start: usize,
 ) -> Result<Connection, PublishError> {
-    let count = config.urls.len();
+    first_that_answers(config, tls, start, true).await
+}
+
+/// [`connect_any`] without declaring anything: a login only (the probes of
+/// `check`, which create nothing).
+pub(crate) async fn login_any(
+    config: &PublisherConfig,
+    tls: &Tls,
+    start: usize,
+) -> Result<Connection, PublishError> {
+    first_that_answers(config, tls, start, false).await
+}
+
+/// What a connection takes from `config`.
+pub(crate) fn params(config: &PublisherConfig) -> Params {
+    Params {
+        urls: config.urls.clone(),
+        ca_file: config.ca_file.clone(),
+        auth: config.auth.clone(),
+        request_timeout: config.request_timeout,
+        name: config.connection_name.clone(),
+    }
+}
+
+async fn first_that_answers(
+    config: &PublisherConfig,
+    tls: &Tls,
+    start: usize,
+    declare: bool,
+) -> Result<Connection, PublishError> {
+    let params = params(config);
+    let count = params.urls.len();
     let mut best: Option<PublishError> = None;
     for offset in 0..count {
         let index = (start + offset) % count;
         let connected: Result<Connection, PublishError> =
-            match connection::connect(config, tls, index).await {
+            match connection::connect(&params, tls, index).await {
+                Ok(conn) if !declare => return Ok(conn),
                 Ok(mut conn) => match super::topology::declare_all(&mut conn, config).await {
                     Ok(()) => return Ok(conn),
                     Err(e) => {
@@ -55,30 +87,21 @@ pub(crate) async fn connect_any(
     }))
 }
 
-/// `config.urls[index]` with the password file's password when one is configured:
-/// the file is read at every connect (rotation needs no restart).
-pub(crate) fn url_of(config: &PublisherConfig, index: usize) -> Result<String, PublishError> {
-    Ok(match &config.auth.password_file {
-        Some(path) => crate::tls::with_password(
-            &config.urls[index],
-            &crate::tls::read_password(path, crate::tls::Keys::Amqp)?,
-        ),
-        None => config.urls[index].clone(),
-    })
-}
-
 /// Declares the exchange (or checks it passively when `declare_exchange` is off)
 /// and checks the dead-letter exchange, which is the operator's, on the control
 /// channel. A refusal is [`PublishError::Exchange`]; a connection that ends
 /// meanwhile is an outage.
+/// `declared`: the names a `[topology]` already declared (with their arguments:
+/// declaring them again without would be refused), skipped here.
 pub(crate) async fn declare(
     conn: &mut Connection,
     config: &PublisherConfig,
+    declared: impl Fn(&str) -> bool,
 ) -> Result<(), PublishError> {
     // An exchange per event is declared when first seen (`run.rs`), not here.
     let template =
         crate::message::ExchangeRule::new(&config.exchange, false).is_ok_and(|r| r.is_template());
-    if !config.exchange.is_empty() && !template {
+    if !config.exchange.is_empty() && !template && !declared(&config.exchange) {
         let how = if config.declare_exchange {
             Declare::Active
         } else {
@@ -88,7 +111,11 @@ pub(crate) async fn declare(
             .await
             .map_err(|e| refused(config, conn.node, &config.exchange, e))?;
     }
-    if let Some(dlx) = &config.dead_letter_exchange {
+    if let Some(dlx) = config
+        .dead_letter_exchange
+        .as_deref()
+        .filter(|d| !declared(d))
+    {
         conn.declare_exchange(dlx, "fanout", Declare::Passive)
             .await
             .map_err(|e| refused(config, conn.node, dlx, e))?;

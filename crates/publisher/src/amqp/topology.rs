@@ -110,19 +110,11 @@ pub(crate) async fn declare_all(
     config: &PublisherConfig,
 ) -> Result<(), PublishError> {
     let Some(topology) = config.topology.clone() else {
-        return crate::amqp::session::declare(conn, config).await;
+        return crate::amqp::session::declare(conn, config, |_| false).await;
     };
     declare_exchanges(conn, config, &topology).await?;
-    // The configured exchange and the DLX, unless the topology declared them (with
-    // its arguments: declaring them again without would be refused).
-    let mut rest = config.clone();
-    if topology.exchange(&rest.exchange).is_some() {
-        rest.exchange = String::new();
-    }
-    if (rest.dead_letter_exchange.as_deref()).is_some_and(|d| topology.exchange(d).is_some()) {
-        rest.dead_letter_exchange = None;
-    }
-    crate::amqp::session::declare(conn, &rest).await?;
+    // The configured exchange and the DLX, unless the topology declared them.
+    crate::amqp::session::declare(conn, config, |x| topology.exchange(x).is_some()).await?;
     declare_queues_and_bindings(conn, config, &topology).await
 }
 

@@ -14,8 +14,7 @@ use tokio::time::Instant;
 
 use super::frame::negotiate_frame_max;
 use super::socket::{self, OpenError, Tls};
-use super::{frame, ConnError, Connection};
-use crate::config::PublisherConfig;
+use super::{frame, ConnError, Connection, Params};
 use crate::error::{is_certificate_error, redact_url, scrub, PublishError};
 
 /// Bound on one connection attempt (TCP, TLS, AMQP handshake).
@@ -30,15 +29,15 @@ enum Failed {
     AfterLogin(ConnError),
 }
 
-/// Opens a connection to `config.urls[index]` and logs in. Login, virtual host and
+/// Opens a connection to `params.urls[index]` and logs in. Login, virtual host and
 /// TLS problems are definite errors; an unreachable broker, or one whose
 /// connection limit is reached, is transient ([`PublishError::is_transient`]).
 pub(crate) async fn connect(
-    config: &PublisherConfig,
+    params: &Params,
     tls: &Tls,
     index: usize,
 ) -> Result<Connection, PublishError> {
-    let url = crate::amqp::session::url_of(config, index)?;
+    let url = params.url(index)?;
     let redacted = redact_url(&url);
     let uri: AMQPUri = url
         .parse()
@@ -50,15 +49,15 @@ pub(crate) async fn connect(
             ),
         })?;
     let setup = async {
-        let socket = socket::open(&url, &uri, config, tls)
+        let socket = socket::open(&url, &uri, params, tls)
             .await
             .map_err(|e| match e {
                 OpenError::Config(e) => Failed::Config(e),
                 OpenError::Io(text) => Failed::BeforeLogin(ConnError::Io(text)),
             })?;
         let mut connection = Connection::new(socket, index);
-        connection.request_timeout = config.request_timeout;
-        connection.handshake(&uri, &config.connection_name).await?;
+        connection.request_timeout = params.request_timeout;
+        connection.handshake(&uri, &params.name).await?;
         Ok::<_, Failed>(connection)
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {

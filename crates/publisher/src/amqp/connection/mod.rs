@@ -3,6 +3,7 @@
 //!
 //! - `frame.rs`: framing without I/O (split, check, encode);
 //! - `socket.rs`: TCP and TLS;
+//! - `params.rs`: what a connection takes from the configuration ([`Params`]);
 //! - `handshake.rs`: protocol header, login (PLAIN, AMQPLAIN, EXTERNAL), tune, open;
 //! - `dispatch.rs`: what each frame from the broker means for the state;
 //! - `channels.rs`: the request/reply methods (channel open and close, confirm
@@ -31,6 +32,7 @@ mod deadlines;
 mod dispatch;
 pub(crate) mod frame;
 mod handshake;
+mod params;
 mod socket;
 
 use std::collections::VecDeque;
@@ -48,6 +50,7 @@ use tokio::time::{Instant, Sleep};
 pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
 pub(crate) use handshake::connect;
+pub(crate) use params::Params;
 #[cfg(test)]
 pub(crate) use socket::sim_dial;
 pub(crate) use socket::{ipv6_literal, Socket, Tls};

@@ -7,7 +7,7 @@ use amq_protocol::uri::{AMQPScheme, AMQPUri};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
-use crate::config::PublisherConfig;
+use super::Params;
 use crate::error::PublishError;
 
 /// What the connection reads and writes: a TCP stream, plain or under TLS (or,
@@ -67,7 +67,7 @@ pub(crate) enum OpenError {
 pub(crate) async fn open(
     url: &str,
     uri: &AMQPUri,
-    config: &PublisherConfig,
+    params: &Params,
     tls: &Tls,
 ) -> Result<Box<dyn Socket>, OpenError> {
     // The URL parser reads an IPv6 literal (`amqp://[::1]:5673/`) as no host at
@@ -89,7 +89,7 @@ pub(crate) async fn open(
         return Ok(Box::new(tcp));
     }
     let rustls = match tls {
-        Tls::Own => crate::tls::amqps_config(config.ca_file.as_deref(), &config.auth),
+        Tls::Own => crate::tls::amqps_config(params.ca_file.as_deref(), &params.auth),
         Tls::SystemRoots => crate::tls::amqps_config(None, &crate::tls::ClientAuth::default()),
     }
     .map_err(OpenError::Config)?;

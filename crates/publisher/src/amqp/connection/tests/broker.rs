@@ -85,7 +85,7 @@ pub(super) fn url(port: u16) -> String {
 pub(super) async fn connect_to(port: u16) -> Result<Connection, PublishError> {
     let mut config = PublisherConfig::new(url(port), "orders");
     config.connection_name = "relay test".into();
-    connect(&config, &Tls::SystemRoots, 0).await
+    connect(&crate::amqp::session::params(&config), &Tls::SystemRoots, 0).await
 }
 
 pub(super) fn encoded(frame: &AMQPFrame) -> Vec<u8> {

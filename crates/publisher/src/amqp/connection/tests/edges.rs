@@ -26,7 +26,7 @@ async fn negotiated(url_heartbeat: Option<u16>, broker_heartbeat: u16) -> u16 {
         url.push_str(&format!("?heartbeat={h}"));
     }
     let config = PublisherConfig::new(url, "orders");
-    let _conn = connect(&config, &Tls::SystemRoots, 0)
+    let _conn = connect(&crate::amqp::session::params(&config), &Tls::SystemRoots, 0)
         .await
         .expect("the handshake");
     broker.done().await.heartbeat
@@ -206,7 +206,7 @@ async fn an_ipv6_literal_host_is_the_address_connected_to() {
     // that the protocol header reached the IPv6 address.
     let _ = tokio::time::timeout(
         Duration::from_secs(3),
-        connect(&config, &Tls::SystemRoots, 0),
+        connect(&crate::amqp::session::params(&config), &Tls::SystemRoots, 0),
     )
     .await;
     let header = tokio::time::timeout(Duration::from_secs(3), server)
