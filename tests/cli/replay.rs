@@ -1,5 +1,6 @@
 //! Recovery and replay (docs/design.md §7): `run --start-lsn`, the replay window's anchor slot,
 //! `replay --from-lsn/--to-lsn`, `replay --from-table`, and restart safety.
+//! size: the NULL created_at test is one scenario: each step's counts depend on the steps before
 #![allow(clippy::unwrap_used)]
 
 use support::scenarios;

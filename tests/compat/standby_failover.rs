@@ -10,6 +10,7 @@
 //! Each test creates its own pair of clusters (initdb, base backup with
 //! `pg_backup_start`/`pg_backup_stop`) under `failover/` of the builds' folder and removes
 //! them afterwards; it fails (never skips) when the builds are not installed.
+//! size: one failover scenario: sync, freeze, crash, promote, switch, each on the last one's state
 #![allow(clippy::unwrap_used)]
 
 use support::scenarios;

@@ -3,6 +3,7 @@
 //! random, with the consumer-side checker running throughout and a final report.
 //!
 //! `SOAK_MINUTES` (default 10) sets the length.
+//! size: one soak run: loader, chaos loop and report share the fault counters and commit times
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,6 +1,7 @@
 //! The stream target end to end (docs/streams.md, docs/design.md §4): the real binary
 //! between the test Postgres cluster and a RabbitMQ stream, which the test reads
 //! whole from its first offset.
+//! size: one scenario on one stream: check, load, relay, restart, replay, each on the steps before
 #![allow(clippy::unwrap_used)]
 
 use std::time::Duration;

@@ -4,6 +4,7 @@
 //! random messages with string headers, as the relay sends them, seeded.
 //!
 //! A failure prints the seed; `OUTBOX_TEST_HEADERS_SEED=<seed>` runs the same again.
+//! size: one seeded run against the broker: bind, publish, read back, compare share seed and queues
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -8,6 +8,7 @@
 //! pair must agree with the matcher.
 //!
 //! A failure prints the seed; `OUTBOX_TEST_TOPIC_SEED=<seed>` runs the same keys again.
+//! size: one seeded run against the broker: bind, publish, read back, compare share seed and queues
 #![allow(clippy::unwrap_used)]
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -29,14 +29,18 @@
 
 use std::fmt;
 use std::future::Future;
+use std::ops::ControlFlow;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _};
 use futures_util::{FutureExt as _, StreamExt as _};
-use rabbitmq_stream_client::error::{ClientError, ConsumerCreateError};
-use rabbitmq_stream_client::types::{Message, OffsetSpecification, ResponseCode, SimpleValue};
+use rabbitmq_stream_client::error::{ClientError, ConsumerCreateError, ConsumerDeliveryError};
+use rabbitmq_stream_client::types::{
+    Delivery, Message, OffsetSpecification, ResponseCode, SimpleValue,
+};
 use rabbitmq_stream_client::{Client as StreamClient, ClientOptions, Environment};
 use rabbitmq_stream_client::{Consumer, TlsConfiguration};
 use tokio_postgres::{Client, NoTls, Transaction};
@@ -203,6 +207,25 @@ pub async fn run(
         bail!("--batch-size must be at least 1");
     }
     let endpoint = Endpoint::parse(&config.stream_url)?;
+    let mut store = open_store(config).await?;
+    let last = stored_offset(&store, &endpoint, config).await?;
+    let start = start_at(last);
+    if let Some(l) = last {
+        stats.next_offset.store(l + 1, Ordering::Relaxed);
+    }
+    log_start(config, last);
+    let mut consumer = subscribe(&endpoint, config, start).await?;
+    let handle = consumer.handle();
+
+    tokio::pin!(shutdown);
+    let result = consume(&mut consumer, &mut store, config, &stats, last, shutdown).await;
+    let _ = handle.close().await;
+    result
+}
+
+/// Connects to the consumer's database (creating the tables with `--init`), checks
+/// its schema and opens the consumer's row in `stream_offsets`.
+async fn open_store(config: &Config) -> anyhow::Result<OffsetStore> {
     let client = connect_postgres(&config.postgres_url).await?;
     if config.init {
         init_schema(&client)
@@ -210,21 +233,28 @@ pub async fn run(
             .context("creating the stream_offsets and stream_effects tables (--init)")?;
     }
     check_schema(&client).await?;
-    let mut store = OffsetStore::open(client, &config.consumer_name, &config.stream)
+    OffsetStore::open(client, &config.consumer_name, &config.stream)
         .await
-        .context("reading the consumer's row in stream_offsets")?;
+        .context("reading the consumer's row in stream_offsets")
+}
 
-    let last = match config.tracking {
+/// The last applied offset, from where `config.tracking` keeps it.
+async fn stored_offset(
+    store: &OffsetStore,
+    endpoint: &Endpoint,
+    config: &Config,
+) -> anyhow::Result<Option<u64>> {
+    match config.tracking {
         Tracking::Database => store
             .last_offset()
             .await
-            .context("reading the stored offset")?,
-        Tracking::Server => query_server_offset(&endpoint, config).await?,
-    };
-    let start = start_at(last);
-    if let Some(l) = last {
-        stats.next_offset.store(l + 1, Ordering::Relaxed);
+            .context("reading the stored offset"),
+        Tracking::Server => query_server_offset(endpoint, config).await,
     }
+}
+
+/// Logs where the run starts reading.
+fn log_start(config: &Config, last: Option<u64>) {
     match last {
         Some(l) => tracing::info!(
             stream = %config.stream,
@@ -240,63 +270,120 @@ pub async fn run(
             "no stored offset: reading from the first offset"
         ),
     }
-    let mut consumer = subscribe(&endpoint, config, start).await?;
-    let handle = consumer.handle();
+}
 
-    // The highest offset applied (or found applied) in this run: redeliveries below
-    // it are skipped without a transaction.
-    let mut seen = last;
-    // Whether a message arrived yet in this run (for the retention check).
-    let mut first_delivery = true;
-    let mut backoff = Backoff(0);
-    tokio::pin!(shutdown);
-    let result = 'outer: loop {
-        let next = async {
-            match config.exit_when_idle {
-                Some(idle) => tokio::time::timeout(idle, consumer.next()).await.ok(),
-                None => Some(consumer.next().await),
-            }
+/// What the subscription yields: a delivery, an error, or `None` when it ended.
+type Received = Option<Result<Delivery, ConsumerDeliveryError>>;
+
+/// The consume loop of [`run`]: batch by batch, apply, then record the offset.
+async fn consume<S: Future<Output = ()>>(
+    consumer: &mut Consumer,
+    store: &mut OffsetStore,
+    config: &Config,
+    stats: &Stats,
+    last: Option<u64>,
+    mut shutdown: Pin<&mut S>,
+) -> anyhow::Result<()> {
+    let mut reading = Reading {
+        stored: last,
+        seen: last,
+        first_delivery: true,
+    };
+    loop {
+        let Some(first) = next_received(consumer, config, shutdown.as_mut()).await else {
+            return Ok(());
         };
-        let first = tokio::select! {
-            biased;
-            () = &mut shutdown => {
-                tracing::info!("shutting down");
-                break Ok(());
-            }
-            next = next => match next {
-                None => {
-                    tracing::info!(idle = ?config.exit_when_idle, "stream idle; exiting");
-                    break Ok(());
-                }
-                Some(item) => item,
-            },
-        };
-        // The batch: this message and those already received, up to batch_size.
-        let mut items = vec![first];
-        while items.len() < config.batch_size {
-            match consumer.next().now_or_never() {
-                Some(item) => items.push(item),
-                None => break,
-            }
+        let items = batch(consumer, first, config.batch_size);
+        let events = reading.events(items, stats)?;
+        Stats::add(&stats.received, events.len() as u64);
+        if events.is_empty() {
+            continue;
         }
+        let ControlFlow::Continue(last_offset) =
+            apply_batch(store, &events, config, stats, shutdown.as_mut()).await
+        else {
+            return Ok(());
+        };
+        if let Some(offset) = last_offset {
+            record_offset(consumer, config, stats, offset).await?;
+        }
+    }
+}
+
+/// Waits for the next item of the subscription; `None` when `shutdown` resolved or
+/// nothing arrived for `config.exit_when_idle`.
+async fn next_received<S: Future<Output = ()>>(
+    consumer: &mut Consumer,
+    config: &Config,
+    shutdown: Pin<&mut S>,
+) -> Option<Received> {
+    let next = async {
+        match config.exit_when_idle {
+            Some(idle) => tokio::time::timeout(idle, consumer.next()).await.ok(),
+            None => Some(consumer.next().await),
+        }
+    };
+    tokio::select! {
+        biased;
+        () = shutdown => {
+            tracing::info!("shutting down");
+            None
+        }
+        next = next => match next {
+            None => {
+                tracing::info!(idle = ?config.exit_when_idle, "stream idle; exiting");
+                None
+            }
+            Some(item) => Some(item),
+        },
+    }
+}
+
+/// The batch: `first` and those already received, up to `batch_size`.
+fn batch(consumer: &mut Consumer, first: Received, batch_size: usize) -> Vec<Received> {
+    let mut items = vec![first];
+    while items.len() < batch_size {
+        match consumer.next().now_or_never() {
+            Some(item) => items.push(item),
+            None => break,
+        }
+    }
+    items
+}
+
+/// How far this run read.
+struct Reading {
+    /// The offset stored when the run started.
+    stored: Option<u64>,
+    /// The highest offset applied (or found applied) in this run: redeliveries below
+    /// it are skipped without a transaction.
+    seen: Option<u64>,
+    /// Whether no message arrived yet in this run (for the retention check).
+    first_delivery: bool,
+}
+
+impl Reading {
+    /// The events of a batch not applied yet (those at or below `seen` are counted
+    /// as skipped); an error when the subscription ended or failed.
+    fn events(&mut self, items: Vec<Received>, stats: &Stats) -> anyhow::Result<Vec<Event>> {
         let mut events = Vec::with_capacity(items.len());
         for item in items {
             match item {
                 None => {
-                    break 'outer Err(anyhow::anyhow!(
+                    bail!(
                         "the broker ended the subscription (stream deleted or connection \
                          closed); restart the consumer: it resumes after its stored offset"
-                    ))
+                    )
                 }
                 Some(Err(e)) => {
-                    break 'outer Err(anyhow::Error::new(e).context(
+                    return Err(anyhow::Error::new(e).context(
                         "lost the stream connection; restart the consumer: it resumes after \
                          its stored offset",
                     ))
                 }
                 Some(Ok(delivery)) => {
-                    if std::mem::take(&mut first_delivery) {
-                        if let Some(l) = last.filter(|l| delivery.offset() > l + 1) {
+                    if std::mem::take(&mut self.first_delivery) {
+                        if let Some(l) = self.stored.filter(|l| delivery.offset() > l + 1) {
                             // The broker starts at the first offset it still has.
                             tracing::error!(
                                 stored_offset = l,
@@ -307,96 +394,108 @@ pub async fn run(
                             );
                         }
                     }
-                    if seen.is_some_and(|s| delivery.offset() <= s) {
+                    if self.seen.is_some_and(|s| delivery.offset() <= s) {
                         Stats::add(&stats.skipped, 1);
                         continue;
                     }
-                    seen = Some(delivery.offset());
+                    self.seen = Some(delivery.offset());
                     events.push(Event::from_message(delivery.offset(), delivery.message()));
                 }
             }
         }
-        Stats::add(&stats.received, events.len() as u64);
-        if events.is_empty() {
-            continue;
-        }
-        // Apply the batch; on a database error retry the same batch (the stream
-        // cannot be skipped) after a backoff, reconnecting when the connection died.
-        let last_offset = loop {
-            let attempt = match config.tracking {
-                Tracking::Database => store.apply(&events).await.map(|done| {
-                    Stats::add(&stats.skipped, done.skipped);
-                    (done.applied, done.last_offset)
-                }),
-                Tracking::Server => store
-                    .apply_untracked(&events)
-                    .await
-                    .map(|()| (events.len() as u64, events.last().map(|e| e.offset))),
-            };
-            match attempt {
-                Ok((applied, last_offset)) => {
-                    backoff = Backoff(0);
-                    let total = Stats::add(&stats.applied, applied);
-                    if let Some(n) = config.exit_after_commit {
-                        if applied > 0 && total >= n {
-                            tracing::warn!(
-                                applied = total,
-                                "--exit-after-commit: exiting after the commit"
-                            );
-                            std::process::exit(1);
-                        }
-                    }
-                    break last_offset;
-                }
-                Err(e) => {
-                    Stats::add(&stats.failed, 1);
-                    let wait = backoff.next();
-                    tracing::warn!(
-                        error = %e,
-                        first_offset = events[0].offset,
-                        retry_in = ?wait,
-                        "database error; rolled back, retrying the batch"
-                    );
-                    tokio::select! {
-                        biased;
-                        () = &mut shutdown => {
-                            tracing::info!("shutting down; the batch was not applied");
-                            break 'outer Ok(());
-                        }
-                        () = tokio::time::sleep(wait) => {}
-                    }
-                    if store.client().is_closed() {
-                        match connect_postgres(&config.postgres_url).await {
-                            Ok(client) => {
-                                tracing::info!("reconnected to Postgres");
-                                store.set_client(client);
-                            }
-                            Err(e) => {
-                                tracing::warn!(
-                                    error = format!("{e:#}"),
-                                    "Postgres reconnect failed"
-                                )
-                            }
-                        }
-                    }
-                }
-            }
+        Ok(events)
+    }
+}
+
+/// Applies the batch; on a database error retries the same batch (the stream cannot
+/// be skipped) after a backoff, reconnecting when the connection died. Continues
+/// with the last offset applied, or breaks when `shutdown` resolved during a
+/// backoff (the batch not applied).
+async fn apply_batch<S: Future<Output = ()>>(
+    store: &mut OffsetStore,
+    events: &[Event],
+    config: &Config,
+    stats: &Stats,
+    mut shutdown: Pin<&mut S>,
+) -> ControlFlow<(), Option<u64>> {
+    let mut backoff = Backoff(0);
+    loop {
+        let attempt = match config.tracking {
+            Tracking::Database => store.apply(events).await.map(|done| {
+                Stats::add(&stats.skipped, done.skipped);
+                (done.applied, done.last_offset)
+            }),
+            Tracking::Server => store
+                .apply_untracked(events)
+                .await
+                .map(|()| (events.len() as u64, events.last().map(|e| e.offset))),
         };
-        if let Some(offset) = last_offset {
-            if config.tracking == Tracking::Server {
-                // Not confirmed by the broker: a lost store means these messages are
-                // applied again after a restart (at least once).
-                if let Err(e) = consumer.store_offset(offset).await {
-                    break Err(anyhow::Error::new(e).context(
-                        "storing the offset on the broker; restart the consumer (the \
-                         messages since the last stored offset are applied again)",
-                    ));
+        match attempt {
+            Ok((applied, last_offset)) => {
+                let total = Stats::add(&stats.applied, applied);
+                if let Some(n) = config.exit_after_commit {
+                    if applied > 0 && total >= n {
+                        tracing::warn!(
+                            applied = total,
+                            "--exit-after-commit: exiting after the commit"
+                        );
+                        std::process::exit(1);
+                    }
+                }
+                return ControlFlow::Continue(last_offset);
+            }
+            Err(e) => {
+                Stats::add(&stats.failed, 1);
+                let wait = backoff.next();
+                tracing::warn!(
+                    error = %e,
+                    first_offset = events[0].offset,
+                    retry_in = ?wait,
+                    "database error; rolled back, retrying the batch"
+                );
+                tokio::select! {
+                    biased;
+                    () = shutdown.as_mut() => {
+                        tracing::info!("shutting down; the batch was not applied");
+                        return ControlFlow::Break(());
+                    }
+                    () = tokio::time::sleep(wait) => {}
+                }
+                if store.client().is_closed() {
+                    match connect_postgres(&config.postgres_url).await {
+                        Ok(client) => {
+                            tracing::info!("reconnected to Postgres");
+                            store.set_client(client);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = format!("{e:#}"), "Postgres reconnect failed")
+                        }
+                    }
                 }
             }
-            stats.next_offset.store(offset + 1, Ordering::Relaxed);
-            tracing::debug!(offset, "applied up to offset");
         }
-    };
-    let _ = handle.close().await;
-    result
+    }
+}
+
+/// Records that the run applied up to `offset`: on the broker with
+/// [`Tracking::Server`], and in `stats`.
+async fn record_offset(
+    consumer: &mut Consumer,
+    config: &Config,
+    stats: &Stats,
+    offset: u64,
+) -> anyhow::Result<()> {
+    if config.tracking == Tracking::Server {
+        // Not confirmed by the broker: a lost store means these messages are
+        // applied again after a restart (at least once).
+        if let Err(e) = consumer.store_offset(offset).await {
+            return Err(anyhow::Error::new(e).context(
+                "storing the offset on the broker; restart the consumer (the \
+                 messages since the last stored offset are applied again)",
+            ));
+        }
+    }
+    stats.next_offset.store(offset + 1, Ordering::Relaxed);
+    tracing::debug!(offset, "applied up to offset");
+    Ok(())
 }

@@ -1,6 +1,7 @@
 //! The stream consumer under crashes, against the real RabbitMQ (stream protocol) and
 //! the test Postgres cluster: every message of the stream must be applied exactly
 //! once, in stream order, and the stored offset must end at the stream's last offset.
+//! size: the SIGKILL test is one scenario: each round resumes from the offset the last one stored
 //!
 //! Why these tests would catch a consumer that is not exactly once: `stream_effects`
 //! has no unique key, so a message applied twice is a second row, and the tests

@@ -1,4 +1,5 @@
 //! Routable and unroutable rows mixed, with a dead-letter exchange.
+//! size: one end-to-end run whose final checks read the records and counts gathered along the way
 
 use super::*;
 

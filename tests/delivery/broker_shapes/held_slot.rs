@@ -1,4 +1,5 @@
 //! Unroutable rows without a dead-letter exchange: the slot holds until a queue is bound.
+//! size: one end-to-end scenario: held before the bind, drained after; its steps share one state
 
 use super::*;
 

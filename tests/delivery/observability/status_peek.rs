@@ -1,4 +1,5 @@
 //! `status` and `peek` on a known slot.
+//! size: one scenario on one slot: status, peek, a relay, then both again, each on what came before
 
 use super::*;
 

@@ -3,6 +3,7 @@
 //! on N lanes (`ordering = "aggregate"`, docs/design.md §4 "Per-aggregate order on
 //! N channels"). Invariants are checked after every step; a failing seed prints a
 //! one-line reproduction.
+//! size: schedule and cross-lane checks are one argument; see "Why this file is over 600 lines"
 //!
 //! A schedule runs N lanes (N = 1 is the single-channel publisher). Each lane
 //! ([`lane::Lane`]) is a whole single-channel publisher, engine and window, against

@@ -1,6 +1,7 @@
 //! A deterministic simulation of the stream publisher's engine against a scripted
 //! stream broker, over thousands of seeded random schedules, with the invariants
 //! checked after every step; a failing seed prints a one-line reproduction.
+//! size: broker model, schedule and invariants are one argument; see "Why one file over 600 lines"
 //!
 //! The broker keeps, per producer reference, the last publishing id it stored, and
 //! drops (while confirming) any message at or below it. It processes a connection's

@@ -5,6 +5,7 @@
 //! thousands of seeded random schedules. Invariants are checked after every step;
 //! a failing seed prints a one-line reproduction and the shortest prefix of its
 //! schedule that still fails.
+//! size: schedule and invariants are one argument; `events` keeps the draws `regressions` replays
 //!
 //! Each schedule draws a configuration (1 to 3 nodes; a fixed exchange, an
 //! exchange template `ev.{aggregate_type}` or an exchange column; a dead-letter

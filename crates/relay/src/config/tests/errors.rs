@@ -109,127 +109,130 @@ fn wrong_types_name_the_key_and_origin() {
     );
 }
 
+/// Invalid values of `invalid_values_name_the_key`: (the key, the file, a part of
+/// the message).
+const INVALID_VALUES: &[(&str, &str, &str)] = &[
+    ("postgres.url", "[postgres]\nurl = \"\"", "empty"),
+    (
+        "postgres.url",
+        "[postgres]\nurl = \"mysql://h/db\"",
+        "mysql",
+    ),
+    (
+        "postgres.url",
+        "[postgres]\nurl = \"just-a-host\"",
+        "conninfo",
+    ),
+    (
+        "postgres.slot",
+        "[postgres]\nslot = \"Bad-Slot\"",
+        "lower-case",
+    ),
+    ("postgres.slot", "[postgres]\nslot = \"\"", "1 to 63"),
+    (
+        "postgres.publication",
+        "[postgres]\npublication = \"\"",
+        "1 to 63",
+    ),
+    ("postgres.tables", "[postgres]\ntables = []", "empty"),
+    (
+        "postgres.tables",
+        "[postgres]\ntables = [\"a.b.c\"]",
+        "a.b.c",
+    ),
+    ("mapping.payload", "[mapping]\npayload = \"\"", "empty"),
+    ("rabbitmq.url", "[rabbitmq]\nurl = []", "empty"),
+    ("rabbitmq.url", "[rabbitmq]\nurl = \"http://h\"", "amqp://"),
+    (
+        "rabbitmq.url",
+        "[rabbitmq]\nurl = [\"amqp://h\", \"h2\"]",
+        "URL #2",
+    ),
+    (
+        "rabbitmq.url",
+        "[rabbitmq]\nurl = \"amqp://a,amqp://b\"",
+        "TOML array",
+    ),
+    (
+        "rabbitmq.routing_key",
+        "[rabbitmq]\nrouting_key = \"{aggregate}.x\"",
+        "`{aggregate}`",
+    ),
+    (
+        "rabbitmq.routing_key",
+        "[rabbitmq]\nrouting_key = \"{table\"",
+        "closing",
+    ),
+    (
+        "rabbitmq.routing_key",
+        "[rabbitmq]\nrouting_key = \"a}\"",
+        "matching",
+    ),
+    (
+        "rabbitmq.max_in_flight",
+        "[rabbitmq]\nmax_in_flight = 0",
+        "at least 1",
+    ),
+    (
+        "rabbitmq.ca_file",
+        "[rabbitmq]\nca_file = \"/nonexistent/ca.pem\"",
+        "not a file",
+    ),
+    (
+        "rabbitmq.heartbeat_secs",
+        "[rabbitmq]\nheartbeat_secs = 70000",
+        "65535",
+    ),
+    (
+        "rabbitmq.heartbeat_secs",
+        "[rabbitmq]\nheartbeat_secs = 5\nurl = \"amqp://h/?heartbeat=10\"",
+        "one place",
+    ),
+    (
+        "rabbitmq.exchange",
+        "[rabbitmq]\nexchange = \"\"",
+        "cannot be declared",
+    ),
+    (
+        "relay.status_interval_ms",
+        "[relay]\nstatus_interval_ms = 99",
+        "at least 100",
+    ),
+    (
+        "relay.metrics_listen",
+        "[relay]\nmetrics_listen = \"localhost\"",
+        "must be an address in quotes like \"127.0.0.1:9187\"",
+    ),
+    (
+        "relay.replay_window",
+        "[relay]\nreplay_window = \"an hour\"",
+        "must be a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none, not the string \"an hour\"",
+    ),
+    (
+        "relay.replay_window",
+        "[relay]\nreplay_window = \"0s\"",
+        "zero",
+    ),
+    (
+        "relay.pause_alert_after",
+        "[relay]\npause_alert_after = \"soon\"",
+        "must be a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none, not the string \"soon\"",
+    ),
+    (
+        "relay.pause_alert_after",
+        "[relay]\npause_alert_after = 5",
+        "must be a duration in quotes like \"1h\"",
+    ),
+    (
+        "retention.keep",
+        "[retention]\nkeep = \"7 days-ish\"",
+        "must be a duration",
+    ),
+];
+
 #[test]
 fn invalid_values_name_the_key() {
-    let cases: &[(&str, &str, &str)] = &[
-        ("postgres.url", "[postgres]\nurl = \"\"", "empty"),
-        (
-            "postgres.url",
-            "[postgres]\nurl = \"mysql://h/db\"",
-            "mysql",
-        ),
-        (
-            "postgres.url",
-            "[postgres]\nurl = \"just-a-host\"",
-            "conninfo",
-        ),
-        (
-            "postgres.slot",
-            "[postgres]\nslot = \"Bad-Slot\"",
-            "lower-case",
-        ),
-        ("postgres.slot", "[postgres]\nslot = \"\"", "1 to 63"),
-        (
-            "postgres.publication",
-            "[postgres]\npublication = \"\"",
-            "1 to 63",
-        ),
-        ("postgres.tables", "[postgres]\ntables = []", "empty"),
-        (
-            "postgres.tables",
-            "[postgres]\ntables = [\"a.b.c\"]",
-            "a.b.c",
-        ),
-        ("mapping.payload", "[mapping]\npayload = \"\"", "empty"),
-        ("rabbitmq.url", "[rabbitmq]\nurl = []", "empty"),
-        ("rabbitmq.url", "[rabbitmq]\nurl = \"http://h\"", "amqp://"),
-        (
-            "rabbitmq.url",
-            "[rabbitmq]\nurl = [\"amqp://h\", \"h2\"]",
-            "URL #2",
-        ),
-        (
-            "rabbitmq.url",
-            "[rabbitmq]\nurl = \"amqp://a,amqp://b\"",
-            "TOML array",
-        ),
-        (
-            "rabbitmq.routing_key",
-            "[rabbitmq]\nrouting_key = \"{aggregate}.x\"",
-            "`{aggregate}`",
-        ),
-        (
-            "rabbitmq.routing_key",
-            "[rabbitmq]\nrouting_key = \"{table\"",
-            "closing",
-        ),
-        (
-            "rabbitmq.routing_key",
-            "[rabbitmq]\nrouting_key = \"a}\"",
-            "matching",
-        ),
-        (
-            "rabbitmq.max_in_flight",
-            "[rabbitmq]\nmax_in_flight = 0",
-            "at least 1",
-        ),
-        (
-            "rabbitmq.ca_file",
-            "[rabbitmq]\nca_file = \"/nonexistent/ca.pem\"",
-            "not a file",
-        ),
-        (
-            "rabbitmq.heartbeat_secs",
-            "[rabbitmq]\nheartbeat_secs = 70000",
-            "65535",
-        ),
-        (
-            "rabbitmq.heartbeat_secs",
-            "[rabbitmq]\nheartbeat_secs = 5\nurl = \"amqp://h/?heartbeat=10\"",
-            "one place",
-        ),
-        (
-            "rabbitmq.exchange",
-            "[rabbitmq]\nexchange = \"\"",
-            "cannot be declared",
-        ),
-        (
-            "relay.status_interval_ms",
-            "[relay]\nstatus_interval_ms = 99",
-            "at least 100",
-        ),
-        (
-            "relay.metrics_listen",
-            "[relay]\nmetrics_listen = \"localhost\"",
-            "must be an address in quotes like \"127.0.0.1:9187\"",
-        ),
-        (
-            "relay.replay_window",
-            "[relay]\nreplay_window = \"an hour\"",
-            "must be a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none, not the string \"an hour\"",
-        ),
-        (
-            "relay.replay_window",
-            "[relay]\nreplay_window = \"0s\"",
-            "zero",
-        ),
-        (
-            "relay.pause_alert_after",
-            "[relay]\npause_alert_after = \"soon\"",
-            "must be a duration in quotes like \"1h\", \"30min\" or \"7D\", or \"\" for none, not the string \"soon\"",
-        ),
-        (
-            "relay.pause_alert_after",
-            "[relay]\npause_alert_after = 5",
-            "must be a duration in quotes like \"1h\"",
-        ),
-        (
-            "retention.keep",
-            "[retention]\nkeep = \"7 days-ish\"",
-            "must be a duration",
-        ),
-    ];
-    for (key, toml, needle) in cases {
+    for (key, toml, needle) in INVALID_VALUES {
         let msg = err_about(load_toml(toml), key);
         assert!(msg.contains(needle), "{toml:?}: {msg:?} lacks {needle:?}");
         assert!(

@@ -146,134 +146,147 @@ fn every_key_has_a_working_env_var() {
     let secret = secret.display().to_string();
     for (section, key, kind) in KEYS {
         let dotted = format!("{section}.{key}");
-        let value = match (dotted.as_str(), kind) {
-            ("postgres.url", _) => "postgresql://x@h/db",
-            ("postgres.slot", _) => "slot_x",
-            ("rabbitmq.exchange_type", _) => "direct",
-            ("rabbitmq.ordering", _) => "aggregate",
-            // Checked with ordering (more than one channel needs "aggregate"): below.
-            ("rabbitmq.channels", _) => continue,
-            ("rabbitmq.routing_key", _) => "{table}",
-            ("rabbitmq.management_url", _) => "http://h:15672",
-            // A pair: checked against each other below.
-            ("rabbitmq.management_user" | "rabbitmq.management_password_file", _) => continue,
-            ("rabbitmq.allow_insecure_http" | "tracing.allow_insecure_http", _) => "true",
-            ("tracing.attributes", _) => "minimal",
-            ("rabbitmq.ca_file", _) => "Cargo.toml",
-            ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => secret.as_str(),
-            // A pair, checked against each other (like the metrics keys below).
-            ("rabbitmq.cert_file" | "rabbitmq.key_file", _) => continue,
-            ("relay.metrics_listen", _) => "0.0.0.0:1",
-            // Those of a pair are checked against each other: set alone, each names
-            // the other (checked by the test below).
-            ("relay.metrics_basic_auth_user" | "relay.metrics_basic_auth_password_file", _)
-            | ("relay.metrics_tls_cert_file" | "relay.metrics_tls_key_file", _) => continue,
-            ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
-            ("relay.pause_alert_after", _) => "5m",
-            ("rabbitmq.request_timeout" | "rabbitmq.stall_after", _) => "5m",
-            ("tracing.endpoint", _) => "http://h:4318",
-            ("tracing.headers_file", _) => secret.as_str(),
-            ("relay.log_filter", _) => "debug",
-            ("relay.metrics_allowed_hosts", _) => "relay, Relay.Example",
-            ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
-            ("message.format", _) => "cloudevents",
-            ("message.headers", _) => "minimal",
-            ("rabbitmq.declare_topology", _) => "true",
-            (_, Kind::Bool) => "false",
-            (_, Kind::UInt) => "123",
-            (_, Kind::Float) => "0.5",
-            (_, Kind::UrlList) => "amqp://h",
-            (_, Kind::List) => "x.y",
-            (_, Kind::Str) => "value_x",
+        let Some(value) = env_value(&dotted, kind, &secret) else {
+            continue;
         };
         let var = env_var_name(&dotted);
         let c = load_env(&[(var.as_str(), value)]).unwrap_or_else(|e| panic!("{var}={value}: {e}"));
-        let d = Config::default();
-        let changed = match dotted.as_str() {
-            "postgres.url" => c.postgres_url_exposed() != d.postgres_url_exposed(),
-            "postgres.slot" => c.postgres.slot != d.postgres.slot,
-            "postgres.publication" => c.postgres.publication != d.postgres.publication,
-            "postgres.tables" => c.postgres.tables != d.postgres.tables,
-            "postgres.messages" => c.postgres.messages == ["x.y"],
-            "mapping.id" => c.mapping.id == value,
-            "mapping.aggregate_type" => c.mapping.aggregate_type == value,
-            "mapping.aggregate_id" => c.mapping.aggregate_id == value,
-            "mapping.event_type" => c.mapping.event_type == value,
-            "mapping.payload" => c.mapping.payload == value,
-            "mapping.headers" => c.mapping.headers == value,
-            "mapping.correlation_id" => c.mapping.correlation_id == value,
-            "mapping.exchange" => c.mapping.exchange == value,
-            "mapping.expiration" => c.mapping.expiration == value,
-            "mapping.priority" => c.mapping.priority == value,
-            "mapping.content_type" => c.mapping.content_type == value,
-            "mapping.content_encoding" => c.mapping.content_encoding == value,
-            "mapping.reply_to" => c.mapping.reply_to == value,
-            "rabbitmq.url" => c.expose_amqp_urls() == ["amqp://h"],
-            "rabbitmq.exchange" => c.rabbitmq.exchange == value,
-            "rabbitmq.exchange_type" => c.rabbitmq.exchange_type == ExchangeType::Direct,
-            "rabbitmq.declare_exchange" => !c.rabbitmq.declare_exchange,
-            "rabbitmq.declare_topology" => c.rabbitmq.declare_topology,
-            "rabbitmq.routing_key" => c.rabbitmq.routing_key == value,
-            "rabbitmq.max_in_flight" => c.rabbitmq.max_in_flight == 123,
-            "rabbitmq.max_in_flight_bytes" => c.rabbitmq.max_in_flight_bytes == 123,
-            "rabbitmq.allowed_exchanges" => c.rabbitmq.allowed_exchanges == ["x.y"],
-            "rabbitmq.max_declared_exchanges" => c.rabbitmq.max_declared_exchanges == 123,
-            "rabbitmq.request_timeout" => {
-                c.publisher_config().request_timeout == Duration::from_secs(300)
-            }
-            "rabbitmq.stall_after" => c.publisher_config().stall_after == Duration::from_secs(300),
-            "rabbitmq.ordering" => c.rabbitmq.ordering == publisher::settings::Ordering::Aggregate,
-            "rabbitmq.dead_letter_exchange" => c.dead_letter_exchange() == Some(value),
-            "rabbitmq.ca_file" => c.ca_file() == Some(Path::new(value)),
-            "rabbitmq.heartbeat_secs" => c.rabbitmq.heartbeat_secs == 123,
-            "rabbitmq.stream" => c.stream() == Some(value),
-            "rabbitmq.stream_url" => c.stream_urls_redacted() == [value],
-            "rabbitmq.declare_stream" => !c.rabbitmq.declare_stream,
-            "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
-            "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
-            "rabbitmq.producer_name" => c.producer_name() == Some(value),
-            "rabbitmq.management_url" => {
-                secrecy::ExposeSecret::expose_secret(&c.rabbitmq.management_url) == value
-            }
-            "message.format" => c.message.format == MessageFormatKind::CloudEvents,
-            "message.headers" => c.header_profile() == publisher::message::HeaderProfile::Minimal,
-            "message.cloudevents_source" => c.message.cloudevents_source == value,
-            "message.cloudevents_type_prefix" => c.message.cloudevents_type_prefix == value,
-            "rabbitmq.password_file" => {
-                c.publisher_config().auth.password_file == Some(value.into())
-            }
-            "rabbitmq.stream_password_file" => {
-                c.stream_config().auth.password_file == Some(value.into())
-            }
-            "relay.status_interval_ms" => c.relay.status_interval_ms == 123,
-            "relay.metrics_listen" => c.metrics_listen() == value.parse().ok(),
-            "relay.replay_window" => c.replay_window() == Some(Duration::from_secs(300)),
-            "relay.shutdown_timeout_ms" => c.relay.shutdown_timeout_ms == 123,
-            "relay.metrics_read_timeout_ms" => c.relay.metrics_read_timeout_ms == 123,
-            "relay.metrics_max_connections" => c.relay.metrics_max_connections == 123,
-            "relay.metrics_bearer_token_file" => c.relay.metrics_bearer_token_file == value,
-            "relay.metrics_allowed_hosts" => {
-                c.relay.metrics_allowed_hosts == ["relay", "Relay.Example"]
-            }
-            "relay.control_token_file" => {
-                c.metrics_endpoint().map(|e| e.token_file.path) == Some(value.into())
-            }
-            "retention.keep" => c.retention_keep() == Some(Duration::from_secs(300)),
-            "relay.log_filter" => c.relay.log_filter == value,
-            "tracing.endpoint" => c.tracing.endpoint == value,
-            "tracing.sampling_ratio" => c.tracing.sampling_ratio == 0.5,
-            "tracing.headers_file" => c.tracing.headers_file == value,
-            "tracing.max_queue_size" => c.tracing.max_queue_size == 123,
-            "tracing.attributes" => c.tracing.attributes == TraceAttributesKind::Minimal,
-            "tracing.respect_parent_sampled" => !c.tracing.respect_parent_sampled,
-            "tracing.allow_insecure_http" => c.tracing.allow_insecure_http,
-            "rabbitmq.allow_insecure_http" => c.rabbitmq.allow_insecure_http,
-            "relay.pause_alert_after" => {
-                c.relay.pause_alert_after == Some(Duration::from_secs(300))
-            }
-            other => panic!("key {other} missing from this test"),
-        };
-        assert!(changed, "{var}={value} did not change {dotted}");
+        assert!(
+            reaches(&c, &dotted, value),
+            "{var}={value} did not change {dotted}"
+        );
+    }
+}
+
+/// The value `every_key_has_a_working_env_var` sets `dotted` to through its variable
+/// (`secret`: a password file the secret files' rule accepts); `None` for the keys
+/// checked elsewhere.
+fn env_value<'a>(dotted: &str, kind: &Kind, secret: &'a str) -> Option<&'a str> {
+    let value = match (dotted, kind) {
+        ("postgres.url", _) => "postgresql://x@h/db",
+        ("postgres.slot", _) => "slot_x",
+        ("rabbitmq.exchange_type", _) => "direct",
+        ("rabbitmq.ordering", _) => "aggregate",
+        // Checked with ordering (more than one channel needs "aggregate"): below.
+        ("rabbitmq.channels", _) => return None,
+        ("rabbitmq.routing_key", _) => "{table}",
+        ("rabbitmq.management_url", _) => "http://h:15672",
+        // A pair: checked against each other below.
+        ("rabbitmq.management_user" | "rabbitmq.management_password_file", _) => return None,
+        ("rabbitmq.allow_insecure_http" | "tracing.allow_insecure_http", _) => "true",
+        ("tracing.attributes", _) => "minimal",
+        ("rabbitmq.ca_file", _) => "Cargo.toml",
+        ("rabbitmq.password_file" | "rabbitmq.stream_password_file", _) => secret,
+        // A pair, checked against each other (like the metrics keys below).
+        ("rabbitmq.cert_file" | "rabbitmq.key_file", _) => return None,
+        ("relay.metrics_listen", _) => "0.0.0.0:1",
+        // Those of a pair are checked against each other: set alone, each names
+        // the other (checked by the test below).
+        ("relay.metrics_basic_auth_user" | "relay.metrics_basic_auth_password_file", _)
+        | ("relay.metrics_tls_cert_file" | "relay.metrics_tls_key_file", _) => return None,
+        ("relay.replay_window" | "retention.keep" | "rabbitmq.max_age", _) => "5m",
+        ("relay.pause_alert_after", _) => "5m",
+        ("rabbitmq.request_timeout" | "rabbitmq.stall_after", _) => "5m",
+        ("tracing.endpoint", _) => "http://h:4318",
+        ("tracing.headers_file", _) => secret,
+        ("relay.log_filter", _) => "debug",
+        ("relay.metrics_allowed_hosts", _) => "relay, Relay.Example",
+        ("rabbitmq.stream_url", _) => "rabbitmq-stream://h",
+        ("message.format", _) => "cloudevents",
+        ("message.headers", _) => "minimal",
+        ("rabbitmq.declare_topology", _) => "true",
+        (_, Kind::Bool) => "false",
+        (_, Kind::UInt) => "123",
+        (_, Kind::Float) => "0.5",
+        (_, Kind::UrlList) => "amqp://h",
+        (_, Kind::List) => "x.y",
+        (_, Kind::Str) => "value_x",
+    };
+    Some(value)
+}
+
+/// Whether `value`, set through the variable of `dotted`, reached that key of `c`.
+fn reaches(c: &Config, dotted: &str, value: &str) -> bool {
+    let d = Config::default();
+    match dotted {
+        "postgres.url" => c.postgres_url_exposed() != d.postgres_url_exposed(),
+        "postgres.slot" => c.postgres.slot != d.postgres.slot,
+        "postgres.publication" => c.postgres.publication != d.postgres.publication,
+        "postgres.tables" => c.postgres.tables != d.postgres.tables,
+        "postgres.messages" => c.postgres.messages == ["x.y"],
+        "mapping.id" => c.mapping.id == value,
+        "mapping.aggregate_type" => c.mapping.aggregate_type == value,
+        "mapping.aggregate_id" => c.mapping.aggregate_id == value,
+        "mapping.event_type" => c.mapping.event_type == value,
+        "mapping.payload" => c.mapping.payload == value,
+        "mapping.headers" => c.mapping.headers == value,
+        "mapping.correlation_id" => c.mapping.correlation_id == value,
+        "mapping.exchange" => c.mapping.exchange == value,
+        "mapping.expiration" => c.mapping.expiration == value,
+        "mapping.priority" => c.mapping.priority == value,
+        "mapping.content_type" => c.mapping.content_type == value,
+        "mapping.content_encoding" => c.mapping.content_encoding == value,
+        "mapping.reply_to" => c.mapping.reply_to == value,
+        "rabbitmq.url" => c.expose_amqp_urls() == ["amqp://h"],
+        "rabbitmq.exchange" => c.rabbitmq.exchange == value,
+        "rabbitmq.exchange_type" => c.rabbitmq.exchange_type == ExchangeType::Direct,
+        "rabbitmq.declare_exchange" => !c.rabbitmq.declare_exchange,
+        "rabbitmq.declare_topology" => c.rabbitmq.declare_topology,
+        "rabbitmq.routing_key" => c.rabbitmq.routing_key == value,
+        "rabbitmq.max_in_flight" => c.rabbitmq.max_in_flight == 123,
+        "rabbitmq.max_in_flight_bytes" => c.rabbitmq.max_in_flight_bytes == 123,
+        "rabbitmq.allowed_exchanges" => c.rabbitmq.allowed_exchanges == ["x.y"],
+        "rabbitmq.max_declared_exchanges" => c.rabbitmq.max_declared_exchanges == 123,
+        "rabbitmq.request_timeout" => {
+            c.publisher_config().request_timeout == Duration::from_secs(300)
+        }
+        "rabbitmq.stall_after" => c.publisher_config().stall_after == Duration::from_secs(300),
+        "rabbitmq.ordering" => c.rabbitmq.ordering == publisher::settings::Ordering::Aggregate,
+        "rabbitmq.dead_letter_exchange" => c.dead_letter_exchange() == Some(value),
+        "rabbitmq.ca_file" => c.ca_file() == Some(Path::new(value)),
+        "rabbitmq.heartbeat_secs" => c.rabbitmq.heartbeat_secs == 123,
+        "rabbitmq.stream" => c.stream() == Some(value),
+        "rabbitmq.stream_url" => c.stream_urls_redacted() == [value],
+        "rabbitmq.declare_stream" => !c.rabbitmq.declare_stream,
+        "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
+        "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
+        "rabbitmq.producer_name" => c.producer_name() == Some(value),
+        "rabbitmq.management_url" => {
+            secrecy::ExposeSecret::expose_secret(&c.rabbitmq.management_url) == value
+        }
+        "message.format" => c.message.format == MessageFormatKind::CloudEvents,
+        "message.headers" => c.header_profile() == publisher::message::HeaderProfile::Minimal,
+        "message.cloudevents_source" => c.message.cloudevents_source == value,
+        "message.cloudevents_type_prefix" => c.message.cloudevents_type_prefix == value,
+        "rabbitmq.password_file" => c.publisher_config().auth.password_file == Some(value.into()),
+        "rabbitmq.stream_password_file" => {
+            c.stream_config().auth.password_file == Some(value.into())
+        }
+        "relay.status_interval_ms" => c.relay.status_interval_ms == 123,
+        "relay.metrics_listen" => c.metrics_listen() == value.parse().ok(),
+        "relay.replay_window" => c.replay_window() == Some(Duration::from_secs(300)),
+        "relay.shutdown_timeout_ms" => c.relay.shutdown_timeout_ms == 123,
+        "relay.metrics_read_timeout_ms" => c.relay.metrics_read_timeout_ms == 123,
+        "relay.metrics_max_connections" => c.relay.metrics_max_connections == 123,
+        "relay.metrics_bearer_token_file" => c.relay.metrics_bearer_token_file == value,
+        "relay.metrics_allowed_hosts" => {
+            c.relay.metrics_allowed_hosts == ["relay", "Relay.Example"]
+        }
+        "relay.control_token_file" => {
+            c.metrics_endpoint().map(|e| e.token_file.path) == Some(value.into())
+        }
+        "retention.keep" => c.retention_keep() == Some(Duration::from_secs(300)),
+        "relay.log_filter" => c.relay.log_filter == value,
+        "tracing.endpoint" => c.tracing.endpoint == value,
+        "tracing.sampling_ratio" => c.tracing.sampling_ratio == 0.5,
+        "tracing.headers_file" => c.tracing.headers_file == value,
+        "tracing.max_queue_size" => c.tracing.max_queue_size == 123,
+        "tracing.attributes" => c.tracing.attributes == TraceAttributesKind::Minimal,
+        "tracing.respect_parent_sampled" => !c.tracing.respect_parent_sampled,
+        "tracing.allow_insecure_http" => c.tracing.allow_insecure_http,
+        "rabbitmq.allow_insecure_http" => c.rabbitmq.allow_insecure_http,
+        "relay.pause_alert_after" => c.relay.pause_alert_after == Some(Duration::from_secs(300)),
+        other => panic!("key {other} missing from this test"),
     }
 }
 

@@ -104,8 +104,21 @@ impl Checks {
             .count()
     }
 
+    /// Checks what step `step` left.
     pub(super) fn after_step(&mut self, step: usize, events: &[Ev], s: Seen<'_>) {
         let c = s.cluster;
+        self.protocol_kept(step, c);
+        let before = self.settled;
+        self.take_deliveries(step, events, c);
+        self.watermark_kept(step, events, &s);
+        self.poison_refusable(step, events, &s);
+        self.no_silent_wait(step, events, &s, before);
+        let _ = s.log;
+    }
+
+    /// The broker saw no protocol violation, no publish after `channel.flow(false)`,
+    /// and no more exchanges declared for events than `max_declared_exchanges`.
+    fn protocol_kept(&self, step: usize, c: &Cluster) {
         assert!(
             c.violations.is_empty(),
             "step {step}: the relay broke the protocol: {:?}",
@@ -128,8 +141,13 @@ impl Checks {
             "step {step}: the relay declared {chosen} exchanges chosen by events, over max_declared_exchanges = {}",
             self.max_declared
         );
-        let before = self.settled;
-        // New deliveries, in the order the queues received them.
+    }
+
+    /// Reads the deliveries since the last step, in the order the queues received
+    /// them: a dead-letter copy only of an event unroutable or refusable, every
+    /// event to its own exchange, and an event's first copy in the main queue only
+    /// after every earlier event reached a queue or was refused.
+    fn take_deliveries(&mut self, step: usize, events: &[Ev], c: &Cluster) {
         for d in &c.deliveries[self.seen..] {
             let e = self.event(d.key);
             let ev = &events[e];
@@ -174,7 +192,10 @@ impl Checks {
         }
         self.seen = c.deliveries.len();
         self.advance_low(events, c);
-        // The watermark: never back, never past an event in no queue.
+    }
+
+    /// The watermark: never back, never past an event in no queue.
+    fn watermark_kept(&mut self, step: usize, events: &[Ev], s: &Seen<'_>) {
         assert!(
             s.watermark >= self.watermark,
             "step {step}: the watermark went back from {} to {}",
@@ -192,7 +213,11 @@ impl Checks {
                 s.watermark, e.id
             );
         }
-        // A poison named must be refusable.
+    }
+
+    /// A poison named must be refusable.
+    fn poison_refusable(&self, step: usize, events: &[Ev], s: &Seen<'_>) {
+        let c = s.cluster;
         if let Some(id) = &s.poison {
             if let Some(e) = events.iter().find(|e| &e.id == id) {
                 assert!(
@@ -204,7 +229,14 @@ impl Checks {
                 );
             }
         }
-        // No event waits silently.
+    }
+
+    /// No event waits silently: while events wait and the cluster has been healthy
+    /// for `healthy_bound`, some event settled or the oldest waiting one is excused;
+    /// a wait longer than `stall_after` (and 5 s) is named by `/poison` or a stall.
+    /// `before`: the events settled before this step's deliveries.
+    fn no_silent_wait(&mut self, step: usize, events: &[Ev], s: &Seen<'_>, before: usize) {
+        let c = s.cluster;
         let now = Instant::now();
         if self.settled > before || s.poison != self.named {
             self.progress_at = now;
@@ -264,7 +296,6 @@ impl Checks {
                 s.stall_after,
             );
         }
-        let _ = s.log;
     }
 
     fn advance_low(&mut self, events: &[Ev], c: &Cluster) {

@@ -4,6 +4,7 @@
 //! frame, confirms, returns, closes, heartbeats), with the faults the schedule
 //! asks for. What a publish means (routing, refusals) is the cluster's
 //! (`broker.rs`): this file only speaks the protocol.
+//! size: the server's AMQP 0-9-1 is one `impl Server` over one connection's buffers and channels
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{ErrorKind, Read, Write};
