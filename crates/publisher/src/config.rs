@@ -29,7 +29,7 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// messages pipelined (128 of them in flight).
 pub const DEFAULT_MAX_IN_FLIGHT_BYTES: usize = 256 * 1024 * 1024;
 /// Default exchange type (`[rabbitmq] exchange_type`, [`crate::settings`]).
-pub const DEFAULT_EXCHANGE_TYPE: &str = crate::settings::DEFAULT_EXCHANGE_TYPE.as_str();
+pub const DEFAULT_EXCHANGE_TYPE: &str = "topic";
 
 /// The one check of the flow limit `max_in_flight` (both targets, and the
 /// `[rabbitmq]` settings at load): the reason it is refused, if it is.
@@ -109,7 +109,7 @@ pub struct PublisherConfig {
     pub shutdown_timeout: Duration,
     /// `[topology]` to declare at every connect, before the first publish
     /// (`[rabbitmq] declare_topology = true`); `None` declares none of it.
-    pub topology: Option<std::sync::Arc<crate::settings::TopologyConfig>>,
+    pub topology: Option<std::sync::Arc<crate::settings::topology::TopologyConfig>>,
     /// Globs an exchange chosen by an event must match (`[rabbitmq]
     /// allowed_exchanges`); empty: the template's own shape (docs/routing.md).
     pub allowed_exchanges: Vec<String>,
@@ -236,12 +236,12 @@ impl PublisherConfig {
     /// of that file *instead of* the system's roots, so that a private CA can be
     /// enforced, and the client certificate (docs/security.md). The files are read
     /// here, to refuse unusable ones at once, and again at every connect.
-    pub(crate) fn tls(&self) -> Result<crate::amqp::Tls, PublishError> {
+    pub(crate) fn tls(&self) -> Result<crate::amqp::connection::Tls, PublishError> {
         if self.ca_file.is_none() && self.auth.cert_file.is_none() && self.auth.key_file.is_none() {
-            return Ok(crate::amqp::Tls::SystemRoots);
+            return Ok(crate::amqp::connection::Tls::SystemRoots);
         }
         tls::amqps_config(self.ca_file.as_deref(), &self.auth)?;
-        Ok(crate::amqp::Tls::Own)
+        Ok(crate::amqp::connection::Tls::Own)
     }
 }
 

@@ -5,7 +5,8 @@
 //! exchanges and queues of `[topology]` exist as configured ([`probe_topology`]).
 
 use crate::amqp::connection::{ConnError, Declare};
-use crate::amqp::session::{login_any, refused};
+use crate::amqp::session::login_any;
+use crate::amqp::topology::exchange_refused;
 use crate::amqp::topology::{self, Object};
 use crate::config::PublisherConfig;
 use crate::error::{redact_url, scrub, PublishError};
@@ -47,7 +48,7 @@ pub async fn probe_exchanges(config: &PublisherConfig) -> Result<ExchangeProbe, 
     {
         Ok(()) => Ok(Presence::Exists),
         Err(ConnError::ChannelClosed { code: 404, .. }) => Ok(Presence::Missing),
-        Err(e) => Err(refused(config, conn.node, name, e)),
+        Err(e) => Err(exchange_refused(config, conn.node, name, e)),
     };
     let result = async {
         let exchange = match config.exchange.as_str() {
@@ -57,7 +58,7 @@ pub async fn probe_exchanges(config: &PublisherConfig) -> Result<ExchangeProbe, 
                 if presence == Presence::Exists && config.declare_exchange {
                     conn.declare_exchange(name, &config.exchange_type, Declare::Active)
                         .await
-                        .map_err(|e| refused(config, conn.node, name, e))?;
+                        .map_err(|e| exchange_refused(config, conn.node, name, e))?;
                 }
                 Some(presence)
             }
@@ -99,7 +100,7 @@ pub async fn probe_exchange_names(
                 found.push((name.clone(), Presence::Missing));
             }
             Err(e) => {
-                result = Err(refused(config, conn.node, name, e));
+                result = Err(exchange_refused(config, conn.node, name, e));
                 break;
             }
         }
@@ -111,7 +112,10 @@ pub async fn probe_exchange_names(
 /// Whether the stream of `config` exists, asked without declaring it (the stream
 /// protocol's metadata request), as `run` would log in.
 pub async fn probe_stream(config: &StreamConfig) -> Result<Presence, PublishError> {
-    crate::stream::stream_presence(config).await
+    Ok(match crate::stream::stream_exists(config).await? {
+        true => Presence::Exists,
+        false => Presence::Missing,
+    })
 }
 
 /// What `check` found of one exchange or queue of `[topology]`.

@@ -417,6 +417,16 @@ impl RabbitMqConfig {
 mod tests {
     use super::*;
 
+    /// The runtime config's default exchange type is the file's (two constants, so
+    /// that `config.rs` needs nothing from this module).
+    #[test]
+    fn the_default_exchange_type_is_one() {
+        assert_eq!(
+            DEFAULT_EXCHANGE_TYPE.as_str(),
+            crate::config::DEFAULT_EXCHANGE_TYPE
+        );
+    }
+
     fn shared() -> Shared {
         Shared {
             format: MessageFormat::Native,

@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 use wal_reader::admin::{self, ident::validate_slot_name};
 use wal_reader::PgConnectOptions;
 
-use crate::background::{every_tick, Task, Then};
+use crate::background::tick::{every_tick, Task, Then};
 use crate::config::Config;
 use crate::error::CliError;
 use crate::shutdown::Shutdown;

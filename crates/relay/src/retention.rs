@@ -94,7 +94,7 @@ use tracing::{debug, info, warn, Instrument};
 use wal_reader::admin::{self, ident::quote_table, AdminError};
 use wal_reader::{PgConnectOptions, TableName};
 
-use crate::background::{every_tick, Task, Then};
+use crate::background::tick::{every_tick, Task, Then};
 use crate::config::Config;
 use crate::error::CliError;
 use crate::shutdown::Shutdown;

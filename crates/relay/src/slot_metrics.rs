@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 use wal_reader::{admin, PgConnectOptions};
 
-use crate::background::{every_tick, Task, Then};
+use crate::background::tick::{every_tick, Task, Then};
 use crate::config::Config;
 use crate::shutdown::Shutdown;
 use crate::sql;

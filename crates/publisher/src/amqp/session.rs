@@ -1,10 +1,10 @@
-//! Getting a connection to publish on: the URL list tried in order, the password
-//! file read at every connect, and the exchanges declared (or checked) on the
-//! control channel, as at start so after every failure.
+//! Getting a connection to publish on: the URL list tried in order (the password
+//! file read at every connect), and what is declared on it (`topology.rs`), as at
+//! start so after every failure.
 
-use crate::amqp::connection::{self, ConnError, Connection, Declare, Params, Tls};
+use crate::amqp::connection::{self, Connection, Params, Tls};
 use crate::config::PublisherConfig;
-use crate::error::{scrub, PublishError};
+use crate::error::PublishError;
 
 /// Connects to the URLs in order starting at `start`: the first node that answers
 /// wins. Every URL is tried, whatever the others answered: a node that refuses the
@@ -85,60 +85,4 @@ async fn first_that_answers(
         key: "url",
         reason: "no URL configured; set at least one amqp:// or amqps:// URL".into(),
     }))
-}
-
-/// Declares the exchange (or checks it passively when `declare_exchange` is off)
-/// and checks the dead-letter exchange, which is the operator's, on the control
-/// channel. A refusal is [`PublishError::Exchange`]; a connection that ends
-/// meanwhile is an outage.
-/// `declared`: the names a `[topology]` already declared (with their arguments:
-/// declaring them again without would be refused), skipped here.
-pub(crate) async fn declare(
-    conn: &mut Connection,
-    config: &PublisherConfig,
-    declared: impl Fn(&str) -> bool,
-) -> Result<(), PublishError> {
-    // An exchange per event is declared when first seen (`run.rs`), not here.
-    let template =
-        crate::message::ExchangeRule::new(&config.exchange, false).is_ok_and(|r| r.is_template());
-    if !config.exchange.is_empty() && !template && !declared(&config.exchange) {
-        let how = if config.declare_exchange {
-            Declare::Active
-        } else {
-            Declare::Passive
-        };
-        conn.declare_exchange(&config.exchange, &config.exchange_type, how)
-            .await
-            .map_err(|e| refused(config, conn.node, &config.exchange, e))?;
-    }
-    if let Some(dlx) = config
-        .dead_letter_exchange
-        .as_deref()
-        .filter(|d| !declared(d))
-    {
-        conn.declare_exchange(dlx, "fanout", Declare::Passive)
-            .await
-            .map_err(|e| refused(config, conn.node, dlx, e))?;
-    }
-    Ok(())
-}
-
-/// A declaration's failure: the broker's refusal of the exchange, or an outage.
-pub(crate) fn refused(
-    config: &PublisherConfig,
-    node: usize,
-    exchange: &str,
-    e: ConnError,
-) -> PublishError {
-    let url = &config.urls[node];
-    match e {
-        ConnError::ChannelClosed { code, text } => PublishError::Exchange {
-            exchange: exchange.to_string(),
-            reason: scrub(&format!("({code}) {text}"), url),
-        },
-        other => PublishError::Unreachable {
-            url: crate::error::redact_url(url),
-            reason: scrub(&other.to_string(), url),
-        },
-    }
 }

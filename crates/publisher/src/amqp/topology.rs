@@ -104,18 +104,74 @@ pub(crate) async fn declare_queue(
 
 /// What is declared at connect: with `config.topology`, the topology around the
 /// configured exchange and dead-letter exchange (module docs); without, those two
-/// alone ([`crate::amqp::session::declare`]).
+/// alone ([`declare`]).
 pub(crate) async fn declare_all(
     conn: &mut Connection,
     config: &PublisherConfig,
 ) -> Result<(), PublishError> {
     let Some(topology) = config.topology.clone() else {
-        return crate::amqp::session::declare(conn, config, |_| false).await;
+        return declare(conn, config, |_| false).await;
     };
     declare_exchanges(conn, config, &topology).await?;
     // The configured exchange and the DLX, unless the topology declared them.
-    crate::amqp::session::declare(conn, config, |x| topology.exchange(x).is_some()).await?;
+    declare(conn, config, |x| topology.exchange(x).is_some()).await?;
     declare_queues_and_bindings(conn, config, &topology).await
+}
+
+/// Declares the exchange (or checks it passively when `declare_exchange` is off)
+/// and checks the dead-letter exchange, which is the operator's, on the control
+/// channel. A refusal is [`PublishError::Exchange`]; a connection that ends
+/// meanwhile is an outage.
+/// `declared`: the names a `[topology]` already declared (with their arguments:
+/// declaring them again without would be refused), skipped here.
+pub(crate) async fn declare(
+    conn: &mut Connection,
+    config: &PublisherConfig,
+    declared: impl Fn(&str) -> bool,
+) -> Result<(), PublishError> {
+    // An exchange per event is declared when first seen (`run.rs`), not here.
+    let template =
+        crate::message::ExchangeRule::new(&config.exchange, false).is_ok_and(|r| r.is_template());
+    if !config.exchange.is_empty() && !template && !declared(&config.exchange) {
+        let how = if config.declare_exchange {
+            Declare::Active
+        } else {
+            Declare::Passive
+        };
+        conn.declare_exchange(&config.exchange, &config.exchange_type, how)
+            .await
+            .map_err(|e| exchange_refused(config, conn.node, &config.exchange, e))?;
+    }
+    if let Some(dlx) = config
+        .dead_letter_exchange
+        .as_deref()
+        .filter(|d| !declared(d))
+    {
+        conn.declare_exchange(dlx, "fanout", Declare::Passive)
+            .await
+            .map_err(|e| exchange_refused(config, conn.node, dlx, e))?;
+    }
+    Ok(())
+}
+
+/// A declaration's failure: the broker's refusal of the exchange, or an outage.
+pub(crate) fn exchange_refused(
+    config: &PublisherConfig,
+    node: usize,
+    exchange: &str,
+    e: ConnError,
+) -> PublishError {
+    let url = &config.urls[node];
+    match e {
+        ConnError::ChannelClosed { code, text } => PublishError::Exchange {
+            exchange: exchange.to_string(),
+            reason: scrub(&format!("({code}) {text}"), url),
+        },
+        other => PublishError::Unreachable {
+            url: crate::error::redact_url(url),
+            reason: scrub(&other.to_string(), url),
+        },
+    }
 }
 
 /// Every exchange, queue and binding of `topology`, in the order of the module

@@ -30,8 +30,6 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use super::{RabbitMqConfig, SettingError};
-
 /// One argument value of a declaration or binding (`x-message-ttl = 60000`,
 /// `x-match = "all"`): a JSON value, which TOML values map to one to one.
 pub type ArgValue = serde_json::Value;
@@ -165,15 +163,6 @@ impl TopologyConfig {
     /// The declared queue named `name`.
     pub fn queue(&self, name: &str) -> Option<&QueueDecl> {
         self.queues.iter().find(|q| q.name == name)
-    }
-
-    /// Checks what serde cannot: names (non-empty, at most 255 bytes, no `amq.`
-    /// prefix, no duplicates), that every binding's source exchange is declared here,
-    /// or is `[rabbitmq] exchange` or `dead_letter_exchange`, or a broker default
-    /// (`amq.*`), and the types of the arguments RabbitMQ gives a meaning to. Every
-    /// problem is reported, each naming the object.
-    pub fn validate(&self, rabbitmq: &RabbitMqConfig) -> Vec<SettingError> {
-        validate::validate(self, rabbitmq)
     }
 }
 

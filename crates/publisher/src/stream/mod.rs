@@ -231,12 +231,9 @@ impl std::fmt::Debug for StreamConfig {
     }
 }
 
-/// Whether the stream exists, asked without declaring it (for `check`:
-/// [`crate::probe::probe_stream`]).
-pub(crate) async fn stream_presence(
-    config: &StreamConfig,
-) -> Result<crate::probe::Presence, PublishError> {
-    use crate::probe::Presence;
+/// Whether the stream exists, asked without declaring it (for `check`, through
+/// `probe.rs`).
+pub(crate) async fn stream_exists(config: &StreamConfig) -> Result<bool, PublishError> {
     use rabbitmq_stream_client::types::ResponseCode;
     let mut config = config.clone();
     config.declare_stream = false;
@@ -246,8 +243,8 @@ pub(crate) async fn stream_presence(
     let answer = session.client.metadata(vec![config.stream.clone()]).await;
     let presence = match answer {
         Ok(map) => match map.get(&config.stream).map(|m| &m.response_code) {
-            Some(ResponseCode::Ok) => Ok(Presence::Exists),
-            Some(ResponseCode::StreamDoesNotExist) | None => Ok(Presence::Missing),
+            Some(ResponseCode::Ok) => Ok(true),
+            Some(ResponseCode::StreamDoesNotExist) | None => Ok(false),
             Some(code) => Err(PublishError::Stream {
                 stream: config.stream.clone(),
                 reason: format!("the broker answered {code:?} when asked about it"),

@@ -67,7 +67,18 @@ const BINDING_ARGS: &[(&str, Want)] = &[(
     Want::OneOf(&["all", "any", "all-with-x", "any-with-x"]),
 )];
 
-pub(super) fn validate(t: &TopologyConfig, r: &RabbitMqConfig) -> Vec<SettingError> {
+impl TopologyConfig {
+    /// Checks what serde cannot: names (non-empty, at most 255 bytes, no `amq.`
+    /// prefix, no duplicates), that every binding's source exchange is declared here,
+    /// or is `[rabbitmq] exchange` or `dead_letter_exchange`, or a broker default
+    /// (`amq.*`), and the types of the arguments RabbitMQ gives a meaning to. Every
+    /// problem is reported, each naming the object.
+    pub fn validate(&self, rabbitmq: &RabbitMqConfig) -> Vec<SettingError> {
+        validate(self, rabbitmq)
+    }
+}
+
+fn validate(t: &TopologyConfig, r: &RabbitMqConfig) -> Vec<SettingError> {
     let mut errors = Vec::new();
     let declared: HashSet<&str> = t.exchanges.iter().map(|e| e.name.as_str()).collect();
     let known_source = |name: &str| {
