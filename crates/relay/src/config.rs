@@ -54,6 +54,7 @@ mod ctl;
 mod de;
 mod env;
 mod error;
+mod keys;
 mod load;
 mod plain_http;
 mod secret_files;

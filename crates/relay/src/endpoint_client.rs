@@ -25,7 +25,7 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::control_token::{self, CONTROL_HEADER, PROOF_PATH};
-use crate::endpoint::{read_secret, Credentials};
+use crate::endpoint_auth::{read_secret, Credentials};
 
 mod pinned;
 

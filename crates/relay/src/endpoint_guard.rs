@@ -27,7 +27,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::control_token::{CONTROL_HEADER, PROOF_PATH};
-use crate::endpoint::{Authorized, Credentials};
+use crate::endpoint_auth::{same, Authorized, Credentials};
 
 /// Paths that need credentials when some are configured.
 const GUARDED: &[&str] = &["/metrics", "/poison"];
@@ -97,7 +97,7 @@ pub struct Guard {
 impl Guard {
     /// True when `headers` carry `Authorization: Bearer <this start's token>`.
     fn has_token(&self, headers: &HeaderMap) -> bool {
-        bearer(headers).is_some_and(|t| crate::endpoint::same(t.as_bytes(), self.token.as_bytes()))
+        bearer(headers).is_some_and(|t| same(t.as_bytes(), self.token.as_bytes()))
     }
 
     /// Why a control request is refused for its shape or origin, if it is.

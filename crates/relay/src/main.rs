@@ -49,6 +49,7 @@ mod control;
 mod control_endpoint;
 mod control_token;
 mod endpoint;
+mod endpoint_auth;
 mod endpoint_client;
 mod endpoint_guard;
 mod error;

@@ -9,7 +9,8 @@ use tracing::Instrument;
 
 use crate::control::{Control, RunState};
 use crate::control_endpoint::Live;
-use crate::endpoint::{Authorized, EndpointConfig};
+use crate::endpoint::EndpointConfig;
+use crate::endpoint_auth::Authorized;
 use crate::error::CliError;
 use crate::health::Health;
 

@@ -5,106 +5,8 @@ use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 
 use super::error::{closest, expectation};
+use super::keys::{Kind, ENV_METADATA_NAME, KEYS};
 use super::{ConfigError, ENV_PREFIX};
-
-/// How an environment variable's text becomes a value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Kind {
-    /// Taken as is.
-    Str,
-    /// `true` or `false`.
-    Bool,
-    /// A non-negative integer.
-    UInt,
-    /// A number.
-    Float,
-    /// A TOML array of strings, or a comma-separated list.
-    List,
-    /// A single URL, or a TOML array of URLs (never split on commas). Secret.
-    UrlList,
-}
-
-/// Every key, by section, with how its environment variable is read.
-pub(super) const KEYS: &[(&str, &str, Kind)] = &[
-    ("postgres", "url", Kind::Str),
-    ("postgres", "slot", Kind::Str),
-    ("postgres", "publication", Kind::Str),
-    ("postgres", "tables", Kind::List),
-    ("postgres", "messages", Kind::List),
-    ("mapping", "id", Kind::Str),
-    ("mapping", "aggregate_type", Kind::Str),
-    ("mapping", "aggregate_id", Kind::Str),
-    ("mapping", "event_type", Kind::Str),
-    ("mapping", "payload", Kind::Str),
-    ("mapping", "headers", Kind::Str),
-    ("mapping", "correlation_id", Kind::Str),
-    ("mapping", "exchange", Kind::Str),
-    ("mapping", "expiration", Kind::Str),
-    ("mapping", "priority", Kind::Str),
-    ("mapping", "content_type", Kind::Str),
-    ("mapping", "content_encoding", Kind::Str),
-    ("mapping", "reply_to", Kind::Str),
-    ("rabbitmq", "url", Kind::UrlList),
-    ("rabbitmq", "exchange", Kind::Str),
-    ("rabbitmq", "exchange_type", Kind::Str),
-    ("rabbitmq", "declare_exchange", Kind::Bool),
-    ("rabbitmq", "declare_topology", Kind::Bool),
-    ("rabbitmq", "routing_key", Kind::Str),
-    ("rabbitmq", "max_in_flight", Kind::UInt),
-    ("rabbitmq", "max_in_flight_bytes", Kind::UInt),
-    ("rabbitmq", "allowed_exchanges", Kind::List),
-    ("rabbitmq", "max_declared_exchanges", Kind::UInt),
-    ("rabbitmq", "request_timeout", Kind::Str),
-    ("rabbitmq", "stall_after", Kind::Str),
-    ("rabbitmq", "ordering", Kind::Str),
-    ("rabbitmq", "channels", Kind::UInt),
-    ("rabbitmq", "dead_letter_exchange", Kind::Str),
-    ("rabbitmq", "ca_file", Kind::Str),
-    ("rabbitmq", "heartbeat_secs", Kind::UInt),
-    ("rabbitmq", "stream", Kind::Str),
-    ("rabbitmq", "stream_url", Kind::UrlList),
-    ("rabbitmq", "declare_stream", Kind::Bool),
-    ("rabbitmq", "max_length_bytes", Kind::UInt),
-    ("rabbitmq", "max_age", Kind::Str),
-    ("rabbitmq", "producer_name", Kind::Str),
-    ("rabbitmq", "cert_file", Kind::Str),
-    ("rabbitmq", "key_file", Kind::Str),
-    ("rabbitmq", "password_file", Kind::Str),
-    ("rabbitmq", "stream_password_file", Kind::Str),
-    ("rabbitmq", "management_url", Kind::Str),
-    ("rabbitmq", "management_user", Kind::Str),
-    ("rabbitmq", "management_password_file", Kind::Str),
-    ("rabbitmq", "allow_insecure_http", Kind::Bool),
-    ("message", "format", Kind::Str),
-    ("message", "headers", Kind::Str),
-    ("message", "cloudevents_source", Kind::Str),
-    ("message", "cloudevents_type_prefix", Kind::Str),
-    ("relay", "status_interval_ms", Kind::UInt),
-    ("relay", "metrics_listen", Kind::Str),
-    ("relay", "replay_window", Kind::Str),
-    ("relay", "shutdown_timeout_ms", Kind::UInt),
-    ("relay", "metrics_read_timeout_ms", Kind::UInt),
-    ("relay", "metrics_max_connections", Kind::UInt),
-    ("relay", "metrics_bearer_token_file", Kind::Str),
-    ("relay", "metrics_basic_auth_user", Kind::Str),
-    ("relay", "metrics_basic_auth_password_file", Kind::Str),
-    ("relay", "metrics_tls_cert_file", Kind::Str),
-    ("relay", "metrics_tls_key_file", Kind::Str),
-    ("relay", "metrics_allowed_hosts", Kind::List),
-    ("relay", "control_token_file", Kind::Str),
-    ("relay", "log_filter", Kind::Str),
-    ("relay", "pause_alert_after", Kind::Str),
-    ("retention", "keep", Kind::Str),
-    ("tracing", "endpoint", Kind::Str),
-    ("tracing", "sampling_ratio", Kind::Float),
-    ("tracing", "headers_file", Kind::Str),
-    ("tracing", "max_queue_size", Kind::UInt),
-    ("tracing", "attributes", Kind::Str),
-    ("tracing", "respect_parent_sampled", Kind::Bool),
-    ("tracing", "allow_insecure_http", Kind::Bool),
-];
-
-pub(super) const ENV_METADATA_NAME: &str = "environment variable";
 
 /// The environment variable that overrides `section.key`.
 pub fn env_var_name(dotted_key: &str) -> String {
@@ -158,7 +60,7 @@ impl EnvOverrides {
     /// Drops the value at `path` (a key that failed), so that the others can still be
     /// checked. Returns whether there was one.
     pub(super) fn remove(&mut self, path: &[&str]) -> bool {
-        super::load::remove_path(&mut self.0, path)
+        remove_path(&mut self.0, path)
     }
 
     /// One variable: `Ok(None)` when it is not ours.
@@ -275,5 +177,18 @@ impl Provider for EnvOverrides {
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
         Ok(Profile::Default.collect(self.0.clone()))
+    }
+}
+
+/// Removes the value at `path` (`["rabbitmq", "url"]`) from `dict`; true if there
+/// was one.
+pub(super) fn remove_path(dict: &mut Dict, path: &[&str]) -> bool {
+    match path {
+        [] => false,
+        [key] => dict.remove(*key).is_some(),
+        [section, rest @ ..] => match dict.get_mut(*section) {
+            Some(Value::Dict(_, inner)) => remove_path(inner, rest),
+            _ => false,
+        },
     }
 }

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use figment::{Metadata, Profile};
 
-use super::env::ENV_METADATA_NAME;
+use super::keys::ENV_METADATA_NAME;
 use super::DEFAULT_CONFIG_FILE;
 use wal_reader::redact::redact_url;
 
@@ -253,7 +253,7 @@ pub(super) fn from_figment(e: figment::Error, file: Option<&Path>) -> ConfigErro
 
 /// What `dotted_key` takes, in words: "a whole number like 10000", "true or false".
 pub(super) fn expectation(dotted_key: &str) -> String {
-    use super::env::{Kind, KEYS};
+    use super::keys::{Kind, KEYS};
     let kind = KEYS
         .iter()
         .find(|(s, k, _)| dotted_key.split_once('.') == Some((s, k)))

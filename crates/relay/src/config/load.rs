@@ -8,7 +8,7 @@ use figment::providers::{Format, Toml};
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 
-use super::env::{self, EnvOverrides};
+use super::env::{self, remove_path, EnvOverrides};
 use super::error::{describe_origin, from_figment};
 use super::{redact_url, Config, ConfigError, ConfigSource, DEFAULT_CONFIG_FILE, ENV_PREFIX};
 
@@ -266,18 +266,5 @@ impl Provider for FileLayer {
 
     fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
         Ok(Profile::Default.collect(self.dict.clone()))
-    }
-}
-
-/// Removes the value at `path` (`["rabbitmq", "url"]`) from `dict`; true if there
-/// was one.
-pub(super) fn remove_path(dict: &mut Dict, path: &[&str]) -> bool {
-    match path {
-        [] => false,
-        [key] => dict.remove(*key).is_some(),
-        [section, rest @ ..] => match dict.get_mut(*section) {
-            Some(Value::Dict(_, inner)) => remove_path(inner, rest),
-            _ => false,
-        },
     }
 }

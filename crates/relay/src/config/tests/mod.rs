@@ -8,8 +8,9 @@ mod load;
 mod targets;
 mod topology;
 
-use super::env::{env_var_name, Kind, KEYS};
+use super::env::env_var_name;
 use super::error::closest;
+use super::keys::{Kind, KEYS};
 use super::validate::validate_routing_key;
 use super::*;
 use std::io::Write as _;
