@@ -9,6 +9,41 @@
 //! decoded the body and chosen the content type): this crate knows RabbitMQ, not
 //! Postgres, and does not depend on the reader.
 //!
+//! # Layout
+//!
+//! ```text
+//!   settings (the file's [rabbitmq], [topology]) ─► config::PublisherConfig / stream::StreamConfig
+//!        │                                              │
+//!        ▼                                              ▼
+//!   target::Target ─► amqp::Publisher (one lane) or amqp::lanes (N lanes)   stream::StreamPublisher
+//!                      session.rs: URLs in order ─► connection/ (the client)   connection.rs (the
+//!                      topology.rs: what is declared       │                   stream protocol crate)
+//!                      run.rs: the loop ─► engine.rs: every decision
+//!                      destinations.rs: exchanges named per event
+//!        both: message/ builds what is sent, window.rs the acked watermark,
+//!              progress.rs the bookkeeping they share, status.rs what /readyz and
+//!              metrics read, watchdog.rs the stall alarm
+//! ```
+//!
+//! - [`settings`]: the configuration file's publisher sections as serde reads them,
+//!   and their checks; `settings/topology.rs` the `[topology]` declarations.
+//! - `config.rs`: [`PublisherConfig`], what the AMQP target runs with, built from
+//!   the settings (it imports nothing from them but the topology's types).
+//! - [`amqp`]: the exchange target. `connection/` is the AMQP 0-9-1 client (its
+//!   `mod.rs` has the file map; it takes `connection::Params`, not the config);
+//!   `session.rs` logs in to the first URL that answers; `topology.rs` declares;
+//!   `run.rs` (with `run/`) is the publishing loop around `engine.rs`;
+//!   `destinations.rs` the exchanges rows choose; `lanes.rs` N channels.
+//! - [`stream`]: the stream target (exactly once through producer names and
+//!   publishing ids; `stream/mod.rs` explains).
+//! - [`message`]: the message of an event (headers, properties, CloudEvents,
+//!   row properties, the routing-key and exchange templates).
+//! - [`routing`]: a model of the broker's routing for `check --routes`.
+//! - [`probe`]: what `check` asks the broker without declaring anything.
+//! - `tls.rs`: TLS client configurations and secret files, for both targets.
+//! - [`window`], `progress.rs`, [`status`], [`watchdog`], [`trace`], [`error`],
+//!   [`backoff`]: shared by both targets.
+//!
 //! # How progress is tracked
 //!
 //! [`window`] keeps every message and every commit / keepalive position in arrival

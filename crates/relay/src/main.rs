@@ -31,9 +31,11 @@
 //!   their routes; `control_token`: the per-start token control needs and `ctl`
 //!   reads; `reload`: SIGHUP and `ctl reload`.
 //! - `background`: the tasks beside the pipeline: `anchor` (the replay window's
-//!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges).
+//!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges),
+//!   all on one tick-and-reconnect loop (`background/tick.rs`).
 //! - `metrics`: `/metrics`, `/healthz`, `/readyz`; `endpoint`: the HTTP server
-//!   under them (timeouts, connection cap, credentials, TLS); `endpoint_guard`:
+//!   under them (timeouts, connection cap, TLS); `endpoint_auth`: its credentials;
+//!   `endpoint_guard`:
 //!   the checks every request passes (Host, control's origin and shape,
 //!   credentials); `endpoint_client`: how `ctl` and `status` ask it.
 //!
