@@ -61,7 +61,6 @@ mod metrics;
 mod pipeline;
 mod reload;
 mod retention;
-mod routes;
 mod shutdown;
 mod slot_metrics;
 mod sql;

@@ -17,6 +17,7 @@
 //! broker's 406 (see [`probe::probe_topology`]).
 
 mod per_event;
+pub(crate) mod routes;
 
 use std::io::Write;
 
@@ -63,7 +64,7 @@ pub async fn execute(config: &Config, args: &CheckArgs) -> Result<(), CliError> 
     }
     if args.routes {
         // Which queues each event shape reaches, rather than the preconditions.
-        return crate::routes::execute(config, args.since).await;
+        return routes::execute(config, args.since).await;
     }
     let settings = run_settings(config);
     let pg = postgres(config, args.declare).await;
@@ -255,7 +256,7 @@ async fn rabbitmq(cfg: &Config, declare: bool) -> Result<(), CliError> {
     let exchange = &cfg.rabbitmq.exchange;
     let name = format!("exchange {exchange}");
     let mut publisher_config = cfg.publisher_config();
-    let per_event = crate::routes::is_template(cfg);
+    let per_event = routes::is_template(cfg);
     if per_event {
         // No one exchange: the names it renders are looked up below.
         publisher_config.exchange = String::new();

@@ -14,10 +14,10 @@ use std::collections::BTreeMap;
 
 use publisher::probe::{self, Presence};
 
+use super::routes::{self, Seen};
 use super::{line, Status};
 use crate::config::Config;
 use crate::error::CliError;
-use crate::routes::{self, Seen};
 
 /// One line for the template, then one per name it rendered. Fails (exit 2) when a
 /// name is missing and `run` will not declare it; a source that cannot be read is a
