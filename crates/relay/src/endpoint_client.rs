@@ -336,21 +336,9 @@ async fn converse<S: AsyncRead + AsyncWrite + Unpin>(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n{control}{header}\r\n",
         target.authority()
     );
-    let io =
-        |e: std::io::Error| AskError::Unreachable(format!("the endpoint's connection failed: {e}"));
-    stream.write_all(request.as_bytes()).await.map_err(io)?;
-    let mut answer = Vec::new();
-    let read = (&mut stream)
-        .take(MAX_ANSWER)
-        .read_to_end(&mut answer)
-        .await;
-    // A TLS peer that closes without close_notify still sent the whole answer.
-    if let Err(e) = read {
-        if answer.is_empty() {
-            return Err(io(e));
-        }
-    }
-    Ok(answer)
+    crate::http_exchange::exchange(&mut stream, &request, MAX_ANSWER)
+        .await
+        .map_err(|e| AskError::Unreachable(format!("the endpoint's connection failed: {e}")))
 }
 
 /// Asks the peer to prove it holds `token` (crate::control_token), on the

@@ -56,6 +56,7 @@ mod endpoint_client;
 mod endpoint_guard;
 mod error;
 mod health;
+mod http_exchange;
 mod logging;
 mod metrics;
 mod pipeline;

@@ -30,7 +30,6 @@ use publisher::routing::{Binding, Destination, Exchange, Kind, Topology};
 use rustls::pki_types::ServerName;
 use secrecy::ExposeSecret;
 use serde_json::Value;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::config::{redact_url, Config};
 
@@ -270,9 +269,11 @@ impl Management {
                     self.shown
                 )
             })?;
-            exchange(tls, &request).await
+            let mut tls = tls;
+            crate::http_exchange::exchange(&mut tls, &request, MAX_ANSWER).await
         } else {
-            exchange(tcp, &request).await
+            let mut tcp = tcp;
+            crate::http_exchange::exchange(&mut tcp, &request, MAX_ANSWER).await
         }
         .map_err(|e| format!("the management API at {}: {e}", self.shown))?;
         let split = answer
@@ -297,28 +298,6 @@ impl Management {
             )),
         }
     }
-}
-
-async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    mut stream: S,
-    request: &str,
-) -> Result<Vec<u8>, String> {
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut answer = Vec::new();
-    let read = (&mut stream)
-        .take(MAX_ANSWER)
-        .read_to_end(&mut answer)
-        .await;
-    // A TLS peer that closes without close_notify still sent the whole answer.
-    if let Err(e) = read {
-        if answer.is_empty() {
-            return Err(e.to_string());
-        }
-    }
-    Ok(answer)
 }
 
 fn arguments(v: Option<&Value>) -> BTreeMap<String, Value> {
