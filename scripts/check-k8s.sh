@@ -7,7 +7,7 @@
 #      schema for: its structure is checked by hand below instead (selector, port,
 #      path), and its schema is not validated;
 #   2. consistency with the relay's code: every OUTBOX_RELAY_* variable names a key of
-#      crates/relay/src/config/env.rs, the probe paths are routes of
+#      crates/relay/src/config/keys.rs, the probe paths are routes of
 #      crates/relay/src/metrics.rs, the probe port is the metrics_listen port, the
 #      selectors match, the Secret and ConfigMap references resolve, the pod runs as
 #      the image's non-root user, secrets are files of a Secret volume the relay
@@ -78,7 +78,7 @@ def read(rel):
 
 
 # ---------------- the relay's code ----------------
-ENV_RS = "crates/relay/src/config/env.rs"
+ENV_RS = "crates/relay/src/config/keys.rs"
 keys = re.findall(r'\("(\w+)",\s*"(\w+)",\s*Kind::\w+\)', read(ENV_RS))
 if len(keys) < 10:
     err(ENV_RS, f"found only {len(keys)} keys in KEYS: the table's format changed, update scripts/check-k8s.sh")

@@ -41,10 +41,13 @@ pub fn check_max_in_flight(max_in_flight: usize) -> Result<(), &'static str> {
     }
 }
 
+/// Most channels `[rabbitmq] channels` allows.
+pub const MAX_CHANNELS: usize = 64;
+
 /// The check of `[rabbitmq] channels` against the flow limit (each channel takes an
 /// equal share of `max_in_flight`): the reason it is refused, if it is.
 pub fn check_channels(channels: usize, max_in_flight: usize) -> Result<(), String> {
-    let max = crate::lanes::MAX_CHANNELS;
+    let max = MAX_CHANNELS;
     if channels == 0 || channels > max {
         Err(format!(
             "{channels} is out of range: set it between 1 and {max}"

@@ -40,8 +40,8 @@ use crate::report::PublisherReport;
 use crate::status::PublisherStatus;
 use crate::Publisher;
 
-/// Most channels `[rabbitmq] channels` allows.
-pub const MAX_CHANNELS: usize = 64;
+/// Most channels `[rabbitmq] channels` allows (defined with the check of it).
+pub use crate::config::MAX_CHANNELS;
 
 /// The lane of a key among `lanes`: FNV-1a (64-bit), stable across runs, versions
 /// and machines, so an aggregate keeps its channel over restarts.
