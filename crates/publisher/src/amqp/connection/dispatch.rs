@@ -7,9 +7,9 @@
 use amq_protocol::frame::AMQPFrame;
 use amq_protocol::protocol::{basic, channel, connection, AMQPClass};
 
-use super::{ConnError, Connection, Event, Returned, Returning, CONTROL};
+use super::{ConnError, Connection, Event, CONTROL};
 
-fn unexpected(text: impl Into<String>) -> ConnError {
+pub(super) fn unexpected(text: impl Into<String>) -> ConnError {
     ConnError::Protocol {
         code: 505,
         text: text.into(),
@@ -53,40 +53,8 @@ impl Connection {
             {
                 Ok(())
             }
-            AMQPFrame::Header(ch, header) => {
-                let Some(returning) = self.returning.as_mut().filter(|r| r.header.is_none()) else {
-                    return Err(unexpected(format!(
-                        "a content header on channel {ch} without the method it belongs to"
-                    )));
-                };
-                if ch != self.channel {
-                    return Err(unexpected(format!(
-                        "a content header on channel {ch} while channel {} awaits one",
-                        self.channel
-                    )));
-                }
-                returning.body_left = header.body_size;
-                returning.header = Some(header);
-                self.finish_return();
-                Ok(())
-            }
-            AMQPFrame::Body(ch, body) => {
-                let Some(returning) = self
-                    .returning
-                    .as_mut()
-                    .filter(|r| r.header.is_some() && r.body_left > 0 && ch == self.channel)
-                else {
-                    return Err(unexpected(format!(
-                        "a content body on channel {ch} without a content header before it"
-                    )));
-                };
-                if body.len() as u64 > returning.body_left {
-                    return Err(unexpected("a content body longer than its header said"));
-                }
-                returning.body_left -= body.len() as u64;
-                self.finish_return();
-                Ok(())
-            }
+            AMQPFrame::Header(ch, header) => self.on_return_header(ch, header),
+            AMQPFrame::Body(ch, body) => self.on_return_body(ch, body.len()),
             AMQPFrame::ProtocolHeader(_) => Err(unexpected("a protocol header mid-connection")),
             AMQPFrame::InvalidHeartbeat(ch) => Err(ConnError::Protocol {
                 code: 501,
@@ -226,28 +194,7 @@ impl Connection {
         let (tag, multiple, ack) = match method {
             basic::AMQPMethod::Ack(a) => (a.delivery_tag, a.multiple, true),
             basic::AMQPMethod::Nack(n) => (n.delivery_tag, n.multiple, false),
-            basic::AMQPMethod::Return(r) => {
-                // Each publish is returned at most once: more returns than publishes
-                // on the channel is a broker flooding the relay (the event queue
-                // would grow without bound).
-                self.returns_seen += 1;
-                let published = self.tags.next() - 1;
-                if self.returns_seen > published {
-                    return Err(ConnError::Protocol {
-                        code: 406,
-                        text: format!(
-                            "the broker returned {} messages on a channel that published {published}",
-                            self.returns_seen
-                        ),
-                    });
-                }
-                self.returning = Some(Returning {
-                    method: r,
-                    header: None,
-                    body_left: 0,
-                });
-                return Ok(());
-            }
+            basic::AMQPMethod::Return(r) => return self.on_return_method(r),
             _ => return Ok(()),
         };
         let events = &mut self.events;
@@ -279,28 +226,5 @@ impl Connection {
             self.events.push_back(Event::ChannelError(e.0));
         }
         Ok(())
-    }
-
-    /// The return, once its header and whole body have arrived.
-    fn finish_return(&mut self) {
-        let done = matches!(&self.returning, Some(r) if r.header.is_some() && r.body_left == 0);
-        if !done {
-            return;
-        }
-        let Some(Returning {
-            method,
-            header: Some(header),
-            ..
-        }) = self.returning.take()
-        else {
-            return;
-        };
-        self.events.push_back(Event::Return(Box::new(Returned {
-            reply_code: method.reply_code,
-            reply_text: method.reply_text.to_string(),
-            exchange: method.exchange.to_string(),
-            routing_key: method.routing_key.to_string(),
-            properties: header.properties,
-        })));
     }
 }

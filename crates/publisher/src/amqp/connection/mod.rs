@@ -6,6 +6,7 @@
 //! - `params.rs`: what a connection takes from the configuration ([`Params`]);
 //! - `handshake.rs`: protocol header, login (PLAIN, AMQPLAIN, EXTERNAL), tune, open;
 //! - `dispatch.rs`: what each frame from the broker means for the state;
+//! - `returns.rs`: returned messages (`basic.return`, its header and body);
 //! - `channels.rs`: the request/reply methods (channel open and close, confirm
 //!   select, exchange and queue declarations and bindings on the control channel,
 //!   connection close);
@@ -33,6 +34,7 @@ mod dispatch;
 pub(crate) mod frame;
 mod handshake;
 mod params;
+mod returns;
 mod socket;
 
 use std::collections::VecDeque;
@@ -51,6 +53,8 @@ pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
 pub(crate) use handshake::connect;
 pub(crate) use params::Params;
+pub(crate) use returns::Returned;
+use returns::Returning;
 #[cfg(test)]
 pub(crate) use socket::sim_dial;
 pub(crate) use socket::{ipv6_literal, Socket, Tls};
@@ -135,28 +139,11 @@ pub(crate) enum Event {
     Unblocked,
 }
 
-/// A returned message.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct Returned {
-    pub reply_code: u16,
-    pub reply_text: String,
-    pub exchange: String,
-    pub routing_key: String,
-    pub properties: BasicProperties,
-}
-
 /// A message that cannot be sent in AMQP as it is: its content header does not fit
 /// one frame, or a name is longer than a short string. It is poison: no retry
 /// can send it (docs/design.md §4, "Messages that cannot be framed").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Unfit(pub String);
-
-/// A `basic.return` waiting for its content header and body.
-struct Returning {
-    method: amq_protocol::protocol::basic::Return,
-    header: Option<AMQPContentHeader>,
-    body_left: u64,
-}
 
 /// One AMQP connection: see the module docs.
 pub(crate) struct Connection {
