@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 
 use ring::rand::SecureRandom;
 
-/// The route that proves the token (answered by crate::endpoint_guard).
+/// The route that proves the token (answered by crate::endpoint::guard).
 pub const PROOF_PATH: &str = "/control/proof";
 /// The header every state-changing control request carries: a header no browser
 /// sends cross-site without asking first (a preflight the endpoint never grants).

@@ -27,17 +27,15 @@
 //! - `state`: the stored acked position (the table `outbox_relay_state`).
 //! - `health`: the live state `/readyz` and the metrics read.
 //! - `shutdown`: the clean-stop request shared by everything `run` starts.
-//! - `control`: pause, resume and drain (docs/design.md §9); `control_endpoint`:
-//!   their routes; `control_token`: the per-start token control needs and `ctl`
-//!   reads; `reload`: SIGHUP and `ctl reload`.
+//! - `control`: pause, resume and drain (docs/design.md §9); `control_token`: the
+//!   per-start token control needs and `ctl` reads; `reload`: SIGHUP and `ctl reload`.
 //! - `background`: the tasks beside the pipeline: `anchor` (the replay window's
 //!   slot), `retention` (deleting confirmed rows), `slot_metrics` (slot gauges),
 //!   all on one tick-and-reconnect loop (`background/tick.rs`).
-//! - `metrics`: `/metrics`, `/healthz`, `/readyz`; `endpoint`: the HTTP server
-//!   under them (timeouts, connection cap, TLS); `endpoint_auth`: its credentials;
-//!   `endpoint_guard`:
-//!   the checks every request passes (Host, control's origin and shape,
-//!   credentials); `endpoint_client`: how `ctl` and `status` ask it.
+//! - `metrics`: `/metrics`, `/healthz`, `/readyz` and their router; `endpoint/`:
+//!   the HTTP side, both ends (`endpoint.rs` has its file map): the server under
+//!   them, the guard every request passes, the credentials, the `/control/` routes,
+//!   and the client `ctl` and `status` ask with.
 //!
 //! Shared: `sql`, the one way to open an ordinary SQL connection.
 
@@ -48,15 +46,10 @@ mod cli;
 mod commands;
 mod config;
 mod control;
-mod control_endpoint;
 mod control_token;
 mod endpoint;
-mod endpoint_auth;
-mod endpoint_client;
-mod endpoint_guard;
 mod error;
 mod health;
-mod http_exchange;
 mod logging;
 mod metrics;
 mod pipeline;

@@ -8,9 +8,9 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing::Instrument;
 
 use crate::control::{Control, RunState};
-use crate::control_endpoint::Live;
+use crate::endpoint::auth::Authorized;
+use crate::endpoint::control::Live;
 use crate::endpoint::EndpointConfig;
-use crate::endpoint_auth::Authorized;
 use crate::error::CliError;
 use crate::health::Health;
 
@@ -32,7 +32,7 @@ pub async fn serve(endpoint: EndpointConfig, health: Health, live: Live) -> Resu
     describe();
     spawn_gauges(health.clone(), live.control.clone());
     let addr = endpoint.addr;
-    let control = crate::control_endpoint::routes(live.clone(), health.clone());
+    let control = crate::endpoint::control::routes(live.clone(), health.clone());
     crate::endpoint::serve(
         endpoint,
         router(handle, health, live.control).merge(control),

@@ -137,7 +137,7 @@ impl Reloader {
                 // The export's headers are replaced now: they are sent with every
                 // request, not read at each.
                 "tracing.headers_file" => crate::telemetry::reload_headers(path),
-                _ => crate::endpoint_auth::read_secret(std::path::Path::new(path)).map(drop),
+                _ => crate::endpoint::auth::read_secret(std::path::Path::new(path)).map(drop),
             };
             match read {
                 Ok(()) => report.secret_files.push((*key).to_string()),

@@ -1,6 +1,6 @@
 //! `ctl [--endpoint URL] pause|resume|drain|status|reload`: commands to the running
-//! relay through its endpoint (crate::control_endpoint), with this start's control
-//! token or the credentials and TLS of `/metrics` (crate::endpoint_client).
+//! relay through its endpoint (crate::endpoint::control), with this start's control
+//! token or the credentials and TLS of `/metrics` (crate::endpoint::client).
 //!
 //! Everything printed that came from the endpoint is escaped
 //! (`outbox_event::redact`): the process on the port may not be the relay.
@@ -12,7 +12,7 @@ use outbox_event::redact::{printable, printable_json};
 use crate::cli::{CtlArgs, CtlCommand};
 use crate::config::CtlSettings;
 use crate::control_token::TokenFile;
-use crate::endpoint_client::{AskError, Target};
+use crate::endpoint::client::{AskError, Target};
 use crate::error::CliError;
 
 pub async fn execute(settings: &CtlSettings, args: &CtlArgs) -> Result<(), CliError> {
@@ -123,7 +123,7 @@ fn parse_url(url: &str) -> Option<(bool, String, u16)> {
 
 /// One request; the JSON answer of a 200, else an error naming the fix.
 async fn send(target: &Target, method: &str, path: &str) -> Result<serde_json::Value, CliError> {
-    let answer = crate::endpoint_client::request(target, method, path)
+    let answer = crate::endpoint::client::request(target, method, path)
         .await
         .map_err(|e| match e {
             AskError::Unreachable(why) => CliError::Runtime(format!(
@@ -150,7 +150,7 @@ async fn send(target: &Target, method: &str, path: &str) -> Result<serde_json::V
             "the endpoint at {} has no control routes: upgrade the running relay to one that has `ctl`",
             target.authority()
         ))),
-        _ => Err(CliError::Precondition(crate::endpoint_client::refusal(
+        _ => Err(CliError::Precondition(crate::endpoint::client::refusal(
             target, &answer,
         ))),
     }
@@ -222,7 +222,7 @@ fn reload_outcome(report: &serde_json::Value) -> Result<(), CliError> {
 async fn watchable(target: &Target, state: &serde_json::Value) -> Option<(u32, u64)> {
     let pid = u32::try_from(state["pid"].as_u64()?).ok()?;
     let start = state["process_start"].as_u64()?;
-    (target.is_local().await && crate::control_endpoint::process_start(pid) == Some(start))
+    (target.is_local().await && crate::endpoint::control::process_start(pid) == Some(start))
         .then_some((pid, start))
 }
 
@@ -238,9 +238,9 @@ async fn wait_stopped(
     let deadline = Instant::now() + timeout;
     while Instant::now() < deadline {
         let gone = match process {
-            Some((pid, start)) => crate::control_endpoint::process_start(pid) != Some(start),
+            Some((pid, start)) => crate::endpoint::control::process_start(pid) != Some(start),
             None => matches!(
-                crate::endpoint_client::request(target, "GET", "/healthz").await,
+                crate::endpoint::client::request(target, "GET", "/healthz").await,
                 Err(AskError::Unreachable(_))
             ),
         };

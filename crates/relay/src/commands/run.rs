@@ -11,7 +11,7 @@ use wal_reader::admin::{CheckStatus, Preflight};
 use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::control::Control;
-use crate::control_endpoint::Live;
+use crate::endpoint::control::Live;
 use crate::error::CliError;
 use crate::health::Health;
 use crate::pipeline::sink::target_config;

@@ -178,8 +178,11 @@ async fn gather(cfg: &Config, args: &StatusArgs) -> Result<Report, CliError> {
     };
     let messages_ignored = match (s.active, cfg.metrics_endpoint()) {
         (true, Some(ep)) if !cfg.postgres.messages.is_empty() => {
-            match crate::endpoint_client::get(&crate::endpoint_client::Target::of(&ep), "/metrics")
-                .await
+            match crate::endpoint::client::get(
+                &crate::endpoint::client::Target::of(&ep),
+                "/metrics",
+            )
+            .await
             {
                 Ok(body) => Some(ignored_messages(&body)),
                 Err(why) => {
@@ -483,13 +486,13 @@ fn opt(v: Option<String>) -> String {
 
 /// Asks the running relay (its `/poison` endpoint on `[relay] metrics_listen`, with
 /// the endpoint's credentials and TLS, or its control token on this host:
-/// crate::endpoint_client) which message RabbitMQ refuses, if any; why it could not
+/// crate::endpoint::client) which message RabbitMQ refuses, if any; why it could not
 /// be asked otherwise.
 async fn fetch_poison(
     ep: &crate::endpoint::EndpointConfig,
 ) -> Result<Option<serde_json::Value>, String> {
-    let target = crate::endpoint_client::Target::of(ep);
-    let body = crate::endpoint_client::get(&target, "/poison").await?;
+    let target = crate::endpoint::client::Target::of(ep);
+    let body = crate::endpoint::client::get(&target, "/poison").await?;
     let value: serde_json::Value = serde_json::from_str(body.trim())
         .map_err(|_| "the endpoint's /poison answer is not JSON".to_string())?;
     Ok((!value.is_null()).then_some(value))

@@ -92,7 +92,7 @@ impl Config {
             addr: r.metrics_listen?,
             read_timeout: Duration::from_millis(r.metrics_read_timeout_ms),
             max_connections: r.metrics_max_connections,
-            auth: crate::endpoint_auth::Credentials {
+            auth: crate::endpoint::auth::Credentials {
                 bearer_token_file: path(&r.metrics_bearer_token_file),
                 basic: path(&r.metrics_basic_auth_password_file)
                     .map(|p| (r.metrics_basic_auth_user.clone(), p)),

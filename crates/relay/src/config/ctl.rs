@@ -19,7 +19,7 @@ use figment::Profile;
 
 use super::env::env_var_name;
 use super::{Config, ConfigError, DEFAULT_CONFIG_FILE, DEFAULT_METRICS_LISTEN};
-use crate::endpoint_auth::Credentials;
+use crate::endpoint::auth::Credentials;
 
 /// The `[relay]` keys `ctl` uses.
 const KEYS: &[&str] = &[

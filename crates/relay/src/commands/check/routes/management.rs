@@ -270,10 +270,10 @@ impl Management {
                 )
             })?;
             let mut tls = tls;
-            crate::http_exchange::exchange(&mut tls, &request, MAX_ANSWER).await
+            crate::endpoint::http_exchange::exchange(&mut tls, &request, MAX_ANSWER).await
         } else {
             let mut tcp = tcp;
-            crate::http_exchange::exchange(&mut tcp, &request, MAX_ANSWER).await
+            crate::endpoint::http_exchange::exchange(&mut tcp, &request, MAX_ANSWER).await
         }
         .map_err(|e| format!("the management API at {}: {e}", self.shown))?;
         let split = answer

@@ -6,7 +6,7 @@
 //!   POST /control/reload   GET  /control/status
 //! ```
 //!
-//! crate::endpoint_guard checks every `/control/` request first: its Host, its
+//! crate::endpoint::guard checks every `/control/` request first: its Host, its
 //! origin and shape (a POST carries `X-Outbox-Relay-Control`, no form body), and the
 //! configured credentials or this start's control token; it refuses control on a
 //! listener beyond loopback without credentials, and answers `GET /control/proof`

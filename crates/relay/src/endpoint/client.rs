@@ -25,7 +25,7 @@ use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::control_token::{self, CONTROL_HEADER, PROOF_PATH};
-use crate::endpoint_auth::{read_secret, Credentials};
+use crate::endpoint::auth::{read_secret, Credentials};
 
 mod pinned;
 
@@ -336,7 +336,7 @@ async fn converse<S: AsyncRead + AsyncWrite + Unpin>(
         "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: 0\r\n{control}{header}\r\n",
         target.authority()
     );
-    crate::http_exchange::exchange(&mut stream, &request, MAX_ANSWER)
+    crate::endpoint::http_exchange::exchange(&mut stream, &request, MAX_ANSWER)
         .await
         .map_err(|e| AskError::Unreachable(format!("the endpoint's connection failed: {e}")))
 }

@@ -27,11 +27,11 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use crate::control_token::{CONTROL_HEADER, PROOF_PATH};
-use crate::endpoint_auth::{same, Authorized, Credentials};
+use crate::endpoint::auth::{same, Authorized, Credentials};
 
 /// Paths that need credentials when some are configured.
 const GUARDED: &[&str] = &["/metrics", "/poison"];
-/// The control routes (crate::control_endpoint).
+/// The control routes (crate::endpoint::control).
 const CONTROL: &str = "/control/";
 
 /// The names a request's `Host` may carry.

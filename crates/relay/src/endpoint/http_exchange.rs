@@ -1,4 +1,4 @@
-//! The one HTTP/1 exchange both of the relay's clients make (`endpoint_client.rs`,
+//! The one HTTP/1 exchange both of the relay's clients make (`client.rs`,
 //! asking the relay's own endpoint, and `check --routes`, asking the management
 //! API): a whole request written, then the answer read until the peer closes the
 //! connection, at most `limit` bytes. Each client builds its request and reads the

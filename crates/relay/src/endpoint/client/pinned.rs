@@ -1,4 +1,4 @@
-//! The TLS client of crate::endpoint_client: it trusts exactly the certificate the
+//! The TLS client of crate::endpoint::client: it trusts exactly the certificate the
 //! endpoint serves (the first of `metrics_tls_cert_file`), checking the handshake's
 //! signatures with it; no CA and no host name come into it.
 

@@ -1,7 +1,7 @@
 //! The endpoint's credentials (`[relay] metrics_bearer_token_file`,
 //! `metrics_basic_auth_*`): read from their files at every request, compared in
-//! constant time. The server (`endpoint.rs`), its guard (`endpoint_guard.rs`) and
-//! the client (`endpoint_client.rs`) take them from here.
+//! constant time. The server (`server.rs`), its guard (`guard.rs`) and
+//! the client (`client.rs`) take them from here.
 
 use std::path::PathBuf;
 
