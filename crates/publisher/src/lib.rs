@@ -33,11 +33,14 @@
 //!   `mod.rs` has the file map; it takes `connection::Params`, not the config);
 //!   `session.rs` logs in to the first URL that answers; `topology.rs` declares;
 //!   `run.rs` (with `run/`) is the publishing loop around `engine.rs`;
-//!   `destinations.rs` the exchanges rows choose; `lanes.rs` N channels.
+//!   `destinations.rs` the exchanges rows choose; `lanes.rs` N channels;
+//!   `message.rs` the AMQP message of an event.
 //! - [`stream`]: the stream target (exactly once through producer names and
 //!   publishing ids; `stream/mod.rs` explains).
-//! - [`message`]: the message of an event (headers, properties, CloudEvents,
-//!   row properties, the routing-key and exchange templates).
+//! - [`message`]: what both targets' messages share (the format, the header
+//!   profile, CloudEvents, row properties, the headers column, the routing-key and
+//!   exchange templates); the AMQP message itself is `amqp/message.rs`
+//!   (`OutboundMessage`, `MessageBuilder`).
 //! - [`routing`]: a model of the broker's routing for `check --routes`.
 //! - [`probe`]: what `check` asks the broker without declaring anything.
 //! - `tls.rs`: TLS client configurations and secret files, for both targets.

@@ -49,6 +49,7 @@ pub(crate) mod connection;
 pub(crate) mod destinations;
 pub(crate) mod engine;
 pub mod lanes;
+pub mod message;
 mod run;
 pub(crate) mod session;
 #[cfg(test)]

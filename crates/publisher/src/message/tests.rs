@@ -1,5 +1,14 @@
 #![allow(clippy::unwrap_used)]
+use std::sync::Arc;
+
+use amq_protocol::protocol::BasicProperties;
+use amq_protocol::types::AMQPValue;
+use bytes::Bytes;
+use outbox_event::{Lsn, OutboxEvent, OutboxTable};
+
 use super::*;
+use crate::amqp::engine::{DeadLetterReason, EventKey};
+use crate::amqp::message::*;
 
 const JSON: &str = "application/json";
 const BINARY: &str = "application/octet-stream";

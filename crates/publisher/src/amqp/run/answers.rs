@@ -8,7 +8,7 @@ use opentelemetry::KeyValue;
 use super::{now_micros, Runner};
 use crate::amqp::connection::{ConnError, Event, Returned as Return};
 use crate::amqp::engine::{Failure, Returned, Settled, Target};
-use crate::message::{returned_key, OutboundMessage};
+use crate::amqp::message::{returned_key, OutboundMessage};
 use crate::status;
 
 impl Runner {

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 
 use super::server::{Phase, Request, Server};
 use crate::amqp::engine::EventKey;
-use crate::message::returned_key;
+use crate::amqp::message::returned_key;
 
 /// The dead-letter exchange's name in every schedule that has one.
 pub(super) const DLX: &str = "dlx";
