@@ -12,7 +12,7 @@
 //! # Layout
 //!
 //! ```text
-//!   settings (the file's [rabbitmq], [topology]) ─► config::PublisherConfig / stream::StreamConfig
+//!   settings (the file's [rabbitmq], [topology]) ─► amqp::config::PublisherConfig / stream::StreamConfig
 //!        │                                              │
 //!        ▼                                              ▼
 //!   target::Target ─► amqp::Publisher (one lane) or amqp::lanes (N lanes)   stream::StreamPublisher
@@ -27,8 +27,10 @@
 //!
 //! - [`settings`]: the configuration file's publisher sections as serde reads them,
 //!   and their checks; `settings/topology.rs` the `[topology]` declarations.
-//! - `config.rs`: [`PublisherConfig`], what the AMQP target runs with, built from
-//!   the settings (it imports nothing from them but the topology's types).
+//! - `config.rs`: what both targets' configurations share (the flow limit and its
+//!   check, the retry and shutdown defaults); `amqp/config.rs`: [`PublisherConfig`],
+//!   what the AMQP target runs with, built from the settings (it imports nothing
+//!   from them but the topology's types).
 //! - [`amqp`]: the exchange target. `connection/` is the AMQP 0-9-1 client (its
 //!   `mod.rs` has the file map; it takes `connection::Params`, not the config);
 //!   `session.rs` logs in to the first URL that answers; `topology.rs` declares;
@@ -73,10 +75,11 @@ pub mod settings;
 mod target;
 mod tls;
 
+pub use amqp::config::{check_channels, PublisherConfig, DEFAULT_EXCHANGE_TYPE};
 pub use amqp::{lanes, Publisher};
 pub use config::{
-    check_channels, check_max_in_flight, PublisherConfig, DEFAULT_BACKOFF_INITIAL,
-    DEFAULT_BACKOFF_MAX, DEFAULT_EXCHANGE_TYPE, DEFAULT_MAX_IN_FLIGHT, DEFAULT_SHUTDOWN_TIMEOUT,
+    check_max_in_flight, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX, DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_SHUTDOWN_TIMEOUT,
 };
 pub use error::{redact_url, PublishError};
 pub use report::PublisherReport;

@@ -4,11 +4,11 @@
 //! can say what `run` would create instead of creating it; and whether the
 //! exchanges and queues of `[topology]` exist as configured ([`probe_topology`]).
 
+use crate::amqp::config::PublisherConfig;
 use crate::amqp::connection::{ConnError, Declare};
 use crate::amqp::session::login_any;
 use crate::amqp::topology::exchange_refused;
 use crate::amqp::topology::{self, Object};
-use crate::config::PublisherConfig;
 use crate::error::{redact_url, scrub, PublishError};
 use crate::settings::TopologyConfig;
 use crate::stream::StreamConfig;

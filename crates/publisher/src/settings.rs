@@ -15,7 +15,8 @@ use std::time::Duration;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
-use crate::config::{PublisherConfig, DEFAULT_MAX_IN_FLIGHT};
+use crate::amqp::config::PublisherConfig;
+use crate::config::DEFAULT_MAX_IN_FLIGHT;
 use crate::error::redact_url;
 use crate::message::{self, HeaderProfile, MessageFormat};
 use crate::stream::StreamConfig;
@@ -216,10 +217,10 @@ impl Default for RabbitMqConfig {
             declare_topology: DEFAULT_DECLARE_TOPOLOGY,
             routing_key: message::DEFAULT_ROUTING_KEY.to_string(),
             max_in_flight: DEFAULT_MAX_IN_FLIGHT,
-            max_in_flight_bytes: crate::config::DEFAULT_MAX_IN_FLIGHT_BYTES,
+            max_in_flight_bytes: crate::amqp::config::DEFAULT_MAX_IN_FLIGHT_BYTES,
             allowed_exchanges: Vec::new(),
             max_declared_exchanges: crate::amqp::destinations::DEFAULT_MAX_DECLARED_EXCHANGES,
-            request_timeout: Some(crate::config::DEFAULT_REQUEST_TIMEOUT),
+            request_timeout: Some(crate::amqp::config::DEFAULT_REQUEST_TIMEOUT),
             stall_after: Some(crate::watchdog::DEFAULT_STALL_AFTER),
             ordering: DEFAULT_ORDERING,
             channels: DEFAULT_CHANNELS,
@@ -327,7 +328,7 @@ impl RabbitMqConfig {
     /// `request_timeout`, its default when unset.
     pub fn request_timeout(&self) -> Duration {
         self.request_timeout
-            .unwrap_or(crate::config::DEFAULT_REQUEST_TIMEOUT)
+            .unwrap_or(crate::amqp::config::DEFAULT_REQUEST_TIMEOUT)
     }
 
     /// `stall_after`, its default when unset.
@@ -418,12 +419,12 @@ mod tests {
     use super::*;
 
     /// The runtime config's default exchange type is the file's (two constants, so
-    /// that `config.rs` needs nothing from this module).
+    /// that `amqp/config.rs` needs nothing from this module).
     #[test]
     fn the_default_exchange_type_is_one() {
         assert_eq!(
             DEFAULT_EXCHANGE_TYPE.as_str(),
-            crate::config::DEFAULT_EXCHANGE_TYPE
+            crate::amqp::config::DEFAULT_EXCHANGE_TYPE
         );
     }
 

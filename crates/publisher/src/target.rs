@@ -7,7 +7,7 @@
 use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 
-use crate::config::PublisherConfig;
+use crate::amqp::config::PublisherConfig;
 use crate::error::PublishError;
 use crate::lanes::Lanes;
 use crate::report::PublisherReport;

@@ -33,7 +33,7 @@ use outbox_event::{Lsn, OutboxEvent, WalBatch, WalItem};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 
-use crate::config::PublisherConfig;
+use crate::amqp::config::PublisherConfig;
 use crate::error::PublishError;
 use crate::message::RoutingKeyTemplate;
 use crate::report::PublisherReport;
@@ -41,7 +41,7 @@ use crate::status::PublisherStatus;
 use crate::Publisher;
 
 /// Most channels `[rabbitmq] channels` allows (defined with the check of it).
-pub use crate::config::MAX_CHANNELS;
+pub use crate::amqp::config::MAX_CHANNELS;
 
 /// The lane of a key among `lanes`: FNV-1a (64-bit), stable across runs, versions
 /// and machines, so an aggregate keeps its channel over restarts.

@@ -45,6 +45,7 @@
 //! publishing stops, the watermark holds, and [`PublisherStatus::blocked`] is set
 //! until `connection.unblocked`.
 
+pub mod config;
 pub(crate) mod connection;
 pub(crate) mod destinations;
 pub(crate) mod engine;
@@ -61,7 +62,7 @@ use tokio::sync::{mpsc, watch};
 
 pub(crate) use connection::Tls;
 
-use crate::config::PublisherConfig;
+use crate::amqp::config::PublisherConfig;
 use crate::error::{redact_url, PublishError};
 use crate::report::PublisherReport;
 use crate::status::PublisherStatus;

@@ -22,12 +22,12 @@ use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::amqp::config::PublisherConfig;
 use crate::amqp::connection::{ConnError, Connection, Event, Tls};
 use crate::amqp::destinations::{Destinations, Policy, Verdict};
 use crate::amqp::engine::{Engine, Outgoing};
 use crate::amqp::message::{MessageBuilder, OutboundMessage};
 use crate::amqp::Publisher;
-use crate::config::PublisherConfig;
 use crate::error::PublishError;
 use crate::progress::{self, changed_lsn, sleep_until_opt};
 use crate::report::PublisherReport;

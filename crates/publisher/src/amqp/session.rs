@@ -2,8 +2,8 @@
 //! file read at every connect), and what is declared on it (`topology.rs`), as at
 //! start so after every failure.
 
+use crate::amqp::config::PublisherConfig;
 use crate::amqp::connection::{self, Connection, Params, Tls};
-use crate::config::PublisherConfig;
 use crate::error::PublishError;
 
 /// Connects to the URLs in order starting at `start`: the first node that answers

@@ -18,8 +18,8 @@
 
 use amq_protocol::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 
+use crate::amqp::config::PublisherConfig;
 use crate::amqp::connection::{ConnError, Connection, Declare, ExchangeFlags};
-use crate::config::PublisherConfig;
 use crate::error::{scrub, PublishError};
 use crate::settings::{ArgValue, Arguments, ExchangeDecl, QueueDecl, TopologyConfig};
 

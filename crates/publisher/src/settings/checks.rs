@@ -11,7 +11,8 @@ use outbox_event::suggest::closest;
 use secrecy::ExposeSecret;
 
 use super::RabbitMqConfig;
-use crate::config::{check_channels, check_max_in_flight};
+use crate::amqp::config::check_channels;
+use crate::config::check_max_in_flight;
 use crate::message::{RoutingKeyError, RoutingKeyTemplate, PLACEHOLDERS};
 use crate::settings::Ordering;
 

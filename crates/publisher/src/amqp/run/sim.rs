@@ -62,9 +62,9 @@ use rand::{Rng, SeedableRng};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
+use crate::amqp::config::PublisherConfig;
 use crate::amqp::connection::sim_dial;
 use crate::amqp::engine::EventKey;
-use crate::config::PublisherConfig;
 use crate::error::PublishError;
 use crate::report::PublisherReport;
 use crate::status::PublisherStatus;

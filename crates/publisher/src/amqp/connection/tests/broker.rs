@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 
 use super::super::frame::FRAME_OVERHEAD;
 use super::super::{connect, ConnError, Connection, Event, Tls};
-use crate::config::PublisherConfig;
+use crate::amqp::config::PublisherConfig;
 use crate::error::PublishError;
 
 /// How long a whole broker script may take, and a test may wait for one.

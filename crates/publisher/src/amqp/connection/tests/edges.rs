@@ -12,7 +12,7 @@ use tokio::net::TcpStream;
 use super::super::socket::set_keepalive;
 use super::super::{connect, ConnError, Declare, Event, Tls};
 use super::broker::*;
-use crate::config::PublisherConfig;
+use crate::amqp::config::PublisherConfig;
 
 /// The tune-ok the relay sends for a URL asking `url_heartbeat` (`None`: nothing)
 /// and a broker proposing `broker`.
