@@ -59,16 +59,8 @@ pub(super) async fn lapin_scenarios(args: &Args, report: &mut Report) {
             continue;
         }
         report.expect(&[name]);
-        let mut rates = Vec::new();
-        let result: anyhow::Result<()> = async {
-            for _ in 0..args.runs {
-                rates.push(lapin_baseline(args, 1, shape).await?);
-            }
-            Ok(())
-        }
-        .await;
-        match result {
-            Ok(()) => report.add(
+        match lapin_runs(args, 1, shape).await {
+            Ok(rates) => report.add(
                 name,
                 median(rates),
                 "msgs/s",
@@ -139,16 +131,8 @@ pub(super) async fn channels_scenario(args: &Args, report: &mut Report) {
     for channels in [2usize, 4] {
         let name = format!("lapin raw publisher, {channels} channels");
         report.expect(&[&name]);
-        let mut rates = Vec::new();
-        let result: anyhow::Result<()> = async {
-            for _ in 0..args.runs {
-                rates.push(lapin_baseline(args, channels, Shape::Full).await?);
-            }
-            Ok(())
-        }
-        .await;
-        match result {
-            Ok(()) => report.add(
+        match lapin_runs(args, channels, Shape::Full).await {
+            Ok(rates) => report.add(
                 name,
                 median(rates),
                 "msgs/s",
@@ -503,4 +487,13 @@ fn properties(i: usize, shape: Shape) -> BasicProperties {
             }
         }
     }
+}
+
+/// The raw publisher's rate in each of `args.runs` runs.
+async fn lapin_runs(args: &Args, channels: usize, shape: Shape) -> anyhow::Result<Vec<f64>> {
+    let mut rates = Vec::new();
+    for _ in 0..args.runs {
+        rates.push(lapin_baseline(args, channels, shape).await?);
+    }
+    Ok(rates)
 }
