@@ -60,6 +60,10 @@ if ! command -v python3 >/dev/null 2>&1; then
 fi
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The embedded program imports the lexer, scripts/rustlex.py, from this script's own
+# folder (whatever --root says); no bytecode cache is written there.
+SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export SCRIPTS_DIR PYTHONDONTWRITEBYTECODE=1
 graph=""
 strict=0
 while [[ $# -gt 0 ]]; do
@@ -101,138 +105,15 @@ import os
 import sys
 from collections import deque
 
+sys.path.insert(0, os.environ["SCRIPTS_DIR"])
+import rustlex  # noqa: E402 (the lexer shared with scripts/check-sizes.sh)
+from rustlex import OPENERS, LexError  # noqa: E402
+
 CRATES = [("publisher", "crates/publisher/src", "lib.rs"),
           ("relay", "crates/relay/src", "main.rs")]
 CONNECTION_CRATE = "publisher"
 CONNECTION_MODULE = ("crate", "amqp", "connection")
 CONNECTION_DIR = "crates/publisher/src/amqp/connection/"
-
-
-class LexError(Exception):
-    def __init__(self, pos, what):
-        super().__init__(what)
-        self.pos = pos
-        self.what = what
-
-
-# ---- The lexer (the one of scripts/check-sizes.sh, with `::` as one token) ----
-
-def is_ident_start(c):
-    return c == "_" or c.isalpha()
-
-
-def is_ident_char(c):
-    return c == "_" or c.isalnum()
-
-
-def lex(src):
-    """Tokens (kind, text, pos): kind 'word' (identifiers, keywords, numbers, lifetimes)
-    or 'punct' (one character, or `::`). Comments, strings and chars give no token."""
-    tokens = []
-    n = len(src)
-    i = 0
-    while i < n:
-        c = src[i]
-        if c.isspace():
-            i += 1
-        elif src.startswith("//", i):
-            j = src.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif src.startswith("/*", i):
-            start, depth = i, 1
-            i += 2
-            while depth:
-                if i >= n:
-                    raise LexError(start, "unterminated block comment")
-                if src.startswith("/*", i):
-                    depth += 1
-                    i += 2
-                elif src.startswith("*/", i):
-                    depth -= 1
-                    i += 2
-                else:
-                    i += 1
-        elif c == '"':
-            i = skip_string(src, i)
-        elif c == "'":
-            i = skip_quote(src, i, tokens)
-        elif is_ident_start(c) or c.isdigit():
-            j = i
-            while j < n and is_ident_char(src[j]):
-                j += 1
-            word = src[i:j]
-            if word in ("r", "br", "cr", "b", "c"):
-                k = j
-                while k < n and src[k] == "#":
-                    k += 1
-                if k < n and src[k] == '"':
-                    if word in ("b", "c") and k == j:
-                        i = skip_string(src, k)
-                        continue
-                    if word in ("r", "br", "cr"):
-                        i = skip_raw_string(src, i, k - j, k + 1)
-                        continue
-                if word == "b" and j < n and src[j] == "'":
-                    i = skip_quote(src, j, [])
-                    continue
-                if word == "r" and k == j + 1 and k < n and is_ident_start(src[k]):
-                    m = k
-                    while m < n and is_ident_char(src[m]):
-                        m += 1
-                    tokens.append(("word", src[k:m], i))
-                    i = m
-                    continue
-            tokens.append(("word", word, i))
-            i = j
-        elif c == ":" and src.startswith("::", i):
-            tokens.append(("punct", "::", i))
-            i += 2
-        else:
-            tokens.append(("punct", c, i))
-            i += 1
-    return tokens
-
-
-def skip_string(src, i):
-    start, n = i, len(src)
-    i += 1
-    while i < n:
-        c = src[i]
-        if c == "\\":
-            i += 2
-        elif c == '"':
-            return i + 1
-        else:
-            i += 1
-    raise LexError(start, "unterminated string")
-
-
-def skip_raw_string(src, start, hashes, i):
-    close = '"' + "#" * hashes
-    j = src.find(close, i)
-    if j < 0:
-        raise LexError(start, "unterminated raw string")
-    return j + len(close)
-
-
-def skip_quote(src, i, tokens):
-    n = len(src)
-    if i + 1 < n and src[i + 1] == "\\":
-        j = i + 3
-        while j < n and src[j] != "'" and src[j] != "\n":
-            j += 1
-        if j >= n or src[j] != "'":
-            raise LexError(i, "unterminated char literal")
-        return j + 1
-    if i + 2 < n and src[i + 2] == "'":
-        return i + 3
-    j = i + 1
-    while j < n and is_ident_char(src[j]):
-        j += 1
-    if j == i + 1:
-        raise LexError(i, "a quote that is neither a char literal nor a lifetime")
-    tokens.append(("word", src[i:j], i))
-    return j
 
 
 # ---- Modules and items ----
@@ -261,7 +142,6 @@ class Ref:
 
 
 ITEM_KEYWORDS = {"fn", "struct", "enum", "union", "trait", "type", "const", "static"}
-OPENERS = {"(": ")", "[": "]", "{": "}"}
 
 
 class FileParser:
@@ -269,19 +149,14 @@ class FileParser:
         self.crate = crate
         self.rel = rel
         self.src = src
-        self.toks = lex(src)
-        self.line_starts = [0] + [k + 1 for k, ch in enumerate(src) if ch == "\n"]
+        # Words (lifetimes included) and punctuation, `::` one token, a raw identifier
+        # as its plain name; comments, strings and chars give none.
+        self.toks, _ = rustlex.lex(src, path_sep=True)
+        self.line_starts = rustlex.line_starts(src)
 
     def line_of(self, t):
         pos = self.toks[t][2] if t < len(self.toks) else len(self.src)
-        lo, hi = 0, len(self.line_starts) - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.line_starts[mid] <= pos:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo + 1
+        return rustlex.line_of(self.line_starts, pos)
 
     def is_p(self, t, s):
         return t < len(self.toks) and self.toks[t][0] == "punct" and self.toks[t][1] == s

@@ -12,10 +12,11 @@
 # required). Tests and simulations are not exempt by their name or folder: they need
 # the line too.
 #
-# The functions are found by a small Rust lexer (below, in Python): it skips line and
-# nested block comments, strings (escaped, raw r#"…"#, byte and C strings) and char
-# literals (told apart from lifetimes and labels), then matches braces. A const
-# generic default written in braces in a signature is not understood (none exists).
+# The functions are found by a small Rust lexer (scripts/rustlex.py, shared with
+# scripts/check-imports.sh): it skips line and nested block comments, strings (escaped,
+# raw r#"…"#, byte and C strings) and char literals (told apart from lifetimes and
+# labels); the program below then matches braces. A const generic default written in
+# braces in a signature is not understood (none exists).
 #
 # Usage: scripts/check-sizes.sh [--list-exempt] [PATH...]
 #   PATH: .rs files or folders to check (default: crates tests bench examples, from
@@ -27,6 +28,11 @@ if ! command -v python3 >/dev/null 2>&1; then
   echo "check-sizes: python3 is needed (scripts/test-services.sh installs it)" >&2
   exit 1
 fi
+
+# The embedded program imports the lexer from this folder (found before any cd).
+SCRIPTS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+export SCRIPTS_DIR
+export PYTHONDONTWRITEBYTECODE=1  # no __pycache__ left in scripts/
 
 list_exempt=0
 paths=()
@@ -55,138 +61,14 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.environ["SCRIPTS_DIR"])
+import rustlex  # noqa: E402 (the lexer shared with scripts/check-imports.sh)
+from rustlex import CLOSERS, OPENERS, LexError  # noqa: E402
+
 FILE_BAR = 600
 FN_BAR = 120
 MARKER_LINES = 15
 MARKER = re.compile(r"^\s*//[/!]?\s*size:\s*(\S.*?)\s*$")
-
-
-class LexError(Exception):
-    def __init__(self, pos, what):
-        super().__init__(what)
-        self.pos = pos
-        self.what = what
-
-
-def is_ident_start(c):
-    return c == "_" or c.isalpha()
-
-
-def is_ident_char(c):
-    return c == "_" or c.isalnum()
-
-
-def lex(src):
-    """Returns (tokens, comment_starts): tokens are (kind, text, pos) with kind 'word'
-    (identifiers, keywords, numbers) or 'punct' (one character; only the brackets
-    and `;` matter); comments, strings and char literals produce no token.
-    comment_starts holds the offset of every `//` comment."""
-    tokens = []
-    comment_starts = set()
-    n = len(src)
-    i = 0
-    while i < n:
-        c = src[i]
-        if c.isspace():
-            i += 1
-        elif src.startswith("//", i):
-            comment_starts.add(i)
-            j = src.find("\n", i)
-            i = n if j < 0 else j + 1
-        elif src.startswith("/*", i):
-            start, depth = i, 1
-            i += 2
-            while depth:
-                if i >= n:
-                    raise LexError(start, "unterminated block comment")
-                if src.startswith("/*", i):
-                    depth += 1
-                    i += 2
-                elif src.startswith("*/", i):
-                    depth -= 1
-                    i += 2
-                else:
-                    i += 1
-        elif c == '"':
-            i = skip_string(src, i)
-        elif c == "'":
-            i = skip_quote(src, i, tokens)
-        elif is_ident_start(c) or c.isdigit():
-            j = i
-            while j < n and is_ident_char(src[j]):
-                j += 1
-            word = src[i:j]
-            if word in ("r", "br", "cr"):
-                k = j
-                while k < n and src[k] == "#":
-                    k += 1
-                if k < n and src[k] == '"':
-                    i = skip_raw_string(src, i, k - j, k + 1)
-                    continue
-                if word == "r" and k == j + 1 and k < n and is_ident_start(src[k]):
-                    # A raw identifier (r#fn is a name, not the keyword).
-                    m = k
-                    while m < n and is_ident_char(src[m]):
-                        m += 1
-                    tokens.append(("word", "r#" + src[k:m], i))
-                    i = m
-                    continue
-            tokens.append(("word", word, i))
-            i = j
-        else:
-            tokens.append(("punct", c, i))
-            i += 1
-    return tokens, comment_starts
-
-
-def skip_string(src, i):
-    """src[i] is the opening quote of an escaped string ("…", b"…", c"…")."""
-    start, n = i, len(src)
-    i += 1
-    while i < n:
-        c = src[i]
-        if c == "\\":
-            i += 2
-        elif c == '"':
-            return i + 1
-        else:
-            i += 1
-    raise LexError(start, "unterminated string")
-
-
-def skip_raw_string(src, start, hashes, i):
-    """i is just after the opening quote of r#…#"…"#…#; no escapes inside."""
-    close = '"' + "#" * hashes
-    j = src.find(close, i)
-    if j < 0:
-        raise LexError(start, "unterminated raw string")
-    return j + len(close)
-
-
-def skip_quote(src, i, tokens):
-    """src[i] is `'`: a char literal ('x', '\\n', '\\u{1F600}', '\\'') or a lifetime
-    or label ('a, 'static, '_, 'outer:), which is kept as a word."""
-    n = len(src)
-    if i + 1 < n and src[i + 1] == "\\":
-        j = i + 3  # past the escaped character, so '\'' ends at the second quote
-        while j < n and src[j] != "'" and src[j] != "\n":
-            j += 1
-        if j >= n or src[j] != "'":
-            raise LexError(i, "unterminated char literal")
-        return j + 1
-    if i + 2 < n and src[i + 2] == "'":
-        return i + 3  # 'x'
-    j = i + 1
-    while j < n and is_ident_char(src[j]):
-        j += 1
-    if j == i + 1:
-        raise LexError(i, "a quote that is neither a char literal nor a lifetime")
-    tokens.append(("word", src[i:j], i))
-    return j
-
-
-OPEN = {"(": ")", "[": "]", "{": "}"}
-CLOSE = set(OPEN.values())
 
 
 def functions(tokens):
@@ -208,9 +90,9 @@ def functions(tokens):
                 if depth == 0 and s == "{":
                     body = u
                     break
-                if s in OPEN:
+                if s in OPENERS:
                     depth += 1
-                elif s in CLOSE:
+                elif s in CLOSERS:
                     depth -= 1
                     if depth < 0:
                         break  # not an item (e.g. inside a macro pattern)
@@ -257,20 +139,13 @@ def main():
         with open(path, encoding="utf-8", errors="replace") as f:
             src = f.read()
         nfiles += 1
-        line_starts = [0] + [m.end() for m in re.finditer("\n", src)]
+        line_starts = rustlex.line_starts(src)
 
         def line_of(pos):
-            lo, hi = 0, len(line_starts) - 1
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if line_starts[mid] <= pos:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            return lo + 1
+            return rustlex.line_of(line_starts, pos)
 
         try:
-            tokens, comment_starts = lex(src)
+            tokens, comment_starts = rustlex.lex(src, raw_prefix="r#")
             fns = list(functions(tokens))
         except LexError as e:
             unreadable += 1
