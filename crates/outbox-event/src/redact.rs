@@ -103,6 +103,18 @@ fn redact_password_params(text: &str) -> String {
     out
 }
 
+/// Cuts `s` to at most `max` bytes at a character boundary (AMQP short strings,
+/// close reasons).
+pub fn truncate_at_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
 /// `text` as one printable line: every control character (line breaks, carriage
 /// returns, tabs, escape sequences, C1 codes) and every Unicode line separator or
 /// bidirectional control is written as an escape (`\n`, `\u{1b}`). Text a server

@@ -312,6 +312,18 @@ pub(crate) fn amqps_config(
     })
 }
 
+/// How AMQPS connections set up TLS.
+#[derive(Clone, Debug)]
+pub(crate) enum Tls {
+    /// The operating system's roots, no client certificate.
+    SystemRoots,
+    /// Built at every connect from the files ([`amqps_config`]): only the
+    /// certificates of `[rabbitmq] ca_file` when it is set (the system's roots are
+    /// then not trusted, so a private CA is enforced), and the client certificate
+    /// when one is configured (docs/security.md).
+    Own,
+}
+
 /// Logs once per URL (per process) that a connection sends the broker credentials
 /// unencrypted to a host other than this one.
 pub(crate) fn warn_if_plaintext_beyond_loopback(url: &str, host: &str, tls: bool) {

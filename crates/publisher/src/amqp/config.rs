@@ -216,12 +216,12 @@ impl PublisherConfig {
     /// of that file *instead of* the system's roots, so that a private CA can be
     /// enforced, and the client certificate (docs/security.md). The files are read
     /// here, to refuse unusable ones at once, and again at every connect.
-    pub(crate) fn tls(&self) -> Result<crate::amqp::connection::Tls, PublishError> {
+    pub(crate) fn tls(&self) -> Result<crate::tls::Tls, PublishError> {
         if self.ca_file.is_none() && self.auth.cert_file.is_none() && self.auth.key_file.is_none() {
-            return Ok(crate::amqp::connection::Tls::SystemRoots);
+            return Ok(crate::tls::Tls::SystemRoots);
         }
         tls::amqps_config(self.ca_file.as_deref(), &self.auth)?;
-        Ok(crate::amqp::connection::Tls::Own)
+        Ok(crate::tls::Tls::Own)
     }
 }
 

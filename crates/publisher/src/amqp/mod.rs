@@ -60,7 +60,7 @@ pub(crate) mod topology;
 use outbox_event::{Lsn, WalBatch};
 use tokio::sync::{mpsc, watch};
 
-pub(crate) use connection::Tls;
+pub(crate) use crate::tls::Tls;
 
 use crate::amqp::config::PublisherConfig;
 use crate::error::{redact_url, PublishError};

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::amqp::config::PublisherConfig;
-use crate::amqp::connection::{ConnError, Connection, Event, Tls};
+use crate::amqp::connection::{ConnError, Connection, Event};
 use crate::amqp::destinations::{Destinations, Policy, Verdict};
 use crate::amqp::engine::{Engine, Outgoing};
 use crate::amqp::message::{MessageBuilder, OutboundMessage};
@@ -32,6 +32,7 @@ use crate::error::PublishError;
 use crate::progress::{self, changed_lsn, sleep_until_opt};
 use crate::report::PublisherReport;
 use crate::status::{self, PublisherStatus};
+use crate::tls::Tls;
 use crate::trace::EventTracer;
 use recover::{Episode, Recovered};
 

@@ -3,8 +3,11 @@
 //! start so after every failure.
 
 use crate::amqp::config::PublisherConfig;
-use crate::amqp::connection::{self, Connection, Params, Tls};
-use crate::error::PublishError;
+use std::sync::Arc;
+
+use crate::amqp::connection::{self, ConnError, ConnectError, Connection, Params, CONNECT_TIMEOUT};
+use crate::error::{is_certificate_error, redact_url, scrub, PublishError};
+use crate::tls::{self, Keys, Tls};
 
 /// Connects to the URLs in order starting at `start`: the first node that answers
 /// wins. Every URL is tried, whatever the others answered: a node that refuses the
@@ -31,14 +34,45 @@ pub(crate) async fn login_any(
     first_that_answers(config, tls, start, false).await
 }
 
-/// What a connection takes from `config`.
-pub(crate) fn params(config: &PublisherConfig) -> Params {
-    Params {
-        urls: config.urls.clone(),
-        ca_file: config.ca_file.clone(),
-        auth: config.auth.clone(),
+/// What a connection takes from `config`, read now: the password file's password
+/// put in the URLs, and the TLS configuration of `amqps` URLs built from the files
+/// (so a rotated secret or certificate is used at the next connect).
+pub(crate) fn params(config: &PublisherConfig, how: &Tls) -> Result<Params, PublishError> {
+    let urls = match &config.auth.password_file {
+        Some(path) => {
+            let password = tls::read_password(path, Keys::Amqp)?;
+            config
+                .urls
+                .iter()
+                .map(|u| tls::with_password(u, &password))
+                .collect()
+        }
+        None => config.urls.clone(),
+    };
+    let tls = if urls.iter().any(|u| u.starts_with("amqps://")) {
+        let rustls = match how {
+            Tls::Own => tls::amqps_config(config.ca_file.as_deref(), &config.auth)?,
+            Tls::SystemRoots => tls::amqps_config(None, &tls::ClientAuth::default())?,
+        };
+        Some(Arc::new(rustls))
+    } else {
+        None
+    };
+    Ok(Params {
+        urls,
+        tls,
         request_timeout: config.request_timeout,
         name: config.connection_name.clone(),
+    })
+}
+
+/// Logs once per URL that a plain `amqp://` URL sends the credentials in clear to
+/// a host other than this one.
+fn warn_if_plaintext(url: &str) {
+    if let Ok(uri) = url.parse::<amq_protocol::uri::AMQPUri>() {
+        let host = connection::host_of(url, &uri);
+        let secure = uri.scheme == amq_protocol::uri::AMQPScheme::AMQPS;
+        tls::warn_if_plaintext_beyond_loopback(url, &host, secure);
     }
 }
 
@@ -48,23 +82,22 @@ async fn first_that_answers(
     start: usize,
     declare: bool,
 ) -> Result<Connection, PublishError> {
-    let params = params(config);
+    let params = params(config, tls)?;
     let count = params.urls.len();
     let mut best: Option<PublishError> = None;
     for offset in 0..count {
         let index = (start + offset) % count;
-        let connected: Result<Connection, PublishError> =
-            match connection::connect(&params, tls, index).await {
-                Ok(conn) if !declare => return Ok(conn),
-                Ok(mut conn) => match super::topology::declare_all(&mut conn, config).await {
-                    Ok(()) => return Ok(conn),
-                    Err(e) => {
-                        conn.close().await;
-                        Err(e)
-                    }
-                },
-                Err(e) => Err(e),
-            };
+        let connected: Result<Connection, PublishError> = match connect_to(&params, index).await {
+            Ok(conn) if !declare => return Ok(conn),
+            Ok(mut conn) => match super::topology::declare_all(&mut conn, config).await {
+                Ok(()) => return Ok(conn),
+                Err(e) => {
+                    conn.close().await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(e),
+        };
         let Err(e) = connected else { continue };
         if e.is_transient() {
             tracing::debug!(error = %e, "broker node unreachable; trying the next");
@@ -85,4 +118,75 @@ async fn first_that_answers(
         key: "url",
         reason: "no URL configured; set at least one amqp:// or amqps:// URL".into(),
     }))
+}
+
+/// Node `index` of `params`, as the connection opens it (the plaintext warning
+/// first).
+pub(crate) async fn connect_to(params: &Params, index: usize) -> Result<Connection, PublishError> {
+    let url = params.url(index);
+    warn_if_plaintext(url);
+    let redacted = redact_url(url);
+    connection::connect(params, index)
+        .await
+        .map_err(|e| match e {
+            ConnectError::BadUrl(e) => PublishError::InvalidConfig {
+                key: "url",
+                reason: format!(
+                    "{redacted} cannot be parsed ({}); fix the URL",
+                    scrub(&e, url)
+                ),
+            },
+            ConnectError::Handshake { error, after_login } => {
+                classify(&redacted, url, &error, after_login)
+            }
+            ConnectError::Timeout => PublishError::Unreachable {
+                url: redacted,
+                reason: format!("no answer within {CONNECT_TIMEOUT:?}"),
+            },
+        })
+}
+
+/// Sorts a failed handshake into the publisher's errors, its text cleared of the
+/// URL. The broker refuses a login with `connection.close` 403 (the relay asks for
+/// `authentication_failure_close`), so a socket that ends after the credentials
+/// were sent is an outage, not a refusal.
+fn classify(redacted: &str, url: &str, error: &ConnError, after_login: bool) -> PublishError {
+    let url_shown = redacted.to_string();
+    let reason = scrub(&error.to_string(), url);
+    match error {
+        ConnError::Closed { code: 403, text } if text.contains("vhost") => {
+            PublishError::VirtualHost {
+                url: url_shown,
+                reason,
+            }
+        }
+        ConnError::Closed { code: 403, .. } => PublishError::AuthenticationRefused {
+            url: url_shown,
+            reason,
+        },
+        ConnError::Closed { code: 530, text } if text.contains("connection limit") => {
+            PublishError::ConnectionLimit {
+                url: url_shown,
+                reason,
+            }
+        }
+        ConnError::Closed {
+            code: 530 | 402, ..
+        } => PublishError::VirtualHost {
+            url: url_shown,
+            reason,
+        },
+        _ if is_certificate_error(&reason) => PublishError::TlsRefused {
+            url: url_shown,
+            reason,
+        },
+        ConnError::Io(_) if after_login => PublishError::Unreachable {
+            url: url_shown,
+            reason: format!("the connection ended during the login: {reason}"),
+        },
+        _ => PublishError::Unreachable {
+            url: url_shown,
+            reason,
+        },
+    }
 }

@@ -6,6 +6,7 @@ use outbox_event::OutboxEvent;
 
 use super::SHORT_STRING_MAX;
 use crate::error::PublishError;
+pub(crate) use outbox_event::redact::truncate_at_char;
 
 /// The fields a template substitutes, borrowed from an event or from a table row
 /// (`check --routes`); a NULL field is `None` and renders as empty text.
@@ -222,15 +223,5 @@ impl Default for ExchangeRule {
 fn push_text(out: &mut String, value: Option<&[u8]>) {
     if let Some(value) = value {
         out.push_str(&String::from_utf8_lossy(value));
-    }
-}
-
-pub(crate) fn truncate_at_char(s: &mut String, max: usize) {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
     }
 }

@@ -1,8 +1,8 @@
 //! Opening a connection: the socket, the protocol header, the login (PLAIN,
 //! AMQPLAIN, EXTERNAL or ANONYMOUS, as the URL's `auth_mechanism` says; a
 //! `connection.secure` challenge is answered), tune and the virtual host; and the
-//! sorting of what can go wrong into the errors an operator reads
-//! ([`PublishError`]: unreachable, TLS, login, virtual host, connection limit).
+//! what can go wrong, told apart for the publisher to sort into the errors an
+//! operator reads ([`ConnectError`]; `crate::amqp::session`).
 
 use std::time::Duration;
 
@@ -13,48 +13,41 @@ use amq_protocol::uri::{AMQPUri, SASLMechanism};
 use tokio::time::Instant;
 
 use super::frame::negotiate_frame_max;
-use super::socket::{self, OpenError, Tls};
+use super::socket::{self, OpenError};
 use super::{frame, ConnError, Connection, Params};
-use crate::error::{is_certificate_error, redact_url, scrub, PublishError};
 
 /// Bound on one connection attempt (TCP, TLS, AMQP handshake).
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A handshake failure, with how far the handshake got.
 enum Failed {
-    Config(PublishError),
     /// Before the broker had the credentials.
     BeforeLogin(ConnError),
     /// After it had them.
     AfterLogin(ConnError),
 }
 
-/// Opens a connection to `params.urls[index]` and logs in. Login, virtual host and
-/// TLS problems are definite errors; an unreachable broker, or one whose
-/// connection limit is reached, is transient ([`PublishError::is_transient`]).
-pub(crate) async fn connect(
-    params: &Params,
-    tls: &Tls,
-    index: usize,
-) -> Result<Connection, PublishError> {
-    let url = params.url(index)?;
-    let redacted = redact_url(&url);
-    let uri: AMQPUri = url
-        .parse()
-        .map_err(|e: String| PublishError::InvalidConfig {
-            key: "url",
-            reason: format!(
-                "{redacted} cannot be parsed ({}); fix the URL",
-                scrub(&e, &url)
-            ),
-        })?;
+/// Why a connection could not be opened, as the connection knows it; the publisher
+/// sorts it into the errors operators read (`crate::amqp::session`).
+#[derive(Debug)]
+pub(crate) enum ConnectError {
+    /// The URL cannot be parsed (the parser's text, which may quote the URL).
+    BadUrl(String),
+    /// The socket or the handshake failed, before the broker had the credentials
+    /// or after.
+    Handshake { error: ConnError, after_login: bool },
+    /// No answer within [`CONNECT_TIMEOUT`].
+    Timeout,
+}
+
+/// Opens a connection to `params.urls[index]` and logs in.
+pub(crate) async fn connect(params: &Params, index: usize) -> Result<Connection, ConnectError> {
+    let url = params.url(index);
+    let uri: AMQPUri = url.parse().map_err(ConnectError::BadUrl)?;
     let setup = async {
-        let socket = socket::open(&url, &uri, params, tls)
+        let socket = socket::open(url, &uri, params)
             .await
-            .map_err(|e| match e {
-                OpenError::Config(e) => Failed::Config(e),
-                OpenError::Io(text) => Failed::BeforeLogin(ConnError::Io(text)),
-            })?;
+            .map_err(|OpenError::Io(text)| Failed::BeforeLogin(ConnError::Io(text)))?;
         let mut connection = Connection::new(socket, index);
         connection.request_timeout = params.request_timeout;
         connection.handshake(&uri, &params.name).await?;
@@ -62,13 +55,15 @@ pub(crate) async fn connect(
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {
         Ok(Ok(connection)) => Ok(connection),
-        Ok(Err(Failed::Config(e))) => Err(e),
-        Ok(Err(Failed::BeforeLogin(e))) => Err(classify(&redacted, &url, &e, false)),
-        Ok(Err(Failed::AfterLogin(e))) => Err(classify(&redacted, &url, &e, true)),
-        Err(_) => Err(PublishError::Unreachable {
-            url: redacted,
-            reason: format!("no answer within {CONNECT_TIMEOUT:?}"),
+        Ok(Err(Failed::BeforeLogin(error))) => Err(ConnectError::Handshake {
+            error,
+            after_login: false,
         }),
+        Ok(Err(Failed::AfterLogin(error))) => Err(ConnectError::Handshake {
+            error,
+            after_login: true,
+        }),
+        Err(_) => Err(ConnectError::Timeout),
     }
 }
 
@@ -204,7 +199,6 @@ impl Connection {
     /// wrong as the connection's error.
     pub(super) async fn handshake_on(&mut self, uri: &AMQPUri) -> Result<(), ConnError> {
         self.handshake(uri, "sim").await.map_err(|e| match e {
-            Failed::Config(e) => ConnError::Io(e.to_string()),
             Failed::BeforeLogin(e) | Failed::AfterLogin(e) => e,
         })
     }
@@ -233,49 +227,4 @@ fn client_properties(name: &str) -> FieldTable {
     properties.insert("connection_name".into(), text(name));
     properties.insert("capabilities".into(), AMQPValue::FieldTable(capabilities));
     properties
-}
-
-/// Sorts a failed handshake into the publisher's errors, its text cleared of the
-/// URL. The broker refuses a login with `connection.close` 403 (the relay asks for
-/// `authentication_failure_close`), so a socket that ends after the credentials
-/// were sent is an outage, not a refusal.
-fn classify(redacted: &str, url: &str, error: &ConnError, after_login: bool) -> PublishError {
-    let url_shown = redacted.to_string();
-    let reason = scrub(&error.to_string(), url);
-    match error {
-        ConnError::Closed { code: 403, text } if text.contains("vhost") => {
-            PublishError::VirtualHost {
-                url: url_shown,
-                reason,
-            }
-        }
-        ConnError::Closed { code: 403, .. } => PublishError::AuthenticationRefused {
-            url: url_shown,
-            reason,
-        },
-        ConnError::Closed { code: 530, text } if text.contains("connection limit") => {
-            PublishError::ConnectionLimit {
-                url: url_shown,
-                reason,
-            }
-        }
-        ConnError::Closed {
-            code: 530 | 402, ..
-        } => PublishError::VirtualHost {
-            url: url_shown,
-            reason,
-        },
-        _ if is_certificate_error(&reason) => PublishError::TlsRefused {
-            url: url_shown,
-            reason,
-        },
-        ConnError::Io(_) if after_login => PublishError::Unreachable {
-            url: url_shown,
-            reason: format!("the connection ended during the login: {reason}"),
-        },
-        _ => PublishError::Unreachable {
-            url: url_shown,
-            reason,
-        },
-    }
 }

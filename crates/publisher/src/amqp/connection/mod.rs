@@ -51,13 +51,13 @@ use tokio::time::{Instant, Sleep};
 
 pub(crate) use channels::{Declare, ExchangeFlags};
 pub(crate) use confirms::Tags;
-pub(crate) use handshake::connect;
+pub(crate) use handshake::{connect, ConnectError, CONNECT_TIMEOUT};
 pub(crate) use params::Params;
 pub(crate) use returns::Returned;
 use returns::Returning;
 #[cfg(test)]
 pub(crate) use socket::sim_dial;
-pub(crate) use socket::{ipv6_literal, Socket, Tls};
+pub(crate) use socket::{host_of, ipv6_literal, Socket};
 
 use frame::{FrameError, FRAME_MIN, FRAME_OVERHEAD};
 
@@ -544,7 +544,7 @@ impl Connection {
     /// answer to a protocol error).
     fn send_close(&mut self, code: u16, text: &str) {
         let mut text = text.to_string();
-        crate::message::truncate_at_char(&mut text, 255);
+        outbox_event::redact::truncate_at_char(&mut text, 255);
         self.push_frame(&AMQPFrame::Method(
             0,
             AMQPClass::Connection(connection::AMQPMethod::Close(connection::Close {

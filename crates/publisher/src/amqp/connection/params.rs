@@ -1,20 +1,19 @@
-//! What opening a connection takes from the configuration, built once from it
-//! ([`crate::amqp::session::params`]): the connection reads nothing else of it.
+//! What opening a connection takes from the configuration, built from it before
+//! each round of connects (`crate::amqp::session::params`): the connection reads
+//! nothing else of it, and nothing of the rest of the publisher.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::PublishError;
-use crate::tls::{self, ClientAuth, Keys};
-
 /// The brokers and how to log in to them.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Params {
-    /// The brokers' URLs, in the order they are tried (credentials included).
+    /// The brokers' URLs, in the order they are tried, with their credentials (a
+    /// password file's password already in them).
     pub(crate) urls: Vec<String>,
-    /// The CA bundle for `amqps` URLs (the system's roots without one), and the
-    /// client identity and password file.
-    pub(crate) ca_file: Option<std::path::PathBuf>,
-    pub(crate) auth: ClientAuth,
+    /// The TLS client configuration of `amqps` URLs (roots, client identity); `None`
+    /// when no URL is `amqps`.
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
     /// The deadline of every request, and of the confirms of waiting publishes.
     pub(crate) request_timeout: Duration,
     /// The `connection_name` client property the broker's UI shows.
@@ -22,14 +21,8 @@ pub(crate) struct Params {
 }
 
 impl Params {
-    /// `urls[index]` with the password file's password when one is configured: the
-    /// file is read at every connect (rotation needs no restart).
-    pub(crate) fn url(&self, index: usize) -> Result<String, PublishError> {
-        Ok(match &self.auth.password_file {
-            Some(path) => {
-                tls::with_password(&self.urls[index], &tls::read_password(path, Keys::Amqp)?)
-            }
-            None => self.urls[index].clone(),
-        })
+    /// The URL of node `index`.
+    pub(crate) fn url(&self, index: usize) -> &str {
+        &self.urls[index]
     }
 }

@@ -256,7 +256,7 @@ fn trace(what: impl FnOnce() -> String) {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if *ON.get_or_init(|| std::env::var_os("OUTBOX_SIM_TRACE").is_some()) {
         let mut line = what();
-        crate::message::truncate_at_char(&mut line, 240);
+        outbox_event::redact::truncate_at_char(&mut line, 240);
         eprintln!("{line}");
     }
 }

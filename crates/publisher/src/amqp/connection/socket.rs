@@ -1,14 +1,11 @@
 //! The connection's byte stream: TCP, and TLS for `amqps://` (rustls, with the
 //! roots and client certificate of docs/security.md, "AMQPS").
 
-use std::sync::Arc;
-
 use amq_protocol::uri::{AMQPScheme, AMQPUri};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::Params;
-use crate::error::PublishError;
 
 /// What the connection reads and writes: a TCP stream, plain or under TLS (or,
 /// in tests, any in-process stream).
@@ -31,6 +28,12 @@ pub(crate) fn set_keepalive(tcp: &TcpStream) {
     let _ = socket2::SockRef::from(tcp).set_tcp_keepalive(&keepalive);
 }
 
+/// The host `url` names: its IPv6 literal, or the host the URL parser read (which
+/// takes a literal in brackets for no host at all).
+pub(crate) fn host_of(url: &str, uri: &AMQPUri) -> String {
+    ipv6_literal(url).unwrap_or_else(|| uri.authority.host.clone())
+}
+
 /// The IPv6 address of a URL whose host is a literal in brackets, without them.
 pub(crate) fn ipv6_literal(url: &str) -> Option<String> {
     let rest = url.split_once("://").map_or(url, |(_, r)| r);
@@ -43,22 +46,9 @@ pub(crate) fn ipv6_literal(url: &str) -> Option<String> {
         .map(|ip| ip.to_string())
 }
 
-/// How AMQPS connections set up TLS.
-#[derive(Clone, Debug)]
-pub(crate) enum Tls {
-    /// The operating system's roots, no client certificate.
-    SystemRoots,
-    /// Built at every connect from the files (`crate::tls::amqps_config`): only the
-    /// certificates of `[rabbitmq] ca_file` when it is set (the system's roots are
-    /// then not trusted, so a private CA is enforced), and the client certificate
-    /// when one is configured (docs/security.md).
-    Own,
-}
-
 /// Why the socket could not be opened: a local configuration problem (a TLS file)
 /// or the network.
 pub(crate) enum OpenError {
-    Config(PublishError),
     Io(String),
 }
 
@@ -68,18 +58,16 @@ pub(crate) async fn open(
     url: &str,
     uri: &AMQPUri,
     params: &Params,
-    tls: &Tls,
 ) -> Result<Box<dyn Socket>, OpenError> {
     // The URL parser reads an IPv6 literal (`amqp://[::1]:5673/`) as no host at
     // all and would connect to localhost: the host is read from the URL here.
-    let literal = ipv6_literal(url);
-    let host = literal.as_deref().unwrap_or(uri.authority.host.as_str());
+    let host = host_of(url, uri);
+    let host = host.as_str();
     let secure = uri.scheme == AMQPScheme::AMQPS;
     #[cfg(test)]
     if let Some(dialed) = sim_dial::dial(host, uri.authority.port) {
         return dialed.map_err(OpenError::Io);
     }
-    crate::tls::warn_if_plaintext_beyond_loopback(url, host, secure);
     let tcp = TcpStream::connect((host, uri.authority.port))
         .await
         .map_err(|e| OpenError::Io(format!("connecting to {host}:{}: {e}", uri.authority.port)))?;
@@ -88,14 +76,14 @@ pub(crate) async fn open(
     if !secure {
         return Ok(Box::new(tcp));
     }
-    let rustls = match tls {
-        Tls::Own => crate::tls::amqps_config(params.ca_file.as_deref(), &params.auth),
-        Tls::SystemRoots => crate::tls::amqps_config(None, &crate::tls::ClientAuth::default()),
-    }
-    .map_err(OpenError::Config)?;
+    let Some(rustls) = params.tls.clone() else {
+        return Err(OpenError::Io(format!(
+            "{host}: an amqps URL without a TLS configuration"
+        )));
+    };
     let name = rustls::pki_types::ServerName::try_from(host.to_string())
         .map_err(|e| OpenError::Io(format!("the host {host} is not a TLS server name: {e}")))?;
-    let stream = tokio_rustls::TlsConnector::from(Arc::new(rustls))
+    let stream = tokio_rustls::TlsConnector::from(rustls)
         .connect(name, tcp)
         .await
         .map_err(|e| OpenError::Io(format!("the TLS handshake: {e}")))?;

@@ -12,9 +12,10 @@ use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::oneshot;
 
 use super::super::frame::FRAME_OVERHEAD;
-use super::super::{connect, ConnError, Connection, Event, Tls};
+use super::super::{ConnError, Connection, Event};
 use crate::amqp::config::PublisherConfig;
 use crate::error::PublishError;
+use crate::tls::Tls;
 
 /// How long a whole broker script may take, and a test may wait for one.
 const SCRIPT_LIMIT: Duration = Duration::from_secs(10);
@@ -85,7 +86,11 @@ pub(super) fn url(port: u16) -> String {
 pub(super) async fn connect_to(port: u16) -> Result<Connection, PublishError> {
     let mut config = PublisherConfig::new(url(port), "orders");
     config.connection_name = "relay test".into();
-    connect(&crate::amqp::session::params(&config), &Tls::SystemRoots, 0).await
+    crate::amqp::session::connect_to(
+        &crate::amqp::session::params(&config, &Tls::SystemRoots).unwrap(),
+        0,
+    )
+    .await
 }
 
 pub(super) fn encoded(frame: &AMQPFrame) -> Vec<u8> {

@@ -10,9 +10,10 @@ use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
 use super::super::socket::set_keepalive;
-use super::super::{connect, ConnError, Declare, Event, Tls};
+use super::super::{connect, ConnError, Declare, Event};
 use super::broker::*;
 use crate::amqp::config::PublisherConfig;
+use crate::tls::Tls;
 
 /// The tune-ok the relay sends for a URL asking `url_heartbeat` (`None`: nothing)
 /// and a broker proposing `broker`.
@@ -26,9 +27,12 @@ async fn negotiated(url_heartbeat: Option<u16>, broker_heartbeat: u16) -> u16 {
         url.push_str(&format!("?heartbeat={h}"));
     }
     let config = PublisherConfig::new(url, "orders");
-    let _conn = connect(&crate::amqp::session::params(&config), &Tls::SystemRoots, 0)
-        .await
-        .expect("the handshake");
+    let _conn = connect(
+        &crate::amqp::session::params(&config, &Tls::SystemRoots).unwrap(),
+        0,
+    )
+    .await
+    .expect("the handshake");
     broker.done().await.heartbeat
 }
 
@@ -206,7 +210,10 @@ async fn an_ipv6_literal_host_is_the_address_connected_to() {
     // that the protocol header reached the IPv6 address.
     let _ = tokio::time::timeout(
         Duration::from_secs(3),
-        connect(&crate::amqp::session::params(&config), &Tls::SystemRoots, 0),
+        connect(
+            &crate::amqp::session::params(&config, &Tls::SystemRoots).unwrap(),
+            0,
+        ),
     )
     .await;
     let header = tokio::time::timeout(Duration::from_secs(3), server)
