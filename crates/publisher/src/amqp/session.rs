@@ -49,12 +49,9 @@ pub(crate) fn params(config: &PublisherConfig, how: &Tls) -> Result<Params, Publ
         }
         None => config.urls.clone(),
     };
-    let tls = if urls.iter().any(|u| u.starts_with("amqps://")) {
-        let rustls = match how {
-            Tls::Own => tls::amqps_config(config.ca_file.as_deref(), &config.auth)?,
-            Tls::SystemRoots => tls::amqps_config(None, &tls::ClientAuth::default())?,
-        };
-        Some(Arc::new(rustls))
+    // A TLS file that cannot be used fails the amqps URLs only (`first_that_answers`).
+    let tls = if urls.iter().any(|u| is_amqps(u)) {
+        tls_config(config, how).ok()
     } else {
         None
     };
@@ -64,6 +61,22 @@ pub(crate) fn params(config: &PublisherConfig, how: &Tls) -> Result<Params, Publ
         request_timeout: config.request_timeout,
         name: config.connection_name.clone(),
     })
+}
+
+fn is_amqps(url: &str) -> bool {
+    url.starts_with("amqps://")
+}
+
+/// The TLS client configuration of `config`'s `amqps` URLs, built from the files now.
+fn tls_config(
+    config: &PublisherConfig,
+    how: &Tls,
+) -> Result<Arc<rustls::ClientConfig>, PublishError> {
+    let rustls = match how {
+        Tls::Own => tls::amqps_config(config.ca_file.as_deref(), &config.auth)?,
+        Tls::SystemRoots => tls::amqps_config(None, &tls::ClientAuth::default())?,
+    };
+    Ok(Arc::new(rustls))
 }
 
 /// Logs once per URL that a plain `amqp://` URL sends the credentials in clear to
@@ -82,11 +95,21 @@ async fn first_that_answers(
     start: usize,
     declare: bool,
 ) -> Result<Connection, PublishError> {
-    let params = params(config, tls)?;
+    let mut params = params(config, tls)?;
     let count = params.urls.len();
     let mut best: Option<PublishError> = None;
     for offset in 0..count {
         let index = (start + offset) % count;
+        if is_amqps(params.url(index)) && params.tls.is_none() {
+            // The TLS files could not be used: this node's error is theirs.
+            match tls_config(config, tls) {
+                Ok(c) => params.tls = Some(c),
+                Err(e) => {
+                    keep_best(&mut best, e);
+                    continue;
+                }
+            }
+        }
         let connected: Result<Connection, PublishError> = match connect_to(&params, index).await {
             Ok(conn) if !declare => return Ok(conn),
             Ok(mut conn) => match super::topology::declare_all(&mut conn, config).await {
@@ -99,20 +122,7 @@ async fn first_that_answers(
             Err(e) => Err(e),
         };
         let Err(e) = connected else { continue };
-        if e.is_transient() {
-            tracing::debug!(error = %e, "broker node unreachable; trying the next");
-        } else {
-            tracing::debug!(error = %e, "broker node refused the connection; trying the next");
-        }
-        // The first of the most specific errors wins; among unreachable nodes the
-        // last one (a connection limit, transient too, is never replaced by a later
-        // node that did not answer).
-        if best.as_ref().is_none_or(|b| {
-            e.specificity() > b.specificity()
-                || (e.specificity() == b.specificity() && b.is_transient() && e.is_transient())
-        }) {
-            best = Some(e);
-        }
+        keep_best(&mut best, e);
     }
     Err(best.unwrap_or_else(|| PublishError::InvalidConfig {
         key: "url",
@@ -188,5 +198,23 @@ fn classify(redacted: &str, url: &str, error: &ConnError, after_login: bool) -> 
             url: url_shown,
             reason,
         },
+    }
+}
+
+/// Keeps the error of a node that failed if it says more than `best`: the first of
+/// the most specific errors wins; among unreachable nodes the last one (a
+/// connection limit, transient too, is never replaced by a later node that did not
+/// answer).
+fn keep_best(best: &mut Option<PublishError>, e: PublishError) {
+    if e.is_transient() {
+        tracing::debug!(error = %e, "broker node unreachable; trying the next");
+    } else {
+        tracing::debug!(error = %e, "broker node refused the connection; trying the next");
+    }
+    if best.as_ref().is_none_or(|b| {
+        e.specificity() > b.specificity()
+            || (e.specificity() == b.specificity() && b.is_transient() && e.is_transient())
+    }) {
+        *best = Some(e);
     }
 }
