@@ -218,3 +218,35 @@ fn keep_best(best: &mut Option<PublishError>, e: PublishError) {
         *best = Some(e);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A CA file that cannot be read fails the amqps URLs of a round only: the plain
+    /// URL of the same list still connects (real broker), and the amqps one alone
+    /// reports the file.
+    #[tokio::test]
+    async fn an_unusable_tls_file_fails_only_the_amqps_urls() {
+        let missing = std::env::temp_dir()
+            .join(testkit::unique_name("no-ca"))
+            .join("ca.pem");
+        let mut config = PublisherConfig::new("amqps://guest:guest@127.0.0.1:1/%2f", "outbox");
+        config.ca_file = Some(missing.clone());
+        config.urls.push(testkit::amqp_url());
+        let conn = login_any(&config, &Tls::Own, 0)
+            .await
+            .expect("the plain URL connects");
+        assert_eq!(conn.node, 1);
+        config.urls.truncate(1);
+        let e = login_any(&config, &Tls::Own, 0)
+            .await
+            .err()
+            .expect("the amqps URL alone fails");
+        let text = e.to_string();
+        assert!(
+            text.contains("ca.pem") || text.contains("ca_file"),
+            "{text}"
+        );
+    }
+}
