@@ -1,18 +1,18 @@
 //! Stream-protocol connections: connect (the URL parsed by `endpoint.rs`), stream and publisher
 //! declaration, a producer's last publishing id, the negotiated frame maximum
 //! (`tune.rs`), and the handler that forwards the broker's confirms and refusals to
-//! the run loop.
+//! the run loop. The client is 0.11 or, for a broker before RabbitMQ 3.11, 0.4
+//! (`client.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rabbitmq_stream_client::error::ClientError;
-use rabbitmq_stream_client::types::{ResponseCode, ResponseKind};
-use rabbitmq_stream_client::Client;
+use rabbitmq_stream_client::types::ResponseCode;
 
 use tokio::sync::mpsc;
 
+use super::client::{BrokerEvent, ClientFailure, ClientVersion, StreamClient};
 use super::endpoint::Endpoint;
 use super::{tune, StreamConfig};
 use crate::error::{redact_url, PublishError};
@@ -21,22 +21,9 @@ use crate::error::{redact_url, PublishError};
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on closing a connection.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
-/// What the broker reports on a publishing connection.
-#[derive(Debug)]
-pub(super) enum BrokerEvent {
-    /// Publishing ids of a publisher stored (or dropped as duplicates).
-    Confirmed(u8, Vec<u64>),
-    /// Publishing ids of a publisher refused, with the code.
-    Refused(u8, Vec<(u64, ResponseCode)>),
-    /// The connection is gone or the stream changed (deleted, leader moved).
-    Closed(String),
-    /// The broker answered a liveness probe (`liveness.rs`).
-    Alive,
-}
-
 /// One connection, the stream declared (when asked), the broker's events forwarded.
 pub(super) struct Session {
-    pub client: Client,
+    pub client: StreamClient,
     pub events: mpsc::UnboundedReceiver<BrokerEvent>,
     /// Where a liveness probe's answer goes (the same queue as the broker's events).
     probes: mpsc::UnboundedSender<BrokerEvent>,
@@ -58,7 +45,7 @@ impl Session {
         let probes = self.probes.clone();
         let stream = stream.to_string();
         tokio::spawn(async move {
-            if let Ok(Ok(_)) = tokio::time::timeout(within, client.metadata(vec![stream])).await {
+            if let Ok(Ok(_)) = tokio::time::timeout(within, client.metadata(&stream)).await {
                 let _ = probes.send(BrokerEvent::Alive);
             }
         });
@@ -74,22 +61,22 @@ impl Session {
     ) -> Result<u64, PublishError> {
         let url = &config.urls[self.url_index];
         let setup = async {
-            let response = self
+            let code = self
                 .client
                 .declare_publisher(publisher_id, reference.map(str::to_string), &config.stream)
                 .await
                 .map_err(|e| classify(url, &e))?;
-            if !response.is_ok() {
-                return Err(refused(config, response.code()));
+            if code != ResponseCode::Ok {
+                return Err(refused(config, &code));
             }
             match reference {
                 Some(reference) => self
                     .client
                     .query_publisher_sequence(reference, &config.stream)
                     .await
-                    .map_err(|e| match e {
-                        ClientError::RequestError(code) => refused(config, &code),
-                        e => classify(url, &e),
+                    .map_err(|e| match &e.code {
+                        Some(code) => refused(config, code),
+                        None => classify(url, &e),
                     }),
                 None => Ok(0),
             }
@@ -135,20 +122,43 @@ pub(super) async fn connect_any(
     }))
 }
 
-/// Opens a plain client connection to URL `index` (also used by the tail reader),
-/// with the password of the password file when one is configured (read now). A
-/// plain `rabbitmq-stream://` URL to a host other than this one is warned about.
-pub(super) async fn open(config: &StreamConfig, index: usize) -> Result<Client, PublishError> {
+/// Opens a plain client connection to URL `index` with the client `version` needs
+/// (`client.rs`), with the password of the password file when one is configured (read
+/// now). A plain `rabbitmq-stream://` URL to a host other than this one is warned
+/// about.
+pub(super) async fn open(
+    config: &StreamConfig,
+    index: usize,
+    version: ClientVersion,
+) -> Result<StreamClient, PublishError> {
     let url = &config.urls[index];
     let mut endpoint = Endpoint::parse(url)?;
     if let Some(path) = &config.auth.password_file {
         endpoint.password = crate::tls::read_password(path, crate::tls::Keys::Stream)?;
     }
     crate::tls::warn_if_plaintext_beyond_loopback(url, &endpoint.host, endpoint.tls);
-    let options = endpoint.options(config, url)?;
     // The client unwraps more than the checks above can foresee: a panic in its
     // connect is a configuration error, not the end of the process.
-    let mut connecting = tokio::spawn(Client::connect(options));
+    let mut connecting = match version {
+        ClientVersion::Current => {
+            let options = endpoint.options(config, url)?;
+            tokio::spawn(async move {
+                rabbitmq_stream_client::Client::connect(options)
+                    .await
+                    .map(StreamClient::Current)
+                    .map_err(ClientFailure::from)
+            })
+        }
+        ClientVersion::Legacy => {
+            let options = endpoint.legacy_options(config, url)?;
+            tokio::spawn(async move {
+                rabbitmq_stream_client_legacy::Client::connect(options)
+                    .await
+                    .map(StreamClient::Legacy)
+                    .map_err(ClientFailure::from)
+            })
+        }
+    };
     let result = tokio::time::timeout(CONNECT_TIMEOUT, &mut connecting).await;
     if result.is_err() {
         connecting.abort();
@@ -172,8 +182,8 @@ pub(super) async fn open(config: &StreamConfig, index: usize) -> Result<Client, 
 }
 
 /// The negotiated frame maximum of a connection to `url` (docs/design.md §4, "Frames
-/// within the limit").
-async fn frame_max_of(config: &StreamConfig, url: &str) -> Result<u32, PublishError> {
+/// within the limit") and the broker's version.
+async fn frame_max_of(config: &StreamConfig, url: &str) -> Result<tune::Tuned, PublishError> {
     let mut endpoint = Endpoint::parse(url)?;
     if let Some(path) = &config.auth.password_file {
         endpoint.password = crate::tls::read_password(path, crate::tls::Keys::Stream)?;
@@ -197,7 +207,10 @@ async fn frame_max_of(config: &StreamConfig, url: &str) -> Result<u32, PublishEr
             // The client's own connection, made next with the same settings, reports
             // what is wrong if anything is: assume the protocol's default here.
             tracing::debug!(%reason, "could not read the stream broker's frame maximum; assuming 1 MiB");
-            tune::CLIENT_FRAME_MAX
+            tune::Tuned {
+                frame_max: tune::CLIENT_FRAME_MAX,
+                version: None,
+            }
         }
     })
 }
@@ -211,48 +224,18 @@ pub(super) async fn connect_one(
     // the client's: a limit raised in between then makes the publisher assume the
     // old, smaller one until its next reconnect (a needless wait), never a larger one
     // than its connection allows (a frame the broker refuses).
-    let frame_max = frame_max_of(config, url).await?;
-    let client = open(config, index).await?;
+    let tuned = frame_max_of(config, url).await?;
+    let frame_max = tuned.frame_max;
+    let version = ClientVersion::for_broker(tuned.version.as_deref());
+    tracing::debug!(broker = ?tuned.version, client = ?version, "stream broker version");
+    let client = open(config, index, version).await?;
     let setup = async {
         if config.declare_stream {
             declare_stream(&client, config).await?;
         }
         let (tx, events) = mpsc::unbounded_channel();
         let probes = tx.clone();
-        let forward = move |item: rabbitmq_stream_client::types::MessageResult| {
-            let tx = tx.clone();
-            async move {
-                let event = match item {
-                    Some(Ok(response)) => match response.kind() {
-                        ResponseKind::PublishConfirm(c) => {
-                            Some(BrokerEvent::Confirmed(c.publisher_id, c.publishing_ids))
-                        }
-                        ResponseKind::PublishError(e) => Some(BrokerEvent::Refused(
-                            e.publisher_id,
-                            e.publishing_errors
-                                .into_iter()
-                                .map(|p| (p.publishing_id, p.error_code))
-                                .collect(),
-                        )),
-                        ResponseKind::MetadataUpdate(m) => Some(BrokerEvent::Closed(format!(
-                            "the broker reports a change of the stream ({m:?})"
-                        ))),
-                        ResponseKind::Close(c) => Some(BrokerEvent::Closed(format!(
-                            "the broker closed the connection ({:?})",
-                            c
-                        ))),
-                        _ => None,
-                    },
-                    Some(Err(e)) => Some(BrokerEvent::Closed(e.to_string())),
-                    None => Some(BrokerEvent::Closed("connection closed".into())),
-                };
-                if let Some(event) = event {
-                    let _ = tx.send(event);
-                }
-                Ok(())
-            }
-        };
-        client.set_handler(forward).await;
+        client.forward_events(tx).await;
         Ok::<_, PublishError>((events, probes, frame_max as usize))
     };
     match tokio::time::timeout(CONNECT_TIMEOUT, setup).await {
@@ -283,7 +266,7 @@ fn probe_tls(config: &StreamConfig) -> Result<Arc<rustls::ClientConfig>, Publish
     crate::tls::amqps_config(config.ca_file.as_deref(), &config.auth).map(Arc::new)
 }
 
-async fn declare_stream(client: &Client, config: &StreamConfig) -> Result<(), PublishError> {
+async fn declare_stream(client: &StreamClient, config: &StreamConfig) -> Result<(), PublishError> {
     let mut arguments = HashMap::new();
     if let Some(bytes) = config.max_length_bytes {
         arguments.insert("max-length-bytes".to_string(), bytes.to_string());
@@ -291,15 +274,15 @@ async fn declare_stream(client: &Client, config: &StreamConfig) -> Result<(), Pu
     if let Some(age) = config.max_age {
         arguments.insert("max-age".to_string(), format!("{}s", age.as_secs().max(1)));
     }
-    let response = client
+    let code = client
         .create_stream(&config.stream, arguments)
         .await
         .map_err(|e| classify(&config.urls[0], &e))?;
-    match response.code() {
+    match code {
         ResponseCode::Ok | ResponseCode::StreamAlreadyExists => Ok(()),
         // It exists with other arguments (an operator created it with its own
         // retention or segment size): use it as it is.
-        ResponseCode::PrecoditionFailed => {
+        ResponseCode::PreconditionFailed => {
             tracing::info!(
                 stream = %config.stream,
                 "the stream exists with other arguments than max_length_bytes / max_age; using it as it is"
@@ -337,19 +320,17 @@ fn refused(config: &StreamConfig, code: &ResponseCode) -> PublishError {
 }
 
 /// Maps a client error to what the caller does next.
-pub(super) fn classify(url: &str, error: &ClientError) -> PublishError {
+pub(super) fn classify(url: &str, error: &ClientFailure) -> PublishError {
     let url = redact_url(url);
     let reason = crate::error::scrub(&error.to_string(), &url);
-    match error {
-        ClientError::RequestError(
+    match &error.code {
+        Some(
             ResponseCode::AuthenticationFailure
             | ResponseCode::AuthenticationFailureLoopback
             | ResponseCode::SaslError
             | ResponseCode::SaslMechanismNotSupported,
         ) => PublishError::AuthenticationRefused { url, reason },
-        ClientError::RequestError(ResponseCode::VirtualHostAccessFailure) => {
-            PublishError::VirtualHost { url, reason }
-        }
+        Some(ResponseCode::VirtualHostAccessFailure) => PublishError::VirtualHost { url, reason },
         _ if crate::error::is_certificate_error(&reason) => {
             PublishError::TlsRefused { url, reason }
         }

@@ -4,12 +4,16 @@
 use std::path::PathBuf;
 
 use rabbitmq_stream_client::{ClientOptions, TlsConfiguration};
+use rabbitmq_stream_client_legacy as legacy;
 
 use super::StreamConfig;
 use crate::error::{percent_decode, redact_url, userinfo_is_ambiguous, PublishError};
 
 /// Where the system's CA bundle usually is (used for `+tls` without `ca_file`).
 const SYSTEM_CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+/// The CA bundle, and the client certificate and key when both are set.
+type TlsFiles = (PathBuf, Option<(PathBuf, PathBuf)>);
 
 /// A parsed `rabbitmq-stream[+tls]://user:password@host:port/vhost` URL. Its `Debug`
 /// hides the password.
@@ -100,47 +104,99 @@ impl Endpoint {
         })
     }
 
-    /// The client's options. Every TLS file is checked first as the client reads it
-    /// (it unwraps what it cannot use: a panic, exit 101), so that a bad one is an
-    /// error naming its key; `url` is for messages.
+    /// The TLS files the client reads: the CA bundle and the client certificate and
+    /// key (when both are set). Each is checked first as the client reads it (it
+    /// unwraps what it cannot use: a panic, exit 101), so that a bad one is an error
+    /// naming its key; `url` is for messages. `None` without TLS.
+    fn tls_files(
+        &self,
+        config: &StreamConfig,
+        url: &str,
+    ) -> Result<Option<TlsFiles>, PublishError> {
+        if !self.tls {
+            return Ok(None);
+        }
+        let roots = config
+            .ca_file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(SYSTEM_CA_BUNDLE));
+        crate::tls::check_ca_file_strictly(&roots)?;
+        crate::tls::check_server_name(&self.host, "stream_url", url)?;
+        let identity = match (&config.auth.cert_file, &config.auth.key_file) {
+            (Some(cert), Some(key)) => {
+                crate::tls::check_stream_identity(&config.auth)?;
+                Some((cert.clone(), key.clone()))
+            }
+            _ => None,
+        };
+        Ok(Some((roots, identity)))
+    }
+
+    /// The heartbeat the client proposes (the broker takes the lower of its own and
+    /// this), and the interval of the publisher's liveness check (`liveness.rs`).
+    fn heartbeat(config: &StreamConfig) -> u32 {
+        u32::try_from(config.heartbeat.as_secs())
+            .unwrap_or(u32::MAX)
+            .max(1)
+    }
+
+    /// The options of the current client (rabbitmq-stream-client 0.11).
     pub(super) fn options(
         &self,
         config: &StreamConfig,
         url: &str,
     ) -> Result<ClientOptions, PublishError> {
-        let mut tls = TlsConfiguration::default();
-        tls.enable(self.tls);
-        if self.tls {
-            let roots = config
-                .ca_file
-                .clone()
-                .unwrap_or_else(|| PathBuf::from(SYSTEM_CA_BUNDLE));
-            crate::tls::check_ca_file_strictly(&roots)?;
-            crate::tls::check_server_name(&self.host, "stream_url", url)?;
-            tls.trust_certificates(false);
-            tls.add_root_certificates_path(roots.display().to_string());
-            if let (Some(cert), Some(key)) = (&config.auth.cert_file, &config.auth.key_file) {
-                crate::tls::check_stream_identity(&config.auth)?;
-                tls.add_client_certificates_keys(
-                    cert.display().to_string(),
-                    key.display().to_string(),
-                );
+        let mut tls = TlsConfiguration::builder().enable(self.tls);
+        if let Some((roots, identity)) = self.tls_files(config, url)? {
+            // 0.11 builds its rustls configuration with the process's default
+            // crypto provider: the relay's is ring, as everywhere else.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            tls = tls.add_root_certificates(roots);
+            if let Some((cert, key)) = identity {
+                tls = tls.add_client_certificates_keys(cert, key);
             }
         }
+        let tls = tls.build().map_err(|reason| PublishError::InvalidConfig {
+            key: "stream_url",
+            reason: format!("the stream client's TLS settings: {reason}"),
+        })?;
         Ok(ClientOptions::builder()
             .host(&self.host)
             .port(self.port)
             .user(&self.user)
             .password(&self.password)
             .v_host(&self.vhost)
-            // The heartbeat the client proposes (the broker takes the lower of its own
-            // and this), and the interval of the publisher's liveness check
-            // (`liveness.rs`).
-            .heartbeat(
-                u32::try_from(config.heartbeat.as_secs())
-                    .unwrap_or(u32::MAX)
-                    .max(1),
-            )
+            .heartbeat(Self::heartbeat(config))
+            .tls(tls)
+            .build())
+    }
+
+    /// The options of the client for RabbitMQ before 3.11 (rabbitmq-stream-client 0.4,
+    /// `client.rs`).
+    pub(super) fn legacy_options(
+        &self,
+        config: &StreamConfig,
+        url: &str,
+    ) -> Result<legacy::ClientOptions, PublishError> {
+        let mut tls = legacy::TlsConfiguration::default();
+        tls.enable(self.tls);
+        if let Some((roots, identity)) = self.tls_files(config, url)? {
+            tls.trust_certificates(false);
+            tls.add_root_certificates_path(roots.display().to_string());
+            if let Some((cert, key)) = identity {
+                tls.add_client_certificates_keys(
+                    cert.display().to_string(),
+                    key.display().to_string(),
+                );
+            }
+        }
+        Ok(legacy::ClientOptions::builder()
+            .host(&self.host)
+            .port(self.port)
+            .user(&self.user)
+            .password(&self.password)
+            .v_host(&self.vhost)
+            .heartbeat(Self::heartbeat(config))
             .tls(tls)
             .build())
     }

@@ -53,13 +53,10 @@ pub(super) async fn connect_to_leader(
 /// The index of the configured URL whose host and port the broker advertises for the
 /// stream's leader; `None` (logged at debug) when it cannot say or none matches.
 async fn leader_index(config: &StreamConfig, session: &Session) -> Option<usize> {
-    let asked = tokio::time::timeout(
-        METADATA_TIMEOUT,
-        session.client.metadata(vec![config.stream.clone()]),
-    )
-    .await;
+    let asked =
+        tokio::time::timeout(METADATA_TIMEOUT, session.client.metadata(&config.stream)).await;
     let metadata = match asked {
-        Ok(Ok(mut map)) => map.remove(&config.stream),
+        Ok(Ok(metadata)) => metadata,
         Ok(Err(e)) => {
             tracing::debug!(error = %e, "cannot ask for the stream's metadata");
             None
@@ -69,14 +66,14 @@ async fn leader_index(config: &StreamConfig, session: &Session) -> Option<usize>
             None
         }
     };
-    let Some(leader) = metadata.map(|m| m.leader) else {
+    let Some((_, host, port)) = metadata else {
         tracing::debug!(stream = %config.stream, "the broker names no leader of the stream now");
         return None;
     };
-    let found = matching_url(&config.urls, &leader.host, leader.port);
+    let found = matching_url(&config.urls, &host, port);
     if found.is_none() {
         tracing::debug!(
-            leader = %format!("{}:{}", leader.host, leader.port),
+            leader = %format!("{host}:{port}"),
             "the stream's leader, as the broker advertises it, is none of stream_url; staying on this node"
         );
     }

@@ -1,9 +1,9 @@
 //! When a silent stream connection counts as dead (docs/design.md §4, "Exactly once
 //! into a stream", *A silent broker*).
 //!
-//! The stream client (rabbitmq-stream-client 0.4) sends heartbeats but never gives up
-//! on a broker that sends nothing: it consumes the broker's heartbeats itself and
-//! keeps the time of the last one to itself. So the publisher watches what it can
+//! The stream client sends heartbeats but gives up on a broker that sends nothing late
+//! or never (rabbitmq-stream-client 0.11 after four heartbeat intervals, 0.4 never): it
+//! consumes the broker's heartbeats itself and keeps the time of the last one to itself. So the publisher watches what it can
 //! see — every confirm, refusal or answer on the connection — and, while it waits
 //! for confirms, asks for the stream's metadata once the connection has been silent
 //! for one heartbeat interval (a live broker answers at once, as it would send a

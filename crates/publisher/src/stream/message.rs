@@ -246,7 +246,7 @@ impl StreamMessageBuilder {
                     SimpleValue::from(u64::from(key.timeline)),
                 );
         }
-        let message = app.message_builder().publising_id(id).build();
+        let message = app.message_builder().publishing_id(id).build();
         let frame_bytes = MESSAGE_OVERHEAD + message.encoded_size() as usize;
         Ok(Pending {
             key,

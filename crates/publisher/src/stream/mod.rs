@@ -21,13 +21,14 @@
 //!
 //! # The client
 //!
-//! The official `rabbitmq-stream-client`, version 0.4: every later version sends
-//! `exchange_command_versions` while connecting, which RabbitMQ before 3.13 (3.10
-//! here) answers by closing the connection. It is used at its raw `Client` level
+//! The official `rabbitmq-stream-client`, version 0.11, and version 0.4 for a broker
+//! before RabbitMQ 3.11 (`client.rs`): every version after 0.4 sends
+//! `exchange_command_versions` while connecting, which RabbitMQ 3.10 answers by
+//! closing the connection. It is used at its raw `Client` level
 //! (one connection, one publisher id per producer), not through its `Producer` (in 0.11 the
 //! producer's confirm handler panics on an id it does not track and its `Drop`
 //! blocks on a network round trip). The raw client sends a message with the publishing id we
-//! set on it (`Message::builder().publising_id(id)` in 0.4, used as is by
+//! set on it (`Message::builder().publishing_id(id)`, used as is by
 //! `Client::publish`), and reports `PublishConfirm` (ids stored) and `PublishError`
 //! (ids refused, with a code) frames to our handler, which forwards them to the run
 //! loop. It connects exactly to the URL given; the publisher then moves to the stream's
@@ -85,6 +86,7 @@
 //! publisher as a poison message (`/poison`, `status`, the metric), and a transaction
 //! may carry at most [`identity::MAX_EVENTS_PER_TRANSACTION`] events.
 
+mod client;
 mod connection;
 mod endpoint;
 mod engine;
@@ -240,9 +242,9 @@ pub(crate) async fn stream_exists(config: &StreamConfig) -> Result<bool, Publish
     config.validate()?;
     let session = connection::connect_any(&config, 0).await?;
     let url = &config.urls[session.url_index];
-    let answer = session.client.metadata(vec![config.stream.clone()]).await;
+    let answer = session.client.metadata(&config.stream).await;
     let presence = match answer {
-        Ok(map) => match map.get(&config.stream).map(|m| &m.response_code) {
+        Ok(metadata) => match metadata.as_ref().map(|(code, _, _)| code) {
             Some(ResponseCode::Ok) => Ok(true),
             Some(ResponseCode::StreamDoesNotExist) | None => Ok(false),
             Some(code) => Err(PublishError::Stream {

@@ -10,7 +10,8 @@ use rabbitmq_stream_client::types::{Message, ResponseCode};
 use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
-use super::connection::{BrokerEvent, Session};
+use super::client::BrokerEvent;
+use super::connection::Session;
 use super::engine::{Engine, Next};
 use super::leader;
 use super::liveness::{Due, Liveness};

@@ -10,6 +10,9 @@
 //! connection of its own — `PeerProperties`, `SaslHandshake`, `SaslAuthenticate`
 //! (PLAIN) and the broker's `Tune` — and closes it. The negotiated maximum is then
 //! `min(CLIENT_FRAME_MAX, proposal)`, exactly what the client answered.
+//!
+//! The same connection reads the broker's `version` peer property, which decides the
+//! client version (`client.rs`; docs/streams.md, "Client and broker versions").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,12 +46,22 @@ pub(super) enum TuneError {
     Other(String),
 }
 
+/// What the short connection learnt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Tuned {
+    /// The negotiated frame maximum.
+    pub frame_max: u32,
+    /// The broker's `version` peer property (`"3.10.8"`), if it sent one.
+    pub version: Option<String>,
+}
+
 /// The negotiated frame maximum for a connection to `endpoint`: the smaller of the
-/// broker's proposal and [`CLIENT_FRAME_MAX`] (a proposal of 0 means no limit).
+/// broker's proposal and [`CLIENT_FRAME_MAX`] (a proposal of 0 means no limit); and
+/// the broker's version.
 pub(super) async fn negotiated_frame_max(
     endpoint: &Endpoint,
     tls: Option<Arc<rustls::ClientConfig>>,
-) -> Result<u32, TuneError> {
+) -> Result<Tuned, TuneError> {
     let tcp = tokio::time::timeout(
         TIMEOUT,
         TcpStream::connect((endpoint.host.as_str(), endpoint.port)),
@@ -56,21 +69,22 @@ pub(super) async fn negotiated_frame_max(
     .await
     .map_err(|_| TuneError::Unreachable("timed out connecting".into()))?
     .map_err(|e| TuneError::Other(format!("cannot connect: {e}")))?;
-    let proposal = tokio::time::timeout(TIMEOUT, proposal(tcp, endpoint, tls))
+    let (proposal, version) = tokio::time::timeout(TIMEOUT, proposal(tcp, endpoint, tls))
         .await
         .map_err(|_| TuneError::Unreachable("timed out reading the broker's tune".into()))?
         .map_err(TuneError::Other)?;
-    Ok(match proposal {
+    let frame_max = match proposal {
         0 => CLIENT_FRAME_MAX,
         p => p.min(CLIENT_FRAME_MAX),
-    })
+    };
+    Ok(Tuned { frame_max, version })
 }
 
 async fn proposal(
     tcp: TcpStream,
     endpoint: &Endpoint,
     tls: Option<Arc<rustls::ClientConfig>>,
-) -> Result<u32, String> {
+) -> Result<(u32, Option<String>), String> {
     let _ = tcp.set_nodelay(true);
     match tls {
         None => handshake(tcp, endpoint).await,
@@ -89,10 +103,11 @@ async fn proposal(
 async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
     mut s: S,
     endpoint: &Endpoint,
-) -> Result<u32, String> {
+) -> Result<(u32, Option<String>), String> {
     // PeerProperties with an empty map.
     send(&mut s, PEER_PROPERTIES, 1, &0u32.to_be_bytes()).await?;
-    expect_ok(&mut s, PEER_PROPERTIES, 1).await?;
+    let properties = expect_ok(&mut s, PEER_PROPERTIES, 1).await?;
+    let version = peer_property(&properties, "version");
     send(&mut s, SASL_HANDSHAKE, 2, &[]).await?;
     expect_ok(&mut s, SASL_HANDSHAKE, 2).await?;
     let mut auth = Vec::new();
@@ -111,7 +126,8 @@ async fn handshake<S: AsyncRead + AsyncWrite + Unpin>(
         let (key, body) = read_frame(&mut s).await?;
         if key == TUNE && body.len() >= 4 {
             let _ = s.shutdown().await;
-            return Ok(u32::from_be_bytes([body[0], body[1], body[2], body[3]]));
+            let proposal = u32::from_be_bytes([body[0], body[1], body[2], body[3]]);
+            return Ok((proposal, version));
         }
     }
 }
@@ -145,12 +161,34 @@ async fn read_frame<S: AsyncRead + Unpin>(s: &mut S) -> Result<(u16, Vec<u8>), S
     Ok((key, frame.split_off(4)))
 }
 
-/// Reads the response to request `key` #`correlation` and checks its code.
+/// `key` in a PeerProperties answer's map (count, then short strings: key, value);
+/// `None` when it is absent or the map is cut short.
+fn peer_property(map: &[u8], key: &str) -> Option<String> {
+    fn string(b: &[u8]) -> Option<(&[u8], &[u8])> {
+        let len = usize::try_from(i16::from_be_bytes([*b.first()?, *b.get(1)?])).ok()?;
+        let rest = b.get(2..)?;
+        Some((rest.get(..len)?, rest.get(len..)?))
+    }
+    let count = u32::from_be_bytes(map.get(..4)?.try_into().ok()?);
+    let mut rest = map.get(4..)?;
+    for _ in 0..count {
+        let (k, r) = string(rest)?;
+        let (v, r) = string(r)?;
+        if k == key.as_bytes() {
+            return Some(String::from_utf8_lossy(v).into_owned());
+        }
+        rest = r;
+    }
+    None
+}
+
+/// Reads the response to request `key` #`correlation`, checks its code and returns
+/// what follows the code.
 async fn expect_ok<S: AsyncRead + Unpin>(
     s: &mut S,
     key: u16,
     correlation: u32,
-) -> Result<(), String> {
+) -> Result<Vec<u8>, String> {
     let (got, body) = read_frame(s).await?;
     if got != key | RESPONSE || body.len() < 6 {
         return Err(format!("unexpected answer {got:#06x} to {key:#06x}"));
@@ -162,7 +200,7 @@ async fn expect_ok<S: AsyncRead + Unpin>(
             "the broker answered code {code:#06x} to {key:#06x}"
         ));
     }
-    Ok(())
+    Ok(body[6..].to_vec())
 }
 
 #[cfg(test)]
@@ -211,18 +249,40 @@ mod tests {
         let port = fake(300_000).await;
         assert_eq!(
             negotiated_frame_max(&endpoint(port), None).await.unwrap(),
-            300_000
+            Tuned {
+                frame_max: 300_000,
+                version: None
+            }
         );
         let port = fake(20 << 20).await;
         assert_eq!(
-            negotiated_frame_max(&endpoint(port), None).await.unwrap(),
+            negotiated_frame_max(&endpoint(port), None)
+                .await
+                .unwrap()
+                .frame_max,
             CLIENT_FRAME_MAX
         );
         let port = fake(0).await;
         assert_eq!(
-            negotiated_frame_max(&endpoint(port), None).await.unwrap(),
+            negotiated_frame_max(&endpoint(port), None)
+                .await
+                .unwrap()
+                .frame_max,
             CLIENT_FRAME_MAX
         );
+    }
+
+    #[test]
+    fn reads_the_version_peer_property() {
+        let mut map = 2u32.to_be_bytes().to_vec();
+        for s in ["product", "RabbitMQ", "version", "3.10.8"] {
+            map.extend_from_slice(&(s.len() as i16).to_be_bytes());
+            map.extend_from_slice(s.as_bytes());
+        }
+        assert_eq!(peer_property(&map, "version").as_deref(), Some("3.10.8"));
+        assert_eq!(peer_property(&map, "platform"), None);
+        assert_eq!(peer_property(&map[..map.len() - 2], "version"), None);
+        assert_eq!(peer_property(&[], "version"), None);
     }
 
     #[tokio::test]
