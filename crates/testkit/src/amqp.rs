@@ -269,7 +269,7 @@ const DEFAULT_MAX_MESSAGE_SIZE: &str = "134217728";
 
 impl MaxMessageSize {
     pub fn set(bytes: usize) -> MaxMessageSize {
-        let out = std::process::Command::new("rabbitmqctl")
+        let out = crate::rabbitmqctl_command()
             .args([
                 "-q",
                 "eval",
@@ -300,7 +300,7 @@ impl Drop for MaxMessageSize {
 }
 
 fn set_max_message_size(value: &str) {
-    let status = std::process::Command::new("rabbitmqctl")
+    let status = crate::rabbitmqctl_command()
         .args([
             "-q",
             "eval",
