@@ -304,7 +304,12 @@ fn set_max_message_size(value: &str) {
         .args([
             "-q",
             "eval",
-            &format!("application:set_env(rabbit, max_message_size, {value})."),
+            // RabbitMQ 4 reads the limit from a persistent term set at boot; 3.x from
+            // the application's environment, per channel.
+            &format!(
+                "application:set_env(rabbit, max_message_size, {value}), \
+                 persistent_term:put(max_message_size, {value})."
+            ),
         ])
         .status()
         .expect("run rabbitmqctl");
