@@ -10,6 +10,9 @@
 #   * beside it, a standalone RabbitMQ node with frame_max = 16384 (node 4 of
 #     scripts/rabbitmq-cluster.sh, OUTBOX_TEST_SMALL_FRAME_AMQP), for
 #     tests/faults/amqp_edges;
+#   * RabbitMQ 4.x from Debian 13's package in a debootstrap root, beside the 3.10 node
+#     on ports of its own (scripts/rabbitmq4.sh), for the broker matrix's second pass
+#     (scripts/test.sh; its environment in target/rabbitmq4.env);
 #   * the build tools and the checks' tools (installed from Debian when missing).
 # Prints the environment the tests read (OUTBOX_TEST_PG_*), and writes it to
 # target/test-services.env as well.
@@ -328,5 +331,9 @@ ENVEOF
 bash "$ROOT/scripts/rabbitmq-cluster.sh" start
 bash "$ROOT/scripts/rabbitmq-cluster.sh" start-small-frames
 bash "$ROOT/scripts/rabbitmq-cluster.sh" env >> "$ROOT/target/test-services.env"
+# The broker matrix's RabbitMQ 4.x node (after the 3.10 node's test certificates exist:
+# it serves the same ones). Its environment overrides the 3.10 broker's variables.
+bash "$ROOT/scripts/rabbitmq4.sh" start
+bash "$ROOT/scripts/rabbitmq4.sh" env > "$ROOT/target/rabbitmq4.env"
 cat "$ROOT/target/test-services.env"
 log "ready"

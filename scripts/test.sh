@@ -20,4 +20,26 @@ set +a
 # command they use (tests/support/lib.rs, bin()), keeps that build out of the tests'
 # own time.
 cargo build --locked -p outbox-relay --bin outbox-relay
-exec cargo test --workspace --locked "$@"
+cargo test --workspace --locked "$@"
+
+# The broker matrix's second pass: the same tests, a representative cut of them, against
+# RabbitMQ 4.x (scripts/rabbitmq4.sh, started by test-services.sh); docs/testing.md,
+# "Brokers", says which and why. OUTBOX_TEST_RABBITMQ4=0 skips it. Options given to
+# this script (before a `--`) apply to this pass too.
+[ "${OUTBOX_TEST_RABBITMQ4:-1}" = 0 ] && exit 0
+opts=()
+for a in "$@"; do
+  [ "$a" = "--" ] && break
+  opts+=("$a")
+done
+set -a
+# shellcheck disable=SC1091
+. target/rabbitmq4.env
+set +a
+echo "test: the broker matrix's RabbitMQ 4 pass ($OUTBOX_TEST_AMQP)" >&2
+on_rabbitmq4() { cargo test --locked "${opts[@]}" "$@"; }
+on_rabbitmq4 -p publisher --test rabbitmq --test stream
+on_rabbitmq4 -p outbox-relay-tests --test delivery --test stream
+on_rabbitmq4 -p outbox-relay-tests --test security -- broker_tls:: destinations:: hostile_peers::
+on_rabbitmq4 -p outbox-relay-tests --test cli -- routes:: topology:: rabbitmq4::
+on_rabbitmq4 -p outbox-relay-tests --test faults -- kills:: broker:: stream:: aggregate:: messages::

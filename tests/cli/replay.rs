@@ -439,9 +439,12 @@ async fn a_killed_replay_leaves_no_slot_after_the_next_command() {
     .await;
 
     // A replay whose broker never answers: it holds its slot until killed.
-    let proxy = testkit::proxy::Proxy::start("127.0.0.1:5672".parse().unwrap()).await;
+    let proxy = testkit::proxy::Proxy::start(testkit::amqp_addr()).await;
     proxy.stall();
-    let stalled_url = testkit::amqp_url().replace(":5672", &format!(":{}", proxy.port()));
+    let stalled_url = testkit::amqp_url().replace(
+        &format!(":{}", testkit::amqp_port()),
+        &format!(":{}", proxy.port()),
+    );
     let config = std::fs::read_to_string(env.config())
         .unwrap()
         .replace(&testkit::amqp_url(), &stalled_url);

@@ -249,10 +249,7 @@ async fn check_routes_follows_the_exchange_of_each_event() {
 }
 
 fn rabbitmqctl(args: &[&str]) {
-    let out = std::process::Command::new("rabbitmqctl")
-        .args(args)
-        .output()
-        .unwrap();
+    let out = testkit::rabbitmqctl_command().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "rabbitmqctl {args:?}: {}",
@@ -265,7 +262,7 @@ struct Policy(String);
 
 impl Drop for Policy {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = testkit::rabbitmqctl_command()
             .args(["clear_policy", &self.0])
             .output();
     }

@@ -360,7 +360,7 @@ bindings = [{{ exchange = "{exchange}", routing_key = "#" }}]
     let t = text(&out);
     assert!(out.status.success(), "{t}");
     let policy = unique_name("tpol");
-    let set = std::process::Command::new("rabbitmqctl")
+    let set = testkit::rabbitmqctl_command()
         .args([
             "-q",
             "set_policy",
@@ -375,7 +375,7 @@ bindings = [{{ exchange = "{exchange}", routing_key = "#" }}]
     assert!(set.status.success(), "{}", text(&set));
     let out = env.cli(&["check"]);
     let t = text(&out);
-    let _ = std::process::Command::new("rabbitmqctl")
+    let _ = testkit::rabbitmqctl_command()
         .args(["-q", "clear_policy", &policy])
         .output();
     assert!(out.status.success(), "{t}");

@@ -9,7 +9,6 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,7 +24,7 @@ use testkit::unique_name;
 const PATIENCE: Duration = Duration::from_secs(120);
 
 fn rabbitmqctl(args: &[&str]) {
-    let out = Command::new("rabbitmqctl").args(args).output().unwrap();
+    let out = testkit::rabbitmqctl_command().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "rabbitmqctl {args:?}: {}",
@@ -70,13 +69,13 @@ impl Vhost {
     }
 
     fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:5672/{}", self.0)
+        testkit::amqp_url_for("guest", "guest", &self.0)
     }
 }
 
 impl Drop for Vhost {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
+        let _ = testkit::rabbitmqctl_command()
             .args(["delete_vhost", &self.0])
             .output();
     }
@@ -278,7 +277,7 @@ async fn missing_vhost_at_startup_is_still_exit_2() {
     let _shared = testkit::BROKER.read().await;
     let env = Env::new().await;
     env.create_slot();
-    let url = format!("amqp://guest:guest@127.0.0.1:5672/{}", unique_name("no_vh"));
+    let url = testkit::amqp_url_for("guest", "guest", &unique_name("no_vh"));
     let config = env.config_file("missing.toml", &env.db.url(), &url, "");
     let mut relay = env.start_with(&config, "info", &[]);
     let code = relay.wait(Duration::from_secs(60));

@@ -166,7 +166,7 @@ async fn an_exchange_column_with_unroutable_and_missing_exchanges_loses_nothing(
 async fn wait_for_exchange(name: &str) {
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let out = std::process::Command::new("rabbitmqctl")
+        let out = testkit::rabbitmqctl_command()
             .args(["list_exchanges", "name", "-q"])
             .output()
             .unwrap();

@@ -300,7 +300,7 @@ async fn amqps_with_a_client_certificate_and_external() {
         0o644,
     );
     env.create_slot();
-    let url = "amqps://localhost:5671/%2f?auth_mechanism=external".to_string();
+    let url = testkit::amqps_external_url();
     let vars = vec![
         ("OUTBOX_RELAY_RABBITMQ_URL", url.clone()),
         ("OUTBOX_RELAY_RABBITMQ_CA_FILE", ca.clone()),

@@ -5,7 +5,6 @@
 //! relay declares at most `max_declared_exchanges` names. What a row may not choose is
 //! poison: a notice goes to the dead-letter exchange, nothing to the exchange it named.
 
-use std::process::Command;
 use std::time::Duration;
 
 use support::*;
@@ -14,7 +13,7 @@ const WAIT: Duration = Duration::from_secs(120);
 
 /// The names of the broker's exchanges that start with `prefix`.
 fn exchange_names(prefix: &str) -> Vec<String> {
-    let out = Command::new("rabbitmqctl")
+    let out = testkit::rabbitmqctl_command()
         .args(["-q", "list_exchanges", "name"])
         .output()
         .expect("rabbitmqctl list_exchanges");

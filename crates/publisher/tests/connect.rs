@@ -9,14 +9,12 @@
 
 mod support;
 
-use std::process::Command;
-
 use publisher::{PublishError, Publisher};
 use support::*;
 use testkit::BROKER;
 
 fn rabbitmqctl(args: &[&str]) {
-    let out = Command::new("rabbitmqctl").args(args).output().unwrap();
+    let out = testkit::rabbitmqctl_command().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "rabbitmqctl {args:?}: {}",
@@ -37,14 +35,14 @@ impl Vhost {
 
 impl Drop for Vhost {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
+        let _ = testkit::rabbitmqctl_command()
             .args(["delete_vhost", &self.0])
             .output();
     }
 }
 
 fn url_for_vhost(vhost: &str) -> String {
-    format!("amqp://guest:guest@127.0.0.1:5672/{vhost}")
+    testkit::amqp_url_for("guest", "guest", vhost)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -269,7 +269,7 @@ const DEFAULT_MAX_MESSAGE_SIZE: &str = "134217728";
 
 impl MaxMessageSize {
     pub fn set(bytes: usize) -> MaxMessageSize {
-        let out = std::process::Command::new("rabbitmqctl")
+        let out = crate::rabbitmqctl_command()
             .args([
                 "-q",
                 "eval",
@@ -300,11 +300,16 @@ impl Drop for MaxMessageSize {
 }
 
 fn set_max_message_size(value: &str) {
-    let status = std::process::Command::new("rabbitmqctl")
+    let status = crate::rabbitmqctl_command()
         .args([
             "-q",
             "eval",
-            &format!("application:set_env(rabbit, max_message_size, {value})."),
+            // RabbitMQ 4 reads the limit from a persistent term set at boot; 3.x from
+            // the application's environment, per channel.
+            &format!(
+                "application:set_env(rabbit, max_message_size, {value}), \
+                 persistent_term:put(max_message_size, {value})."
+            ),
         ])
         .status()
         .expect("run rabbitmqctl");

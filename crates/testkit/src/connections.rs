@@ -2,8 +2,6 @@
 //! who holds them (user, `connection_name` client property, TLS or not), and closing
 //! one (`rabbitmqctl close_connection`), as an operator or the broker would.
 
-use std::process::Command;
-
 /// One AMQP connection of the test broker.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BrokerConnection {
@@ -19,7 +17,7 @@ pub struct BrokerConnection {
 
 /// Every AMQP connection of the test broker.
 pub fn list() -> Vec<BrokerConnection> {
-    let out = Command::new("rabbitmqctl")
+    let out = crate::rabbitmqctl_command()
         .args([
             "-q",
             "list_connections",
@@ -54,7 +52,7 @@ pub fn of_user(user: &str) -> Vec<BrokerConnection> {
 /// Closes `conn` from the broker's side (the client sees `connection.close` 320
 /// CONNECTION_FORCED with `reason`). A connection already gone is not an error.
 pub fn close(conn: &BrokerConnection, reason: &str) {
-    let _ = Command::new("rabbitmqctl")
+    let _ = crate::rabbitmqctl_command()
         .args(["-q", "close_connection", &conn.pid, reason])
         .output();
 }

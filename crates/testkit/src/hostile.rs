@@ -3,7 +3,6 @@
 //! log scans look for, and broker users of a test's own.
 
 use std::io::{Read, Write};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,7 +116,7 @@ pub fn base64(data: &[u8]) -> String {
 
 /// Runs `rabbitmqctl -q args`; panics with its stderr on failure.
 pub fn rabbitmqctl(args: &[&str]) -> String {
-    let out = Command::new("rabbitmqctl")
+    let out = crate::rabbitmqctl_command()
         .arg("-q")
         .args(args)
         .output()
@@ -157,7 +156,7 @@ impl BrokerUser {
             let mut cols = line.split('\t');
             if let (Some(user), Some(pid)) = (cols.next(), cols.next()) {
                 if user == self.0 {
-                    let _ = Command::new("rabbitmqctl")
+                    let _ = crate::rabbitmqctl_command()
                         .args(["-q", "close_connection", pid, "closed by a test"])
                         .output();
                 }
@@ -168,7 +167,7 @@ impl BrokerUser {
 
 impl Drop for BrokerUser {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl")
+        let _ = crate::rabbitmqctl_command()
             .args(["-q", "delete_user", &self.0])
             .output();
     }

@@ -75,6 +75,65 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_string())
 }
 
+/// Which broker of the test matrix the tests run against: "rabbitmq-3" (the machine's
+/// node, the default) or "rabbitmq-4" (scripts/rabbitmq4.sh; `OUTBOX_TEST_BROKER`).
+pub fn broker_major() -> u32 {
+    match std::env::var("OUTBOX_TEST_BROKER").as_deref() {
+        Ok("rabbitmq-4") => 4,
+        _ => 3,
+    }
+}
+
+/// `rabbitmqctl` for the test broker: `OUTBOX_TEST_RABBITMQCTL` when set (the RabbitMQ 4
+/// node's CLI in its Debian 13 root, scripts/rabbitmq4.sh), else the machine's.
+pub fn rabbitmqctl_command() -> std::process::Command {
+    let program =
+        std::env::var_os("OUTBOX_TEST_RABBITMQCTL").unwrap_or_else(|| "rabbitmqctl".into());
+    std::process::Command::new(program)
+}
+
+/// The test broker's AMQPS URL (`OUTBOX_TEST_AMQPS`: guest over TLS, verified by the
+/// test CA).
+pub fn amqps_url() -> String {
+    std::env::var("OUTBOX_TEST_AMQPS")
+        .unwrap_or_else(|_| "amqps://guest:guest@localhost:5671/%2f".to_string())
+}
+
+/// The test broker's AMQPS URL for a certificate login (EXTERNAL, no user in the URL).
+pub fn amqps_external_url() -> String {
+    format!(
+        "amqps://localhost:{}/%2f?auth_mechanism=external",
+        port_of(&amqps_url(), 5671)
+    )
+}
+
+/// The port of the test broker's AMQP listener (from [`amqp_url`]).
+pub fn amqp_port() -> u16 {
+    port_of(&amqp_url(), 5672)
+}
+
+/// The test broker's AMQP listener as an address (a proxy's upstream).
+pub fn amqp_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], amqp_port()))
+}
+
+/// An AMQP URL of the test broker for another user and vhost (the vhost as it goes in
+/// the URL: `%2f` for `/`).
+pub fn amqp_url_for(user: &str, password: &str, vhost: &str) -> String {
+    format!("amqp://{user}:{password}@127.0.0.1:{}/{vhost}", amqp_port())
+}
+
+/// The explicit port of `url` (`scheme://user:pass@host:port/...`), else `default`.
+pub fn port_of(url: &str, default: u16) -> u16 {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    hostport
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .unwrap_or(default)
+}
+
 /// Writes `contents` to `path` atomically (a temporary file renamed over it), so a
 /// relay process reading the file while a test rewrites it never sees it truncated.
 pub fn write_atomic(path: &std::path::Path, contents: &str) {

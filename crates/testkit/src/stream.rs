@@ -21,6 +21,11 @@ pub fn stream_url() -> String {
         .unwrap_or_else(|_| "rabbitmq-stream://guest:guest@127.0.0.1:5552/%2f".to_string())
 }
 
+/// The test broker's stream listener as an address (a proxy's upstream).
+pub fn stream_addr() -> std::net::SocketAddr {
+    std::net::SocketAddr::from(([127, 0, 0, 1], crate::port_of(&stream_url(), 5552)))
+}
+
 /// An application property value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Value {

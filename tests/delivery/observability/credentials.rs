@@ -57,10 +57,7 @@ impl AmqpUser {
         let name = unique_name("obs");
         let password = unique_name("mqsecret");
         let ctl = |args: &[&str]| {
-            let out = std::process::Command::new("rabbitmqctl")
-                .args(args)
-                .output()
-                .unwrap();
+            let out = testkit::rabbitmqctl_command().args(args).output().unwrap();
             assert!(
                 out.status.success(),
                 "rabbitmqctl {args:?}: {}",
@@ -76,7 +73,7 @@ impl AmqpUser {
 
 impl Drop for AmqpUser {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("rabbitmqctl")
+        let _ = testkit::rabbitmqctl_command()
             .args(["delete_user", &self.name])
             .output();
     }

@@ -20,11 +20,9 @@ fn rows_of(mib: u64, from: u64, n: u64) -> String {
 async fn wait_alarm_in_effect() {
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let out = tokio::process::Command::new("rabbitmqctl")
-            .args(["-q", "eval", "rabbit_alarm:get_alarms()."])
-            .output()
-            .await
-            .unwrap();
+        let mut ctl = testkit::rabbitmqctl_command();
+        ctl.args(["-q", "eval", "rabbit_alarm:get_alarms()."]);
+        let out = tokio::process::Command::from(ctl).output().await.unwrap();
         if String::from_utf8_lossy(&out.stdout).contains("memory") {
             return;
         }

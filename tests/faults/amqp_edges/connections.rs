@@ -15,7 +15,7 @@ use super::*;
 fn relay_user() -> (BrokerUser, String) {
     let password = unique_name("pw");
     let user = BrokerUser::new("edges", &password);
-    let url = format!("amqp://{}:{password}@127.0.0.1:5672/%2f", user.0);
+    let url = testkit::amqp_url_for(&user.0, &password, "%2f");
     (user, url)
 }
 
@@ -125,7 +125,7 @@ async fn amqps_with_external_holds_one_tls_connection() {
     let key = key_copy(&w.env.dir);
     let prefix = format!("outbox-relay {}", w.env.slot);
     let extra = format!("ca_file = {ca:?}\ncert_file = {cert:?}\nkey_file = {key:?}");
-    let url = "amqps://localhost:5671/%2f?auth_mechanism=external".to_string();
+    let url = testkit::amqps_external_url();
     let conns = connections_after_events(w, url, &extra, "outbox-relay-external").await;
     // outbox-relay-external is shared with tests/security: count this relay's only.
     let mine: Vec<BrokerConnection> = conns

@@ -31,7 +31,7 @@ const EXCHANGE_DECLARE: (u16, u16) = (40, 10);
 
 /// The test broker's AMQP port, where the proxies forward.
 fn broker_addr() -> SocketAddr {
-    SocketAddr::from(([127, 0, 0, 1], 5672))
+    testkit::amqp_addr()
 }
 
 /// Five rounds: the proxy is armed to cut at the relay's next `exchange.declare`,
@@ -243,7 +243,7 @@ async fn connection_limit_at_a_reconnect_is_an_error_until_a_slot_frees() {
     // The relay's one connection cut; the other client in its slot.
     let proxy = w.amqp_proxy.as_ref().unwrap();
     proxy.cut();
-    let direct = format!("amqp://{}:{password}@127.0.0.1:5672/%2f", user.0);
+    let direct = testkit::amqp_url_for(&user.0, &password, "%2f");
     let start = Instant::now();
     let holder = loop {
         let props = ConnectionProperties::default()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::*;
 
 fn rabbitmqctl(args: &[&str]) -> String {
-    let out = Command::new("rabbitmqctl").args(args).output().unwrap();
+    let out = testkit::rabbitmqctl_command().args(args).output().unwrap();
     assert!(
         out.status.success(),
         "rabbitmqctl {args:?}: {}",
@@ -29,8 +29,8 @@ impl BrokerStopped {
 
 impl Drop for BrokerStopped {
     fn drop(&mut self) {
-        let _ = Command::new("rabbitmqctl").arg("start_app").output();
-        let _ = Command::new("rabbitmqctl")
+        let _ = testkit::rabbitmqctl_command().arg("start_app").output();
+        let _ = testkit::rabbitmqctl_command()
             .args(["await_startup", "--timeout", "60"])
             .output();
     }
@@ -73,7 +73,7 @@ impl Drop for MemoryAlarm {
     fn drop(&mut self) {
         let mut args = vec!["set_vm_memory_high_watermark".to_string()];
         args.extend(self.restore.iter().cloned());
-        let _ = Command::new("rabbitmqctl").args(&args).output();
+        let _ = testkit::rabbitmqctl_command().args(&args).output();
     }
 }
 

@@ -153,7 +153,7 @@ impl World {
             None
         };
         let amqp_proxy = if proxies.amqp {
-            Some(Proxy::start(SocketAddr::from(([127, 0, 0, 1], 5672))).await)
+            Some(Proxy::start(testkit::amqp_addr()).await)
         } else {
             None
         };

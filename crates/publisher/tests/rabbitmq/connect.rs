@@ -6,7 +6,7 @@ use super::*;
 async fn wrong_password_is_a_definite_error_without_the_password() {
     let _shared = BROKER.read().await;
     let mut config = config(&testkit::unique_name("pub_auth_x"));
-    config.urls = vec!["amqp://guest:sUpErSeCrEt@127.0.0.1:5672/%2f".into()];
+    config.urls = vec![testkit::amqp_url_for("guest", "sUpErSeCrEt", "%2f")];
     let err = match Publisher::connect(config).await {
         Ok(_) => panic!("connected with a wrong password"),
         Err(e) => e,
@@ -24,7 +24,11 @@ async fn wrong_password_is_a_definite_error_without_the_password() {
 async fn missing_vhost_and_exchange_are_definite_errors() {
     let _shared = BROKER.read().await;
     let mut config = config(&testkit::unique_name("pub_vh_x"));
-    config.urls = vec!["amqp://guest:guest@127.0.0.1:5672/no_such_vhost_here".into()];
+    config.urls = vec![testkit::amqp_url_for(
+        "guest",
+        "guest",
+        "no_such_vhost_here",
+    )];
     let err = Publisher::connect(config)
         .await
         .err()
@@ -106,12 +110,15 @@ async fn shutdown_timeout_bounds_the_wait_for_confirms() {
 async fn amqps_against_a_plain_port_fails_cleanly() {
     let _shared = BROKER.read().await;
     let mut config = config(&testkit::unique_name("pub_tls_x"));
-    config.urls = vec!["amqps://guest:tlssecret@127.0.0.1:5672/%2f".into()];
+    config.urls = vec![format!(
+        "amqps://guest:tlssecret@127.0.0.1:{}/%2f",
+        testkit::amqp_port()
+    )];
     config.ca_file = Some(testkit::pg_ca_file().into());
     let err = Publisher::connect(config.clone())
         .await
         .err()
-        .expect("no TLS on 5672");
+        .expect("no TLS on the plain AMQP port");
     assert!(err.is_transient(), "{err:?}");
     assert!(!format!("{err} {err:?}").contains("tlssecret"), "{err}");
 

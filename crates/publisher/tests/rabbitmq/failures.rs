@@ -121,7 +121,7 @@ async fn closed_mid_stream_loses_nothing() {
 
 /// The broker's pid of the connection whose client-provided name is `name`.
 fn connection_pid(name: &str) -> String {
-    let out = std::process::Command::new("rabbitmqctl")
+    let out = testkit::rabbitmqctl_command()
         .args(["-q", "list_connections", "pid", "client_properties"])
         .output()
         .unwrap();
@@ -137,7 +137,7 @@ fn connection_pid(name: &str) -> String {
 
 /// Closes a connection from the broker side.
 fn close_connection(pid: &str) {
-    let status = std::process::Command::new("rabbitmqctl")
+    let status = testkit::rabbitmqctl_command()
         .args([
             "-q",
             "close_connection",
@@ -157,7 +157,7 @@ struct MemoryWatermarkGuard {
 impl MemoryWatermarkGuard {
     /// Reads the current setting, then sets the watermark to 0 (blocks publishers).
     fn block() -> MemoryWatermarkGuard {
-        let out = std::process::Command::new("rabbitmqctl")
+        let out = testkit::rabbitmqctl_command()
             .args(["-q", "environment"])
             .output()
             .unwrap();
@@ -187,7 +187,7 @@ impl Drop for MemoryWatermarkGuard {
 }
 
 fn set_memory_watermark(args: &[&str]) {
-    let status = std::process::Command::new("rabbitmqctl")
+    let status = testkit::rabbitmqctl_command()
         .arg("-q")
         .arg("set_vm_memory_high_watermark")
         .args(args)

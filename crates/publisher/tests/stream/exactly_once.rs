@@ -75,7 +75,7 @@ async fn exactly_once_across_publisher_restarts_at_seeded_cut_points() {
 async fn exactly_once_across_connection_cuts_within_a_session() {
     init_logs();
     let stream = TestStream::create("s_cut").await;
-    let target: std::net::SocketAddr = "127.0.0.1:5552".parse().unwrap();
+    let target = testkit::stream::stream_addr();
     let proxy = testkit::proxy::Proxy::start(target).await;
     let url = format!(
         "rabbitmq-stream://guest:guest@127.0.0.1:{}/%2f",
@@ -212,7 +212,7 @@ async fn without_a_producer_reference_a_republish_adds_copies() {
 async fn a_silent_broker_is_given_up_after_two_heartbeats() {
     init_logs();
     let stream = TestStream::create("s_silent").await;
-    let target: std::net::SocketAddr = "127.0.0.1:5552".parse().unwrap();
+    let target = testkit::stream::stream_addr();
     let (first, second) = (
         testkit::proxy::Proxy::start(target).await,
         testkit::proxy::Proxy::start(target).await,

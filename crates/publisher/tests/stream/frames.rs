@@ -37,14 +37,7 @@ fn mixed_input(name: &str, transactions: usize, big: &[usize]) -> Input {
 }
 
 fn stream_target() -> std::net::SocketAddr {
-    let url = stream_url();
-    let hostport = url
-        .split('@')
-        .nth(1)
-        .and_then(|r| r.split('/').next())
-        .unwrap_or("127.0.0.1:5552")
-        .to_string();
-    hostport.parse().unwrap()
+    testkit::stream::stream_addr()
 }
 
 /// Events of 700 to 900 KiB among small ones through a broker that enforces a 1 MiB

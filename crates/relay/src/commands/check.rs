@@ -15,8 +15,12 @@
 //! `[topology]` gets a line per exchange, queue and binding: present, missing (and
 //! whether `run` declares it), or different from the configuration, named by the
 //! broker's 406 (see [`probe::probe_topology`]).
+//!
+//! What RabbitMQ 4 refuses or changes by default in that topology and on the broker
+//! gets a `warn` line each, on every broker ([`rabbitmq4`]).
 
 mod per_event;
+mod rabbitmq4;
 pub(crate) mod routes;
 
 use std::io::Write;
@@ -70,6 +74,9 @@ pub async fn execute(config: &Config, args: &CheckArgs) -> Result<(), CliError> 
     let pg = postgres(config, args.declare).await;
     let mq = rabbitmq(config, args.declare).await;
     let topology = topology(config, args.declare).await;
+    if config.stream().is_none() {
+        rabbitmq4::lines(config).await;
+    }
     settings.and(pg).and(mq).and(topology)
 }
 

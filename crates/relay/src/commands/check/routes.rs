@@ -19,7 +19,7 @@
 //! while a relay streams from it, or when it does not exist yet), the tables are read
 //! with one `SELECT DISTINCT` each, the broker through its management API's GETs.
 
-mod management;
+pub(crate) mod management;
 pub(crate) mod sources;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -127,7 +127,7 @@ fn decode(s: &str) -> String {
 }
 
 /// Percent-encoding of one path segment (everything but unreserved characters).
-fn encode(s: &str) -> String {
+pub(crate) fn encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len());
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
@@ -224,8 +224,26 @@ impl Management {
     }
 
     async fn get(&self, path: &str, ca_file: Option<&Path>) -> Result<Value, String> {
+        self.get_if_found(path, ca_file).await?.ok_or_else(|| {
+            format!(
+                "the management API at {} does not know vhost {:?} (HTTP 404): check [rabbitmq] url's vhost and management_url",
+                self.shown, self.vhost
+            )
+        })
+    }
+
+    /// GET `path` of the API (after its prefix); `None` when it answers 404 (an
+    /// object, or on an older broker an endpoint, that does not exist).
+    pub async fn get_if_found(
+        &self,
+        path: &str,
+        ca_file: Option<&Path>,
+    ) -> Result<Option<Value>, String> {
         let body = match tokio::time::timeout(TIMEOUT, self.ask(path, ca_file)).await {
-            Ok(answer) => answer?,
+            Ok(answer) => match answer? {
+                Some(body) => body,
+                None => return Ok(None),
+            },
             Err(_) => {
                 return Err(format!(
                     "the management API at {} did not answer within {} s",
@@ -234,7 +252,7 @@ impl Management {
                 ))
             }
         };
-        serde_json::from_slice(&body).map_err(|e| {
+        serde_json::from_slice(&body).map(Some).map_err(|e| {
             format!(
                 "the management API at {} answered {path} with something other than JSON ({e})",
                 self.shown
@@ -242,7 +260,8 @@ impl Management {
         })
     }
 
-    async fn ask(&self, path: &str, ca_file: Option<&Path>) -> Result<Vec<u8>, String> {
+    /// The body of a 200 answer, `None` for a 404.
+    async fn ask(&self, path: &str, ca_file: Option<&Path>) -> Result<Option<Vec<u8>>, String> {
         // HTTP/1.0: the answer ends with the connection, never chunked.
         let request = format!(
             "GET {}{path} HTTP/1.0\r\nHost: {}\r\nAuthorization: {}\r\nAccept: application/json\r\nUser-Agent: outbox-relay\r\n\r\n",
@@ -283,15 +302,12 @@ impl Management {
         let head = String::from_utf8_lossy(&answer[..split]);
         let status = head.split(' ').nth(1).unwrap_or("");
         match status {
-            "200" => Ok(answer[split + 4..].to_vec()),
+            "200" => Ok(Some(answer[split + 4..].to_vec())),
             "401" => Err(format!(
                 "the management API at {} refused the credentials (HTTP 401): give the broker's user (with the monitoring or management tag) in [rabbitmq] url or management_url",
                 self.shown
             )),
-            "404" => Err(format!(
-                "the management API at {} does not know vhost {:?} (HTTP 404): check [rabbitmq] url's vhost and management_url",
-                self.shown, self.vhost
-            )),
+            "404" => Ok(None),
             other => Err(format!(
                 "the management API at {} answered HTTP {other} to {path}",
                 self.shown
