@@ -20,6 +20,7 @@ mod help_docs;
 mod messages;
 mod new_user;
 mod preconditions;
+mod rabbitmq4;
 mod replay;
 mod replay_targets;
 mod routes;

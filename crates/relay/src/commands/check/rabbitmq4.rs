@@ -125,6 +125,14 @@ pub(crate) fn of_used_features(used: &Value) -> Vec<Hazard> {
         .collect()
 }
 
+/// Whether a broker of this version (`3.13.7`, `4.0.5`) has the API of the deprecated
+/// features in use (3.13 and later; older ones answer 404 or 406).
+fn reports_deprecated_features(version: &str) -> bool {
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    (major, minor) >= (3, 13)
+}
+
 /// The queues whose effective policy sets a dead-letter exchange or a delivery
 /// limit (`GET /api/queues/{vhost}`).
 fn dead_lettered_by_policy(queues: &Value) -> Vec<String> {
@@ -185,7 +193,12 @@ pub(crate) async fn lines(cfg: &Config) {
         {
             dead_lettered = dead_lettered_by_policy(&q);
         }
-        match m.get_if_found("/api/deprecated-features/used", ca).await {
+        let reports_features = version.as_deref().is_none_or(reports_deprecated_features);
+        let used = match reports_features {
+            true => m.get_if_found("/api/deprecated-features/used", ca).await,
+            false => Ok(None),
+        };
+        match used {
             Ok(Some(used)) => {
                 looked.push("the deprecated features in use");
                 hazards.extend(of_used_features(&used));
@@ -278,5 +291,9 @@ mod tests {
             {"name": "d"},
         ]);
         assert_eq!(dead_lettered_by_policy(&queues), ["a", "c"]);
+        assert!(!reports_deprecated_features("3.10.8"));
+        assert!(!reports_deprecated_features("3.12.14"));
+        assert!(reports_deprecated_features("3.13.0"));
+        assert!(reports_deprecated_features("4.0.5"));
     }
 }
