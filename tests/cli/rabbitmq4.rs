@@ -64,6 +64,59 @@ impl Drop for Policy {
     }
 }
 
+/// `[topology]` with one queue per hazard and a quorum queue with a DLX (`q`, in that
+/// order: transient, master locator, quorum, quorum for a policy's DLX, quorum with DLX).
+fn topology(q: &[&str; 5], exchange: &str) -> String {
+    format!(
+        r#"
+[[topology.queue]]
+name = "{}"
+durable = false
+
+[[topology.queue]]
+name = "{}"
+arguments = {{ x-queue-master-locator = "client-local" }}
+
+[[topology.queue]]
+name = "{}"
+type = "quorum"
+
+[[topology.queue]]
+name = "{}"
+type = "quorum"
+
+[[topology.queue]]
+name = "{}"
+type = "quorum"
+arguments = {{ x-dead-letter-exchange = "{exchange}" }}
+"#,
+        q[0],
+        q[1],
+        q[2],
+        q[3],
+        q[4],
+        exchange = exchange
+    )
+}
+
+/// `check` with the management API, again until the broker applied the test's policy
+/// to `by_policy` (it does so asynchronously).
+async fn check_with_management(env: &Env, by_policy: &str) -> String {
+    let mut out = String::new();
+    for _ in 0..50 {
+        let url = management_url();
+        out = text(&env.cli_env(
+            &["check"],
+            &[("OUTBOX_RELAY_RABBITMQ_MANAGEMENT_URL", &url)],
+        ));
+        if warn_of(&out, &format!("queue {by_policy}")).is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn check_names_each_rabbitmq_4_hazard_with_its_fix() {
     let _shared = testkit::BROKER.read().await;
@@ -73,30 +126,9 @@ async fn check_names_each_rabbitmq_4_hazard_with_its_fix() {
     let no_dlx = unique_name("r4_nodlx");
     let by_policy = unique_name("r4_policy_dlx");
     let with_dlx = unique_name("r4_dlx");
-    env.extra = format!(
-        r#"
-[[topology.queue]]
-name = "{scratch}"
-durable = false
-
-[[topology.queue]]
-name = "{located}"
-arguments = {{ x-queue-master-locator = "client-local" }}
-
-[[topology.queue]]
-name = "{no_dlx}"
-type = "quorum"
-
-[[topology.queue]]
-name = "{by_policy}"
-type = "quorum"
-
-[[topology.queue]]
-name = "{with_dlx}"
-type = "quorum"
-arguments = {{ x-dead-letter-exchange = "{exchange}" }}
-"#,
-        exchange = env.exchange
+    env.extra = topology(
+        &[&scratch, &located, &no_dlx, &by_policy, &with_dlx],
+        &env.exchange,
     );
     env.create_slot();
 
@@ -153,18 +185,7 @@ arguments = {{ x-dead-letter-exchange = "{exchange}" }}
             m.as_ref().map(|p| &p.0)
         ),
     }
-    // The broker applies a new policy to its queues asynchronously.
-    let mut out = String::new();
-    for _ in 0..50 {
-        out = text(&env.cli_env(
-            &["check"],
-            &[("OUTBOX_RELAY_RABBITMQ_MANAGEMENT_URL", &management_url())],
-        ));
-        if warn_of(&out, &format!("queue {by_policy}")).is_none() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    let out = check_with_management(&env, &by_policy).await;
     assert!(
         warn_of(&out, &format!("queue {by_policy}")).is_none(),
         "the policy's DLX is not seen:\n{out}"
