@@ -40,6 +40,6 @@ echo "test: the broker matrix's RabbitMQ 4 pass ($OUTBOX_TEST_AMQP)" >&2
 on_rabbitmq4() { cargo test --locked "${opts[@]}" "$@"; }
 on_rabbitmq4 -p publisher --test rabbitmq --test stream
 on_rabbitmq4 -p outbox-relay-tests --test delivery --test stream
-on_rabbitmq4 -p outbox-relay-tests --test security -- broker_tls:: destinations:: hostile_peers::
+on_rabbitmq4 -p outbox-relay-tests --test security -- broker_tls:: destinations:: hostile_peers:: secret_files:: secrets:: reload::
 on_rabbitmq4 -p outbox-relay-tests --test cli -- routes:: topology:: rabbitmq4::
-on_rabbitmq4 -p outbox-relay-tests --test faults -- kills:: broker:: stream:: aggregate:: messages::
+on_rabbitmq4 -p outbox-relay-tests --test faults -- kills:: broker:: stream:: amqp_edges::event_exchanges

@@ -239,6 +239,7 @@ fn stream_tls_setup_errors_name_the_key_and_never_panic() {
     ];
     // A reachable Postgres, so that the broker's line decides nothing but itself.
     let pg = testkit::pg_url("postgres");
+    let tls_port = testkit::port_of(&service_var("OUTBOX_TEST_STREAM_TLS_URL"), 5551);
     for (i, (ca_file, host, key)) in cases.into_iter().enumerate() {
         let cfg = dir.join(format!("c{i}.toml"));
         std::fs::write(
@@ -246,7 +247,7 @@ fn stream_tls_setup_errors_name_the_key_and_never_panic() {
             format!(
                 "[postgres]\nurl = \"{pg}\"\n\
                  [rabbitmq]\nstream = \"s1\"\n\
-                 stream_url = \"rabbitmq-stream+tls://guest:guest@{host}:5551/%2f\"\n\
+                 stream_url = \"rabbitmq-stream+tls://guest:guest@{host}:{tls_port}/%2f\"\n\
                  ca_file = \"{ca_file}\"\n[relay]\nmetrics_listen = \"\"\n"
             ),
         )

@@ -283,7 +283,7 @@ async fn the_amqp_password_is_in_no_trace_line_in_any_encoding() {
     let env = Env::new().await;
     let password = format!("Tq{}Zw", &unique_name("p")[2..]);
     let user = BrokerUser::new("trace_user", &password);
-    let url = format!("amqp://{}:{password}@127.0.0.1:5672/%2f", user.0);
+    let url = testkit::amqp_url_for(&user.0, &password, "%2f");
     let cfg = env.config_file("trace.toml", &env.db.url(), &url, "");
     env.create_slot();
     let mut outputs = Vec::new();

@@ -28,7 +28,7 @@ async fn sighup_rotates_the_amqp_password_file_and_the_log_filter() {
     let vars = vec![
         (
             "OUTBOX_RELAY_RABBITMQ_URL",
-            format!("amqp://{}@127.0.0.1:5672/%2f", user.0),
+            format!("amqp://{}@127.0.0.1:{}/%2f", user.0, testkit::amqp_port()),
         ),
         ("OUTBOX_RELAY_RABBITMQ_PASSWORD_FILE", file.clone()),
     ];

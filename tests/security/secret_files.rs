@@ -27,7 +27,7 @@ async fn the_amqp_password_file_is_read_at_every_connect() {
     let mut env = Env::new().await;
     let user = BrokerUser::new("pwfile", "Pw-first-7Qx");
     let file = secret_file(&env, "amqp-password", "Pw-first-7Qx\n");
-    let url = format!("amqp://{}@127.0.0.1:5672/%2f", user.0);
+    let url = format!("amqp://{}@127.0.0.1:{}/%2f", user.0, testkit::amqp_port());
     env.create_slot();
     let vars = vec![
         ("OUTBOX_RELAY_RABBITMQ_URL", url.clone()),
@@ -81,7 +81,11 @@ async fn the_stream_password_file_replaces_the_urls_password() {
         ("OUTBOX_RELAY_RABBITMQ_STREAM", stream.clone()),
         (
             "OUTBOX_RELAY_RABBITMQ_STREAM_URL",
-            format!("rabbitmq-stream://{}@127.0.0.1:5552/%2f", user.0),
+            format!(
+                "rabbitmq-stream://{}@127.0.0.1:{}/%2f",
+                user.0,
+                testkit::stream::stream_addr().port()
+            ),
         ),
         ("OUTBOX_RELAY_RABBITMQ_STREAM_PASSWORD_FILE", file.clone()),
     ];

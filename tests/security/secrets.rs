@@ -182,14 +182,14 @@ fn config(dir: &Path, name: &str, pw: &str, failure: Failure) -> PathBuf {
                 "postgresql://outbox_auth_scram:{pw}@127.0.0.1:{}/postgres",
                 pg_port()
             ),
-            format!("amqp://guest:{pw}@127.0.0.1:5672/%2f"),
+            testkit::amqp_url_for("guest", pw, "%2f"),
         ),
         Failure::BadTls => (
             format!(
                 "postgresql://outbox_auth_scram:{pw}@localhost:{}/postgres?sslmode=verify-full&sslrootcert=system",
                 pg_port()
             ),
-            format!("amqps://guest:{pw}@127.0.0.1:5672/%2f"),
+            format!("amqps://guest:{pw}@127.0.0.1:{}/%2f", testkit::amqp_port()),
         ),
         Failure::BadLoginConninfo => (
             format!(
@@ -197,7 +197,7 @@ fn config(dir: &Path, name: &str, pw: &str, failure: Failure) -> PathBuf {
                 pg_port(),
                 conninfo_quoted(pw)
             ),
-            format!("amqp://guest:{pw}@127.0.0.1:5672/%2f"),
+            testkit::amqp_url_for("guest", pw, "%2f"),
         ),
     };
     let path = dir.join(format!("{name}.toml"));
