@@ -17,6 +17,25 @@ pub async fn slot_status_and_drop(port: u16, major: u32) {
         "{}",
         stdout(&out)
     );
+    // How long the slot outlives a stopped relay, read from this server: the
+    // clusters keep max_slot_wal_keep_size at its default (-1), and Postgres 18 has an
+    // idle timeout (default 0) that the others lack.
+    let text = stdout(&out);
+    let keep = text
+        .lines()
+        .find(|l| l.starts_with("warn  max_slot_wal_keep_size: "))
+        .unwrap_or_else(|| panic!("no max_slot_wal_keep_size warning:\n{text}"));
+    assert!(keep.contains("-1 (unbounded)"), "{text}");
+    let idle = text
+        .lines()
+        .find(|l| l.contains("idle_replication_slot_timeout: "));
+    match major {
+        18.. => assert!(
+            idle.is_some_and(|l| l.starts_with("ok    idle_replication_slot_timeout: 0:")),
+            "{text}"
+        ),
+        _ => assert!(idle.is_none(), "{text}"),
+    }
     let status = |env: &Env| -> serde_json::Value {
         let out = env.cli(&["status", "--json"]);
         assert!(out.status.success(), "{}", stderr(&out));

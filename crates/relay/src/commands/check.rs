@@ -16,12 +16,16 @@
 //! whether `run` declares it), or different from the configuration, named by the
 //! broker's 406 (see [`probe::probe_topology`]).
 //!
+//! How long the slot outlives a stopped relay (`max_slot_wal_keep_size` against the
+//! WAL rate, Postgres 18's idle timeout) gets a line each ([`wal_safety`]).
+//!
 //! What RabbitMQ 4 refuses or changes by default in that topology and on the broker
 //! gets a `warn` line each, on every broker ([`rabbitmq4`]).
 
 mod per_event;
 mod rabbitmq4;
 pub(crate) mod routes;
+mod wal_safety;
 
 use std::io::Write;
 
@@ -156,6 +160,7 @@ async fn postgres(cfg: &Config, declare: bool) -> Result<(), CliError> {
         }
     }
     messages_lines(cfg, &client).await;
+    wal_safety::lines(&client).await;
     let retention = crate::retention::check(cfg, &client).await;
     match first_failure {
         Some(e) => Err(e.into()),
