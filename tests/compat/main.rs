@@ -12,5 +12,6 @@
 
 mod emit;
 mod messages;
+mod slot_safety;
 mod standby_failover;
 mod versions;

@@ -14,66 +14,17 @@ use crate::error::CliError;
 use crate::pipeline::start::{self, Source, StartPlan};
 use crate::state::Stored;
 
+mod health;
+
+use health::{anchor_warning, human_bytes, human_secs};
+pub use health::warnings;
+
 /// `println!` of one line of the text form, escaped: slot, database and stuck-message
 /// fields come from the database and the broker (docs/security.md).
 macro_rules! say {
     ($($arg:tt)*) => {
         println!("{}", printable(&format!($($arg)*)))
     };
-}
-
-/// Below this much `safe_wal_size`, `status` warns that the slot nears invalidation.
-pub const LOW_SAFE_WAL_BYTES: i64 = 1 << 30;
-
-/// Human-readable warnings about a slot's health, each naming what to do.
-pub fn warnings(s: &SlotState) -> Vec<String> {
-    let mut w = Vec::new();
-    match s.wal_status.as_deref() {
-        Some("extended") => w.push(format!(
-            "slot {} retains more WAL than max_wal_size (wal_status extended): make sure a relay is running and keeping up",
-            s.slot_name
-        )),
-        Some("unreserved") => w.push(format!(
-            "slot {} is about to be invalidated (wal_status unreserved): start the relay now or raise max_slot_wal_keep_size",
-            s.slot_name
-        )),
-        Some("lost") => w.push(format!(
-            "slot {} was invalidated and its WAL is gone: recreate it (`slot drop`, `slot create`) and recover with `replay --from-table`",
-            s.slot_name
-        )),
-        _ => {}
-    }
-    if let Some(safe) = s.safe_wal_size {
-        if safe < LOW_SAFE_WAL_BYTES && s.wal_status.as_deref() != Some("lost") {
-            w.push(format!(
-                "only {} of WAL can still be written before slot {} is invalidated: start or speed up the relay, or raise max_slot_wal_keep_size",
-                human_bytes(safe),
-                s.slot_name
-            ));
-        }
-    }
-    if !s.active {
-        w.push(format!(
-            "no relay is streaming from slot {}: WAL accumulates until one runs",
-            s.slot_name
-        ));
-    }
-    w
-}
-
-fn human_bytes(b: i64) -> String {
-    let units = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = b as f64;
-    let mut i = 0;
-    while v.abs() >= 1024.0 && i < units.len() - 1 {
-        v /= 1024.0;
-        i += 1;
-    }
-    if i == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", units[i])
-    }
 }
 
 /// What `status` found, gathered before it prints.
@@ -222,27 +173,6 @@ async fn gather(cfg: &Config, args: &StatusArgs) -> Result<Report, CliError> {
     })
 }
 
-/// The warning about the replay window's anchor slot, if its state and the
-/// configured window disagree.
-fn anchor_warning(
-    anchor_name: &str,
-    anchor: Option<&SlotState>,
-    window: Option<Duration>,
-) -> Option<String> {
-    match (anchor, window) {
-        (None, Some(_)) => Some(format!(
-            "[relay] replay_window is set but the anchor slot {anchor_name} does not exist: run `outbox-relay slot create --if-not-exists` (or start the relay, which creates it)"
-        )),
-        (Some(a), _) if a.wal_status.as_deref() == Some("lost") => Some(format!(
-            "the anchor slot {anchor_name} was invalidated: the replay window is gone; drop it (`SELECT pg_drop_replication_slot('{anchor_name}')`) so the relay recreates it, and raise max_slot_wal_keep_size"
-        )),
-        (Some(_), None) => Some(format!(
-            "the anchor slot {anchor_name} exists but [relay] replay_window is not set: nothing advances it and it retains WAL; set the window or drop the slot"
-        )),
-        _ => None,
-    }
-}
-
 /// The session's own start decision for what `status` found; `None` when the state
 /// table cannot be read.
 fn next_start(
@@ -316,6 +246,8 @@ impl Report {
             "active_pid": s.active_pid,
             "wal_status": s.wal_status,
             "safe_wal_size": s.safe_wal_size,
+            "invalidation_reason": s.invalidation_reason,
+            "idle_timeout_left_secs": s.idle_timeout_left_secs,
             "confirmed_flush_lsn": lsn_text(s.confirmed_flush_lsn),
             "restart_lsn": lsn_text(s.restart_lsn),
             "current_wal_lsn": s.current_wal_lsn.to_string(),
@@ -366,6 +298,12 @@ impl Report {
             }
         );
         say!("wal_status:          {}", opt(s.wal_status.clone()));
+        if let Some(reason) = &s.invalidation_reason {
+            say!("invalidation_reason: {reason}");
+        }
+        if let Some(left) = s.idle_timeout_left_secs {
+            say!("idle_timeout_left:   {}", human_secs(left.max(0)));
+        }
         say!(
             "safe_wal_size:       {}",
             s.safe_wal_size
@@ -538,24 +476,9 @@ pub(crate) mod tests {
             two_phase: false,
             failover: false,
             current_wal_lsn: Lsn(200),
+            invalidation_reason: None,
+            idle_timeout_left_secs: None,
         }
-    }
-
-    #[test]
-    fn healthy_slot_has_no_warnings() {
-        assert!(warnings(&state()).is_empty());
-    }
-
-    #[test]
-    fn warns_on_risky_slots() {
-        let mut s = state();
-        s.wal_status = Some("unreserved".into());
-        s.safe_wal_size = Some(1000);
-        let w = warnings(&s);
-        assert_eq!(w.len(), 2, "{w:?}");
-        assert!(w[0].contains("max_slot_wal_keep_size"));
-        s.active = false;
-        assert_eq!(warnings(&s).len(), 3);
     }
 
     #[test]
@@ -568,12 +491,5 @@ pub(crate) mod tests {
             ignored_messages(scrape),
             [("non_transactional".to_string(), 3)]
         );
-    }
-
-    #[test]
-    fn bytes_are_readable() {
-        assert_eq!(human_bytes(512), "512 B");
-        assert_eq!(human_bytes(1536), "1.5 kB");
-        assert_eq!(human_bytes(3 << 30), "3.0 GB");
     }
 }

@@ -49,8 +49,9 @@ pub enum AdminError {
         database: String,
     },
 
-    #[error("replication slot \"{slot}\" has been invalidated (wal_status 'lost') and the WAL it needed is gone: recreate it with `outbox-relay slot drop` then `outbox-relay slot create`, and recover the missed events with `outbox-relay replay --from-table`")]
-    SlotInvalidated { slot: String },
+    /// `because`: `""`, or `", <reason>: <what it means>"` (Postgres 17+, [`explain_invalidation`]).
+    #[error("replication slot \"{slot}\" has been invalidated (wal_status 'lost'{because}) and the WAL it needed is gone: recreate it with `outbox-relay slot drop` then `outbox-relay slot create`, and recover the missed events with `outbox-relay replay --from-table`")]
+    SlotInvalidated { slot: String, because: String },
 
     /// A warning rather than a failure: the slot still works, for now.
     #[error("replication slot \"{slot}\" is about to be invalidated (wal_status 'unreserved': it retains more WAL than max_slot_wal_keep_size allows): get the relay streaming so the slot catches up, or raise max_slot_wal_keep_size")]
@@ -234,6 +235,21 @@ fn sql_message(e: &tokio_postgres::Error) -> String {
             s
         }
     }
+}
+
+/// What an `invalidation_reason` of `pg_replication_slots` (Postgres 17+) means to an
+/// operator, after the reason itself.
+pub fn explain_invalidation(reason: &str) -> String {
+    let why = match reason {
+        "wal_removed" => "it kept more WAL than max_slot_wal_keep_size allows",
+        "rows_removed" => {
+            "the catalog rows it needed were vacuumed (on a standby: hot_standby_feedback off)"
+        }
+        "wal_level_insufficient" => "the primary's wal_level is no longer logical",
+        "idle_timeout" => "no relay streamed from it for longer than idle_replication_slot_timeout",
+        _ => return reason.to_string(),
+    };
+    format!("{reason}: {why}")
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ mod stream_start;
 
 pub use columns::{check_columns, check_published_columns, ColumnInfo, TableColumns};
 pub use connect::connect;
-pub use error::AdminError;
+pub use error::{explain_invalidation, AdminError};
 pub use preflight::{CheckResult, CheckStatus, Preflight};
 pub use publication::{check_publication, ensure_publication};
 pub use server::{

@@ -53,6 +53,13 @@ pub struct SlotState {
     pub failover: bool,
     /// The server's current WAL position (replay position on a standby).
     pub current_wal_lsn: Lsn,
+    /// Why the slot was invalidated (Postgres 17+: `wal_removed`, `rows_removed`,
+    /// `wal_level_insufficient`, `idle_timeout` on 18); `None` while it is usable.
+    pub invalidation_reason: Option<String>,
+    /// Seconds until Postgres 18's `idle_replication_slot_timeout` invalidates the
+    /// slot, while no process streams from it; `None` when the timeout is off (0),
+    /// the server has none (before 18), or the slot is in use.
+    pub idle_timeout_left_secs: Option<i64>,
 }
 
 impl SlotState {
@@ -149,13 +156,30 @@ pub async fn slot_state(c: &Client, slot: &str) -> Result<Option<SlotState>, Adm
         failover: row.try_get(11)?,
         current_wal_lsn: lsn(12)?.unwrap_or(Lsn::ZERO),
         retained_wal_bytes: row.try_get(13)?,
+        invalidation_reason: row.try_get(14)?,
+        idle_timeout_left_secs: row.try_get(15)?,
     }))
 }
 
 /// The state query for a server version: columns added after Postgres 13 are read
 /// as constants on older servers. `slot` is the slot name as SQL (`$1`, or a quoted
-/// literal for a simple query); `extra` adds columns after the state's 14.
+/// literal for a simple query); `extra` adds columns after the state's 16.
 pub(super) fn slot_state_sql(version: i32, slot: &str, extra: &str) -> String {
+    let reason = if version >= 170000 {
+        "s.invalidation_reason"
+    } else {
+        "NULL::text"
+    };
+    // The timeout in seconds (pg_settings gives its unit), minus how long the slot
+    // has been idle (`inactive_since`, set while no process holds it).
+    let idle_left = if version >= 180000 {
+        "(SELECT CASE WHEN t.secs > 0 AND NOT s.active AND s.inactive_since IS NOT NULL \
+                     THEN t.secs - EXTRACT(EPOCH FROM pg_catalog.now() - s.inactive_since)::int8 END \
+            FROM (SELECT CASE unit WHEN 'min' THEN setting::int8 * 60 ELSE setting::int8 END AS secs \
+                    FROM pg_catalog.pg_settings WHERE name = 'idle_replication_slot_timeout') t)"
+    } else {
+        "NULL::int8"
+    };
     let two_phase = if version >= 140000 {
         "s.two_phase"
     } else {
@@ -170,7 +194,7 @@ pub(super) fn slot_state_sql(version: i32, slot: &str, extra: &str) -> String {
         "SELECT s.slot_name::text, s.plugin::text, s.slot_type, s.database::text, \
                 s.active, s.active_pid, s.confirmed_flush_lsn::text, s.restart_lsn::text, \
                 s.wal_status, s.safe_wal_size, {two_phase}, {failover}, w.lsn::text, \
-                pg_catalog.pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8{extra} \
+                pg_catalog.pg_wal_lsn_diff(w.lsn, s.restart_lsn)::int8, {reason}, {idle_left}{extra} \
            FROM pg_catalog.pg_replication_slots s, \
                 LATERAL (SELECT CASE WHEN pg_catalog.pg_is_in_recovery() THEN pg_catalog.pg_last_wal_replay_lsn() \
                                      ELSE pg_catalog.pg_current_wal_lsn() END AS lsn) w \
@@ -242,7 +266,14 @@ pub fn check_usable(state: &SlotState, database: &str) -> Result<(), AdminError>
         }
     }
     if state.wal_status.as_deref() == Some("lost") {
-        return Err(AdminError::SlotInvalidated { slot: slot() });
+        return Err(AdminError::SlotInvalidated {
+            slot: slot(),
+            because: state
+                .invalidation_reason
+                .as_deref()
+                .map(|r| format!(", {}", super::error::explain_invalidation(r)))
+                .unwrap_or_default(),
+        });
     }
     Ok(())
 }
@@ -457,6 +488,8 @@ pub(crate) mod tests {
             two_phase: false,
             failover: false,
             current_wal_lsn: Lsn(0x100),
+            invalidation_reason: None,
+            idle_timeout_left_secs: None,
         }
     }
 
@@ -535,5 +568,9 @@ pub(crate) mod tests {
         assert!(!sql(150000).contains("s.failover"));
         assert!(sql(170000).contains("s.failover"));
         assert!(!sql(130000).contains("s.two_phase"));
+        assert!(!sql(160000).contains("s.invalidation_reason"));
+        assert!(sql(170000).contains("s.invalidation_reason"));
+        assert!(!sql(170000).contains("idle_replication_slot_timeout"));
+        assert!(sql(180000).contains("idle_replication_slot_timeout"));
     }
 }

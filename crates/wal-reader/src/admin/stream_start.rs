@@ -68,11 +68,13 @@ impl StreamStart {
             failover: flag(11),
             current_wal_lsn: lsn(12)?.unwrap_or(Lsn::ZERO),
             retained_wal_bytes: int(13)?,
+            invalidation_reason: text(14),
+            idle_timeout_left_secs: int(15)?,
         };
         Ok(StreamStart {
             state,
-            database: text(14).unwrap_or_default(),
-            replay_window: lsn(15)?,
+            database: text(16).unwrap_or_default(),
+            replay_window: lsn(17)?,
         })
     }
 
@@ -118,6 +120,8 @@ mod tests {
                 Some("f"),
                 Some("0/100"),
                 Some("128"),
+                None,
+                None,
                 Some("app"),
                 window,
             ]
