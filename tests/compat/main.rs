@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod emit;
+mod failover_setup;
 mod messages;
 mod slot_safety;
 mod standby_failover;

@@ -8,6 +8,8 @@ use serde_json::json;
 use wal_reader::admin::{AdminError, SlotState, SyncedSlot};
 use wal_reader::PgConnectOptions;
 
+pub mod setup;
+
 /// What one standby holds of the slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SlotCopy {
@@ -31,6 +33,8 @@ pub struct Standby {
     /// host:port/database, never a password.
     pub target: String,
     pub copy: Result<SlotCopy, String>,
+    /// Its settings that the copy depends on (Postgres 17+), when readable.
+    pub setup: Option<setup::StandbySetup>,
 }
 
 /// Asks every standby about its copy of the primary's slot `s`.
@@ -49,15 +53,27 @@ async fn check(url: &str, s: &SlotState) -> Standby {
             return Standby {
                 target: "(a --standby value)".into(),
                 copy: Err(wal_reader::redact::redact_url(&e.to_string())),
+                setup: None,
             }
         }
     };
     let target = opts.display_target();
-    let copy = match crate::sql::connect(&opts).await {
-        Ok(client) => query(&client, s).await,
-        Err(e) => Err(wal_reader::redact::redact_url(&e.to_string())),
+    let (copy, setup) = match crate::sql::connect(&opts).await {
+        Ok(client) => {
+            let copy = query(&client, s).await;
+            let setup = match &copy {
+                Ok(SlotCopy::Unsupported { .. }) | Err(_) => None,
+                Ok(_) => setup::read_standby(&client).await,
+            };
+            (copy, setup)
+        }
+        Err(e) => (Err(wal_reader::redact::redact_url(&e.to_string())), None),
     };
-    Standby { target, copy }
+    Standby {
+        target,
+        copy,
+        setup,
+    }
 }
 
 async fn query(client: &tokio_postgres::Client, s: &SlotState) -> Result<SlotCopy, String> {
@@ -110,6 +126,10 @@ pub fn warnings(standbys: &[Standby], s: &SlotState) -> Vec<String> {
                 sb.target,
                 version / 10000,
                 s.slot_name
+            )),
+            Ok(SlotCopy::Missing) if s.failover && sb.setup.is_some() => w.push(format!(
+                "standby {} has no copy of slot {} yet: the slot sync worker copies a failover slot once the primary logs a consistent point (pg_log_standby_snapshot() on the primary hastens it; its settings are checked below)",
+                sb.target, s.slot_name
             )),
             Ok(SlotCopy::Missing) if s.failover => w.push(format!(
                 "standby {} has no copy of slot {}: set sync_replication_slots = on, primary_slot_name and hot_standby_feedback on it (docs/failover.md)",
@@ -199,6 +219,7 @@ mod tests {
         Standby {
             target: "127.0.0.1:5433/app".into(),
             copy,
+            setup: None,
         }
     }
 

@@ -16,8 +16,8 @@ use crate::state::Stored;
 
 mod health;
 
-use health::{anchor_warning, human_bytes, human_secs};
 pub use health::warnings;
+use health::{anchor_warning, human_bytes, human_secs};
 
 /// `println!` of one line of the text form, escaped: slot, database and stuck-message
 /// fields come from the database and the broker (docs/security.md).
@@ -155,6 +155,19 @@ async fn gather(cfg: &Config, args: &StatusArgs) -> Result<Report, CliError> {
     }
     let standbys = super::standby::check_all(&args.standbys, &s).await;
     warns.extend(super::standby::warnings(&standbys, &s));
+    // The failover configuration, on the primary (always: a stale
+    // synchronized_standby_slots stalls decoding) and on each standby read.
+    let primary = super::standby::setup::read_primary(&client).await;
+    let setups: Vec<(&str, &super::standby::setup::StandbySetup)> = standbys
+        .iter()
+        .filter_map(|sb| Some((sb.target.as_str(), sb.setup.as_ref()?)))
+        .collect();
+    warns.extend(super::standby::setup::warnings(
+        &s.slot_name,
+        s.failover,
+        primary.as_ref(),
+        &setups,
+    ));
     Ok(Report {
         slot: s,
         pending,
