@@ -178,6 +178,10 @@ pub struct RabbitMqConfig {
     /// derived from the source: `outbox-relay/<system id>/<database>/<slot>`. It must
     /// name one source: two relays on different databases must never share it.
     pub producer_name: String,
+    /// The template of each stream message's filter value (RabbitMQ 3.13+ filters on
+    /// it for consumers: docs/streams.md, "Filter values"), rendered per event like
+    /// `routing_key`, e.g. `"{aggregate_type}"`; `""` = none (publish v1 as before).
+    pub stream_filter_value: String,
     // Client certificate and password files (docs/security.md).
     /// PEM client certificate presented over `amqps://` and `rabbitmq-stream+tls://`
     /// (with `?auth_mechanism=external` in an AMQP URL, the broker logs the relay in
@@ -233,6 +237,7 @@ impl Default for RabbitMqConfig {
             max_length_bytes: 0,
             max_age: None,
             producer_name: String::new(),
+            stream_filter_value: String::new(),
             cert_file: String::new(),
             key_file: String::new(),
             password_file: String::new(),
@@ -281,6 +286,7 @@ impl fmt::Debug for RabbitMqConfig {
             .field("max_length_bytes", &self.max_length_bytes)
             .field("max_age", &self.max_age)
             .field("producer_name", &self.producer_name)
+            .field("stream_filter_value", &self.stream_filter_value)
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
             .field("password_file", &self.password_file)
@@ -405,6 +411,10 @@ impl RabbitMqConfig {
         s.stall_after = self.stall_after();
         s.format = shared.format;
         s.headers = shared.headers;
+        // Checked at load (`checks.rs`).
+        s.filter_value = Some(self.stream_filter_value.as_str())
+            .filter(|t| !t.is_empty())
+            .and_then(|t| message::RoutingKeyTemplate::parse(t).ok());
         // One heartbeat setting for both protocols; 0 keeps the stream client's and
         // RabbitMQ's default (docs/operations.md, "Running against a cluster").
         if self.heartbeat_secs > 0 {

@@ -273,6 +273,34 @@ pub async fn read(stream: &str, offset: u64) -> Vec<StreamMessage> {
 
 /// [`read`] through the node of the plain stream URL `url`.
 pub async fn read_at(url: &str, stream: &str, offset: u64) -> Vec<StreamMessage> {
+    read_with(url, stream, offset, HashMap::new()).await
+}
+
+/// Every message the broker delivers to a subscription filtering on `values`
+/// (RabbitMQ 3.13+: the subscription properties `filter.0`, `filter.1`, … and
+/// `match-unfiltered`), from the first offset. The broker skips whole chunks whose
+/// bloom filter matches none of the values; the chunks it sends may hold other
+/// messages too: the caller filters them (docs/streams.md, "Filter values").
+pub async fn read_filtered(
+    stream: &str,
+    values: &[&str],
+    match_unfiltered: bool,
+) -> Vec<StreamMessage> {
+    let mut properties: HashMap<String, String> = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (format!("filter.{i}"), v.to_string()))
+        .collect();
+    properties.insert("match-unfiltered".into(), match_unfiltered.to_string());
+    read_with(&stream_url(), stream, 0, properties).await
+}
+
+async fn read_with(
+    url: &str,
+    stream: &str,
+    offset: u64,
+    properties: HashMap<String, String>,
+) -> Vec<StreamMessage> {
     let client = client_at(url).await;
     let (tx, mut rx) = mpsc::unbounded_channel();
     let forward = move |item: MessageResult| {
@@ -299,7 +327,7 @@ pub async fn read_at(url: &str, stream: &str, offset: u64) -> Vec<StreamMessage>
                 stream,
                 OffsetSpecification::Offset(offset),
                 16,
-                HashMap::new(),
+                properties.clone(),
             )
             .await;
         match response {

@@ -75,6 +75,10 @@ impl RabbitMqConfig {
                 .map_err(|reason| SettingError::new("rabbitmq.routing_key", reason)),
         );
         check(
+            check_routing_key(&r.stream_filter_value)
+                .map_err(|reason| SettingError::new("rabbitmq.stream_filter_value", reason)),
+        );
+        check(
             check_max_in_flight(r.max_in_flight)
                 .map_err(|reason| SettingError::new("rabbitmq.max_in_flight", reason)),
         );

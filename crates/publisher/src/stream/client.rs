@@ -19,18 +19,7 @@ use rabbitmq_stream_protocol::codec::Encoder;
 use rabbitmq_stream_protocol_legacy::codec::Decoder;
 use tokio::sync::mpsc;
 
-/// What the broker reports on a publishing connection.
-#[derive(Debug)]
-pub(super) enum BrokerEvent {
-    /// Publishing ids of a publisher stored (or dropped as duplicates).
-    Confirmed(u8, Vec<u64>),
-    /// Publishing ids of a publisher refused, with the code.
-    Refused(u8, Vec<(u64, ResponseCode)>),
-    /// The connection is gone or the stream changed (deleted, leader moved).
-    Closed(String),
-    /// The broker answered a liveness probe (`liveness.rs`).
-    Alive,
-}
+pub(super) use super::events::{BrokerEvent, ClientFailure};
 
 /// Which client a broker needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +29,10 @@ pub(super) enum ClientVersion {
     Current,
     /// rabbitmq-stream-client 0.4: RabbitMQ before 3.11.
     Legacy,
+    /// The relay's own connection on `rabbitmq-stream-protocol` 0.11 (`raw.rs`): with
+    /// `[rabbitmq] stream_filter_value`, which only publish v2 of RabbitMQ 3.13 and
+    /// later carries.
+    Filtering,
 }
 
 impl ClientVersion {
@@ -53,26 +46,28 @@ impl ClientVersion {
     }
 }
 
+/// The first RabbitMQ that stores a filter value with a message (publish v2).
+pub(super) const FILTER_MIN_VERSION: (u32, u32) = (3, 13);
+
+/// Why a broker reporting `version` cannot take `[rabbitmq] stream_filter_value`, in
+/// one sentence naming the version and the fix; `None` when it can (3.13 or later,
+/// or a broker that does not say its version: its answer to publish v2 tells).
+pub(super) fn filter_refusal(version: Option<&str>) -> Option<String> {
+    let v = version?;
+    match major_minor(v) {
+        Some(mm) if mm < FILTER_MIN_VERSION => Some(format!(
+            "the stream broker runs RabbitMQ {v}, which cannot store filter values (RabbitMQ 3.13 or later can): upgrade the broker to RabbitMQ 3.13 or later, or remove stream_filter_value"
+        )),
+        _ => None,
+    }
+}
+
 /// `(major, minor)` of a version such as `3.10.8` or `4.0.5+rc.1`.
 pub(super) fn major_minor(version: &str) -> Option<(u32, u32)> {
     let mut parts = version.split(['.', '-', '+']);
     let major = parts.next()?.trim().parse().ok()?;
     let minor = parts.next()?.trim().parse().ok()?;
     Some((major, minor))
-}
-
-/// A failed request or connection, from either client.
-#[derive(Debug)]
-pub(crate) struct ClientFailure {
-    /// The broker's code when it answered with one.
-    pub code: Option<ResponseCode>,
-    pub text: String,
-}
-
-impl fmt::Display for ClientFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text)
-    }
 }
 
 impl From<current::error::ClientError> for ClientFailure {
@@ -111,6 +106,7 @@ fn legacy_code(code: &legacy::types::ResponseCode) -> ResponseCode {
 pub(crate) enum StreamClient {
     Current(current::Client),
     Legacy(legacy::Client),
+    Filtering(super::raw::RawClient),
 }
 
 impl StreamClient {
@@ -118,6 +114,10 @@ impl StreamClient {
         let _ = match self {
             StreamClient::Current(c) => c.close().await.map_err(ClientFailure::from),
             StreamClient::Legacy(c) => c.close().await.map_err(ClientFailure::from),
+            StreamClient::Filtering(c) => {
+                c.close().await;
+                Ok(())
+            }
         };
     }
 
@@ -138,6 +138,7 @@ impl StreamClient {
                 .await?
                 .remove(stream)
                 .map(|m| (legacy_code(&m.response_code), m.leader.host, m.leader.port)),
+            StreamClient::Filtering(c) => c.metadata(stream).await?,
         })
     }
 
@@ -151,6 +152,7 @@ impl StreamClient {
             StreamClient::Legacy(c) => {
                 legacy_code(c.create_stream(stream, arguments).await?.code())
             }
+            StreamClient::Filtering(c) => c.create_stream(stream, arguments).await?,
         })
     }
 
@@ -171,6 +173,9 @@ impl StreamClient {
                     .await?
                     .code(),
             ),
+            StreamClient::Filtering(c) => {
+                c.declare_publisher(publisher_id, reference, stream).await?
+            }
         })
     }
 
@@ -182,21 +187,29 @@ impl StreamClient {
         Ok(match self {
             StreamClient::Current(c) => c.query_publisher_sequence(reference, stream).await?,
             StreamClient::Legacy(c) => c.query_publisher_sequence(reference, stream).await?,
+            StreamClient::Filtering(c) => c.query_publisher_sequence(reference, stream).await?,
         })
     }
 
-    /// Publishes `messages` (each with its publishing id set) in one frame (publish v1).
+    /// Publishes `messages` (each with its publishing id set) in one frame: publish v1,
+    /// or v2 with each message's filter value on a [`StreamClient::Filtering`]
+    /// connection (the other clients ignore the values, which are `None` without
+    /// `stream_filter_value`).
     pub async fn publish(
         &self,
         publisher_id: u8,
-        messages: Vec<Message>,
+        messages: Vec<(Message, Option<String>)>,
     ) -> Result<(), ClientFailure> {
         match self {
-            StreamClient::Current(c) => c.publish(publisher_id, messages, 1).await.map(drop)?,
+            StreamClient::Current(c) => {
+                let messages: Vec<Message> = messages.into_iter().map(|(m, _)| m).collect();
+                c.publish(publisher_id, messages, 1).await.map(drop)?
+            }
+            StreamClient::Filtering(c) => c.publish(publisher_id, messages).await?,
             StreamClient::Legacy(c) => {
                 let copies: Vec<legacy::types::Message> = messages
                     .iter()
-                    .map(legacy_message)
+                    .map(|(m, _)| legacy_message(m))
                     .collect::<Result<_, _>>()?;
                 c.publish(publisher_id, copies).await.map(drop)?
             }
@@ -207,6 +220,7 @@ impl StreamClient {
     /// Forwards the broker's confirms, refusals and closes to `tx`.
     pub async fn forward_events(&self, tx: mpsc::UnboundedSender<BrokerEvent>) {
         match self {
+            StreamClient::Filtering(c) => c.forward_events(tx).await,
             StreamClient::Current(c) => {
                 let forward = move |item: current::types::MessageResult| {
                     let tx = tx.clone();
@@ -371,6 +385,25 @@ mod tests {
             ClientVersion::Current
         );
         assert_eq!(major_minor("3.10.8"), Some((3, 10)));
+    }
+
+    /// `stream_filter_value` needs RabbitMQ 3.13: older brokers are refused in one
+    /// sentence naming their version and the fix.
+    #[test]
+    fn filter_values_need_rabbitmq_3_13() {
+        for old in ["3.10.8", "3.11.28", "3.12.14", "3.9.0"] {
+            let why = filter_refusal(Some(old)).unwrap();
+            assert!(why.contains(&format!("RabbitMQ {old}")), "{why}");
+            assert!(
+                why.contains("upgrade the broker to RabbitMQ 3.13 or later"),
+                "{why}"
+            );
+            assert!(why.contains("remove stream_filter_value"), "{why}");
+        }
+        for new in ["3.13.0", "3.13.7", "4.0.5", "4.1.0-rc.1"] {
+            assert_eq!(filter_refusal(Some(new)), None, "{new}");
+        }
+        assert_eq!(filter_refusal(None), None);
     }
 
     /// Every property the publisher sets survives the copy: the same size (the frame

@@ -149,6 +149,19 @@ pub(super) async fn open(
                     .map_err(ClientFailure::from)
             })
         }
+        ClientVersion::Filtering => {
+            let tls = if endpoint.tls {
+                Some(probe_tls(config)?)
+            } else {
+                None
+            };
+            let heartbeat = config.heartbeat;
+            tokio::spawn(async move {
+                super::raw::RawClient::connect(&endpoint, tls, tune::CLIENT_FRAME_MAX, heartbeat)
+                    .await
+                    .map(StreamClient::Filtering)
+            })
+        }
         ClientVersion::Legacy => {
             let options = endpoint.legacy_options(config, url)?;
             tokio::spawn(async move {
@@ -226,7 +239,16 @@ pub(super) async fn connect_one(
     // than its connection allows (a frame the broker refuses).
     let tuned = frame_max_of(config, url).await?;
     let frame_max = tuned.frame_max;
-    let version = ClientVersion::for_broker(tuned.version.as_deref());
+    let mut version = ClientVersion::for_broker(tuned.version.as_deref());
+    if config.filter_value.is_some() {
+        if let Some(reason) = super::client::filter_refusal(tuned.version.as_deref()) {
+            return Err(PublishError::InvalidConfig {
+                key: "stream_filter_value",
+                reason,
+            });
+        }
+        version = ClientVersion::Filtering;
+    }
     tracing::debug!(broker = ?tuned.version, client = ?version, "stream broker version");
     let client = open(config, index, version).await?;
     let setup = async {

@@ -10,7 +10,9 @@ use rabbitmq_stream_protocol::codec::Encoder;
 use super::engine::{StreamMsg, MESSAGE_OVERHEAD};
 use super::identity::{publishing_id, ProducerKey, StreamSource, TooManyEvents};
 use crate::message::cloudevents::{self, CloudEvents};
-use crate::message::{json_headers, HeaderProfile, MessageFormat};
+use crate::message::{
+    json_headers, HeaderProfile, MessageFormat, RoutingKeyTemplate, TemplateFields,
+};
 use crate::trace::{EventSpan, EventTracer, TRACEPARENT, TRACESTATE};
 
 /// Application property naming the producer reference.
@@ -52,6 +54,9 @@ pub(super) struct Pending {
     pub commit_time_micros: i64,
     /// Exact bytes it adds to a publish frame.
     pub frame_bytes: usize,
+    /// Its filter value (`[rabbitmq] stream_filter_value`, sent in publish v2 by
+    /// `raw.rs`); `None`: not configured.
+    pub filter_value: Option<String>,
     /// The `message-id` property, for reports.
     pub message_id: String,
     /// Why its event cannot be published: a malformed logical message (poison).
@@ -106,6 +111,8 @@ pub(super) struct StreamMessageBuilder {
     profile: HeaderProfile,
     /// With `[tracing]` on: the tracer and the stream's name, the spans' destination.
     tracer: Option<(EventTracer, String)>,
+    /// The filter value's template (`[rabbitmq] stream_filter_value`).
+    filter: Option<RoutingKeyTemplate>,
 }
 
 fn text(value: Option<&bytes::Bytes>) -> SimpleValue {
@@ -126,7 +133,15 @@ impl StreamMessageBuilder {
             cloudevents: None,
             profile: HeaderProfile::Full,
             tracer: None,
+            filter: None,
         }
+    }
+
+    /// The builder that gives each message the filter value `template` renders for
+    /// its event, as `routing_key` is rendered (docs/streams.md, "Filter values").
+    pub fn with_filter(mut self, template: Option<RoutingKeyTemplate>) -> Self {
+        self.filter = template;
+        self
     }
 
     /// The builder that starts a `publish` span per message, bound for `stream`,
@@ -247,7 +262,13 @@ impl StreamMessageBuilder {
                 );
         }
         let message = app.message_builder().publishing_id(id).build();
-        let frame_bytes = MESSAGE_OVERHEAD + message.encoded_size() as usize;
+        let filter_value = self
+            .filter
+            .as_ref()
+            .map(|t| t.render_fields(&TemplateFields::of(event)));
+        // Publish v2 adds the value as a string (int16 length) to each message.
+        let filter_bytes = filter_value.as_ref().map_or(0, |v| 2 + v.len());
+        let frame_bytes = MESSAGE_OVERHEAD + filter_bytes + message.encoded_size() as usize;
         Ok(Pending {
             key,
             id,
@@ -256,6 +277,7 @@ impl StreamMessageBuilder {
             index: event.index,
             commit_time_micros: event.commit_time_micros,
             frame_bytes,
+            filter_value,
             message_id,
             malformed: event.malformed.clone(),
             trace,
@@ -425,6 +447,41 @@ mod tests {
         let mut encoded = Vec::new();
         p.message.encode(&mut encoded).unwrap();
         assert_eq!(p.frame_bytes, encoded.len() + MESSAGE_OVERHEAD);
+    }
+
+    /// `stream_filter_value` is rendered per event by the routing key's renderer
+    /// (NULL fields as empty text), and the frame size counts it as publish v2
+    /// encodes it: a frame of two messages is exactly the frame overhead plus both.
+    #[test]
+    fn the_filter_value_is_rendered_per_event_and_counted_in_the_frame() {
+        let template = RoutingKeyTemplate::parse("{aggregate_type}-{event_type}").unwrap();
+        let mut b = StreamMessageBuilder::new(&[], Some(source())).with_filter(Some(template));
+        let p = b.build(&event()).unwrap();
+        assert_eq!(p.filter_value.as_deref(), Some("order-created"));
+        let mut other = event();
+        other.aggregate_type = None;
+        other.index = 2;
+        let q = b.build(&other).unwrap();
+        assert_eq!(q.filter_value.as_deref(), Some("-created"));
+        let request = crate::stream::raw::publish_v2(
+            0,
+            vec![
+                (p.message.clone(), p.filter_value.clone()),
+                (q.message.clone(), q.filter_value.clone()),
+            ],
+        )
+        .unwrap();
+        let frame = crate::stream::raw::encode(&request).unwrap();
+        assert_eq!(
+            frame.len(),
+            super::super::engine::FRAME_OVERHEAD + p.frame_bytes + q.frame_bytes
+        );
+        // Without the key: no value, and the v1 size.
+        let plain = StreamMessageBuilder::new(&[], Some(source()))
+            .build(&event())
+            .unwrap();
+        assert_eq!(plain.filter_value, None);
+        assert_eq!(plain.frame_bytes + 2 + "order-created".len(), p.frame_bytes);
     }
 
     #[test]

@@ -36,6 +36,11 @@
 //! (`leader.rs`), so a proxy in front of the broker works. The client never gives up
 //! on a silent broker; `liveness.rs` does (docs/design.md §4, *A silent broker*).
 //!
+//! With `[rabbitmq] stream_filter_value` (RabbitMQ 3.13 and later) the connection is
+//! the relay's own, `raw.rs`, on the client's protocol crate: 0.11's `Client::publish`
+//! cannot send filter values (docs/streams.md, "Filter values"). The requests, events
+//! and publishing ids are the same; only the publish frame is version 2.
+//!
 //! # Producers, publishing ids, and why it is exactly once
 //!
 //! With [`StreamConfig::source`] set, every event is published by a *named* producer,
@@ -90,10 +95,12 @@ mod client;
 mod connection;
 mod endpoint;
 mod engine;
+mod events;
 pub mod identity;
 mod leader;
 mod liveness;
 mod message;
+mod raw;
 mod run;
 #[cfg(test)]
 mod sim;
@@ -155,6 +162,10 @@ pub struct StreamConfig {
     /// connection silent for two of them while confirms are outstanding is given up
     /// (`liveness.rs`). The relay sets it from `[rabbitmq] heartbeat_secs`.
     pub heartbeat: Duration,
+    /// `[rabbitmq] stream_filter_value`: each message's filter value, rendered per
+    /// event (docs/streams.md, "Filter values"); it needs RabbitMQ 3.13 or later and
+    /// is sent in publish v2 frames by `raw.rs`. `None`: no filter values.
+    pub filter_value: Option<crate::message::RoutingKeyTemplate>,
 }
 
 impl StreamConfig {
@@ -179,6 +190,7 @@ impl StreamConfig {
             shutdown_timeout: crate::DEFAULT_SHUTDOWN_TIMEOUT,
             stall_after: crate::watchdog::DEFAULT_STALL_AFTER,
             heartbeat: DEFAULT_HEARTBEAT,
+            filter_value: None,
         }
     }
 
@@ -229,6 +241,7 @@ impl std::fmt::Debug for StreamConfig {
             .field("backoff_max", &self.backoff_max)
             .field("shutdown_timeout", &self.shutdown_timeout)
             .field("heartbeat", &self.heartbeat)
+            .field("filter_value", &self.filter_value)
             .finish()
     }
 }

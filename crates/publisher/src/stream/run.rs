@@ -106,6 +106,7 @@ impl Runner {
         Runner {
             builder: StreamMessageBuilder::new(&config.extra_properties, config.source.clone())
                 .with_format(&config.format)
+                .with_filter(config.filter_value.clone())
                 .with_headers(config.headers)
                 .with_tracer(EventTracer::get(), &config.stream),
             engine,
@@ -274,14 +275,14 @@ impl Runner {
                     publisher_id, seqs, ..
                 } => {
                     let window = self.engine.window();
-                    let messages: Vec<Message> = seqs
+                    let messages: Vec<(Message, Option<String>)> = seqs
                         .iter()
                         .filter_map(|seq| window.get(*seq))
                         .map(|p| {
                             if let Some(span) = &p.trace {
                                 span.published();
                             }
-                            p.message.clone()
+                            (p.message.clone(), p.filter_value.clone())
                         })
                         .collect();
                     let n = messages.len() as u64;

@@ -21,6 +21,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 mod exactly_once;
+mod filter;
 mod frames;
 mod order;
 

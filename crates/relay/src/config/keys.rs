@@ -61,6 +61,7 @@ pub(super) const KEYS: &[(&str, &str, Kind)] = &[
     ("rabbitmq", "max_length_bytes", Kind::UInt),
     ("rabbitmq", "max_age", Kind::Str),
     ("rabbitmq", "producer_name", Kind::Str),
+    ("rabbitmq", "stream_filter_value", Kind::Str),
     ("rabbitmq", "cert_file", Kind::Str),
     ("rabbitmq", "key_file", Kind::Str),
     ("rabbitmq", "password_file", Kind::Str),

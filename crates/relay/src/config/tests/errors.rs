@@ -169,6 +169,11 @@ const INVALID_VALUES: &[(&str, &str, &str)] = &[
         "matching",
     ),
     (
+        "rabbitmq.stream_filter_value",
+        "[rabbitmq]\nstream_filter_value = \"{aggregate_typ}\"",
+        "unknown placeholder `{aggregate_typ}`: did you mean `{aggregate_type}`?",
+    ),
+    (
         "rabbitmq.max_in_flight",
         "[rabbitmq]\nmax_in_flight = 0",
         "at least 1",

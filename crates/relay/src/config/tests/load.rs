@@ -251,6 +251,7 @@ fn reaches(c: &Config, dotted: &str, value: &str) -> bool {
         "rabbitmq.max_length_bytes" => c.rabbitmq.max_length_bytes == 123,
         "rabbitmq.max_age" => c.rabbitmq.max_age == Some(Duration::from_secs(300)),
         "rabbitmq.producer_name" => c.producer_name() == Some(value),
+        "rabbitmq.stream_filter_value" => c.rabbitmq.stream_filter_value == value,
         "rabbitmq.management_url" => {
             secrecy::ExposeSecret::expose_secret(&c.rabbitmq.management_url) == value
         }

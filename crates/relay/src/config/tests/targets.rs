@@ -27,6 +27,15 @@ fn stream_target_defaults_and_keys() {
     assert_eq!(s.max_age, Some(Duration::from_secs(7 * 86_400)));
     // The producers' source is set per session, from the server's identity.
     assert_eq!(s.source, None);
+    // No filter values unless asked (docs/streams.md, "Filter values").
+    assert_eq!(s.filter_value, None);
+    let f =
+        load_toml("[rabbitmq]\nstream = \"orders\"\nstream_filter_value = \"{aggregate_type}\"\n")
+            .unwrap();
+    assert_eq!(
+        f.stream_config().filter_value,
+        Some(publisher::message::RoutingKeyTemplate::parse("{aggregate_type}").unwrap())
+    );
     let named =
         load_toml("[rabbitmq]\nstream = \"orders\"\nproducer_name = \"orders-db\"\n").unwrap();
     assert_eq!(named.producer_name(), Some("orders-db"));
