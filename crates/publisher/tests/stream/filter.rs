@@ -20,19 +20,7 @@ fn two_types(name: &str, transactions: usize, size: usize) -> Input {
         }
         batches.push(batch);
     }
-    let events = batches
-        .iter()
-        .flatten()
-        .filter_map(|i| match i {
-            WalItem::Event(e) => Some(e.clone()),
-            _ => None,
-        })
-        .collect();
-    Input {
-        batches,
-        events,
-        ends: tx.ends,
-    }
+    Input::of(batches, tx.ends)
 }
 
 fn filtered_config(stream: &str, reference: &str) -> StreamConfig {

@@ -21,19 +21,7 @@ fn mixed_input(name: &str, transactions: usize, big: &[usize]) -> Input {
         }
         batches.push(tx.commit(items));
     }
-    let events = batches
-        .iter()
-        .flatten()
-        .filter_map(|i| match i {
-            WalItem::Event(e) => Some(e.clone()),
-            _ => None,
-        })
-        .collect();
-    Input {
-        batches,
-        events,
-        ends: tx.ends,
-    }
+    Input::of(batches, tx.ends)
 }
 
 fn stream_target() -> std::net::SocketAddr {

@@ -36,6 +36,25 @@ struct Input {
     ends: Vec<Lsn>,
 }
 
+impl Input {
+    /// The input of these batches: their events in order, and the commits' end LSNs.
+    fn of(batches: Vec<WalBatch>, ends: Vec<Lsn>) -> Input {
+        let events = batches
+            .iter()
+            .flatten()
+            .filter_map(|i| match i {
+                WalItem::Event(e) => Some(e.clone()),
+                _ => None,
+            })
+            .collect();
+        Input {
+            batches,
+            events,
+            ends,
+        }
+    }
+}
+
 fn input(name: &str, n: usize) -> Input {
     let mut tx = Tx::new(table(name, JSON));
     let mut batches = Vec::new();
@@ -47,19 +66,7 @@ fn input(name: &str, n: usize) -> Input {
         left -= size;
         k += 1;
     }
-    let events = batches
-        .iter()
-        .flatten()
-        .filter_map(|i| match i {
-            WalItem::Event(e) => Some(e.clone()),
-            _ => None,
-        })
-        .collect();
-    Input {
-        batches,
-        events,
-        ends: tx.ends,
-    }
+    Input::of(batches, tx.ends)
 }
 
 fn id_of(e: &OutboxEvent) -> String {
