@@ -109,6 +109,15 @@ EOF
 }
 
 node_ok() { "$CTL" -q await_startup --timeout 5 >/dev/null 2>&1; }
+# The node's Erlang VMs: its command line does not name the node (RabbitMQ 4 sets the
+# name at runtime), so they are told apart from the 3.10 nodes' by their root.
+node_pids() {
+  local p
+  for p in $(pgrep -x beam.smp 2>/dev/null); do
+    [ "$(readlink "/proc/$p/root" 2>/dev/null)" = "$ROOT" ] && echo "$p"
+  done
+  return 0
+}
 port_ok() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 cmd_start() {
@@ -124,14 +133,17 @@ cmd_start() {
     log "configuration changed; restarting $NODE"
     cmd_stop
   fi
+  if ! node_ok && [ -n "$(node_pids)" ]; then
+    # Running with its app stopped (a test's stop_app whose process was killed).
+    log "starting the RabbitMQ app of $NODE"
+    "$CTL" -q start_app >/dev/null 2>&1 || true
+    for _ in $(seq 1 60); do node_ok && break; sleep 1; done
+    node_ok || { log "$NODE does not answer; killing it"; kill -9 $(node_pids) 2>/dev/null || true; sleep 2; }
+  fi
   if ! node_ok; then
-    if ! pgrep -f "beam.*-sname $NODE" >/dev/null 2>&1; then
-      log "starting RabbitMQ 4 node $NODE"
-      setsid chroot "$ROOT" env HOME=/var/lib/rabbitmq LANG=C.UTF-8 rabbitmq-server \
-        >"$STATE/server.log" 2>&1 < /dev/null &
-    else
-      "$CTL" -q start_app >/dev/null 2>&1 || true
-    fi
+    log "starting RabbitMQ 4 node $NODE"
+    setsid chroot "$ROOT" env HOME=/var/lib/rabbitmq LANG=C.UTF-8 rabbitmq-server \
+      >"$STATE/server.log" 2>&1 < /dev/null &
     for _ in $(seq 1 120); do node_ok && break; sleep 1; done
     node_ok || die "RabbitMQ 4 did not start (see $STATE/server.log and $ROOT/var/log/rabbitmq/)"
   fi
@@ -155,9 +167,11 @@ cmd_start() {
 }
 
 cmd_stop() {
-  node_ok || { pkill -f "beam.*-sname $NODE" 2>/dev/null || true; return 0; }
-  "$CTL" -q shutdown >/dev/null 2>&1 || pkill -f "beam.*-sname $NODE" || true
-  for _ in $(seq 1 30); do pgrep -f "beam.*-sname $NODE" >/dev/null 2>&1 || break; sleep 1; done
+  "$CTL" -q shutdown >/dev/null 2>&1 || true
+  for _ in $(seq 1 30); do [ -z "$(node_pids)" ] && break; sleep 1; done
+  local left
+  left="$(node_pids)"
+  [ -z "$left" ] || kill -9 $left 2>/dev/null || true
 }
 
 cmd_env() {
