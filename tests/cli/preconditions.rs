@@ -2,19 +2,10 @@
 //! that names the fix; secrets never appear in any output (docs/design.md §6, §8).
 #![allow(clippy::unwrap_used)]
 
-use std::process::Output;
 use std::time::Duration;
 
 use support::*;
 use testkit::{pg_port, unique_name};
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// Runs `run` and expects it to exit by itself with code 2.
 fn run_expect_2(env: &Env) -> String {
@@ -40,7 +31,7 @@ async fn check_passes_on_a_ready_setup() {
     let env = Env::new().await;
     env.create_slot();
     let out = env.cli(&["check"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     for line in [
         "ok    config",
@@ -87,7 +78,7 @@ async fn the_role_of_role_sql_is_enough() {
     let config = env.config_file("least.toml", &url, &testkit::amqp_url(), "");
     for args in [&["slot", "create"][..], &["check"][..]] {
         let out = env.cli_with(&config, "info", args);
-        let t = text(&out);
+        let t = output_text(&out);
         assert!(out.status.success(), "{args:?} as {role}: {t}");
         assert!(!t.contains("superuser"), "{args:?}: {t}");
     }
@@ -106,7 +97,7 @@ async fn the_role_of_role_sql_is_enough() {
     ));
     assert_eq!(stored, "1");
     let out = env.cli_with(&config, "info", &["slot", "drop"]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     env.cleanup().await;
 }
 
@@ -114,8 +105,8 @@ async fn the_role_of_role_sql_is_enough() {
 async fn missing_slot() {
     let env = Env::new().await;
     let out = env.cli(&["check"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert_one_error_line(&text(&out), "outbox-relay slot create");
+    assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
+    assert_one_error_line(&output_text(&out), "outbox-relay slot create");
     let log = run_expect_2(&env);
     assert_one_error_line(&log, "outbox-relay slot create");
     env.cleanup().await;
@@ -130,7 +121,7 @@ async fn missing_publication_and_table_not_in_it() {
     ));
     let out = env.cli(&["check"]);
     assert_eq!(out.status.code(), Some(2));
-    assert_one_error_line(&text(&out), "publication");
+    assert_one_error_line(&output_text(&out), "publication");
     run_expect_2(&env);
 
     env.db.psql("CREATE TABLE other (id int primary key)");
@@ -140,7 +131,7 @@ async fn missing_publication_and_table_not_in_it() {
     ));
     let out = env.cli(&["check"]);
     assert_eq!(out.status.code(), Some(2));
-    assert_one_error_line(&text(&out), "ALTER PUBLICATION");
+    assert_one_error_line(&output_text(&out), "ALTER PUBLICATION");
     let log = run_expect_2(&env);
     assert_one_error_line(&log, "ALTER PUBLICATION");
     env.cleanup().await;
@@ -151,15 +142,15 @@ async fn missing_table_and_missing_mapped_column() {
     let mut env = Env::new().await;
     env.tables = vec!["public.nope".into()];
     let out = env.cli(&["slot", "create"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert_one_error_line(&text(&out), "nope");
+    assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
+    assert_one_error_line(&output_text(&out), "nope");
 
     env.tables = vec!["public.outbox".into()];
     env.create_slot();
     env.extra = "[mapping]\nevent_type = \"kind\"\n".into();
     let out = env.cli(&["check"]);
     assert_eq!(out.status.code(), Some(2));
-    let t = text(&out);
+    let t = output_text(&out);
     assert_one_error_line(&t, "kind");
     assert!(t.contains("event_type"), "{t}");
     run_expect_2(&env);
@@ -194,13 +185,13 @@ async fn wal_level_not_logical() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert_one_error_line(&text(&out), "wal_level");
+    assert_one_error_line(&output_text(&out), "wal_level");
     let out = std::process::Command::new(bin())
         .args(["--config", config.to_str().unwrap(), "slot", "create"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    assert_one_error_line(&text(&out), "wal_level");
+    assert_one_error_line(&output_text(&out), "wal_level");
     env.cleanup().await;
 }
 
@@ -235,7 +226,7 @@ async fn wrong_passwords_exit_2_and_never_show_secrets() {
             .env("RUST_LOG", "trace")
             .output()
             .unwrap();
-        let t = text(&out);
+        let t = output_text(&out);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
         assert!(t.contains("password"), "{args:?}: {t}");
         assert!(!t.contains(secret), "{args:?} printed the password: {t}");
@@ -257,7 +248,7 @@ async fn wrong_passwords_exit_2_and_never_show_secrets() {
             .env("RUST_LOG", "trace")
             .output()
             .unwrap();
-        let t = text(&out);
+        let t = output_text(&out);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
         assert!(!t.contains(mq_secret), "{args:?} printed the password: {t}");
     }
@@ -269,7 +260,7 @@ async fn status_text_and_json_and_slot_drop() {
     let env = Env::new().await;
     env.create_slot();
     let out = env.cli(&["status"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     assert!(
         t.contains(&format!("slot:                {}", env.slot)),
@@ -305,12 +296,16 @@ async fn status_text_and_json_and_slot_drop() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let out = broker_env.cli(&["slot", "drop"]);
-    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    assert!(text(&out).contains("--force"), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", output_text(&out));
+    assert!(
+        output_text(&out).contains("--force"),
+        "{}",
+        output_text(&out)
+    );
     let out = broker_env.cli(&["slot", "drop", "--force"]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     drop(relay);
     let out = broker_env.cli(&["slot", "drop", "--if-exists"]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
     broker_env.cleanup().await;
 }

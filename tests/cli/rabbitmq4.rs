@@ -7,28 +7,14 @@
 //! API, and `check` says so). Every queue and policy is the test's own.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Output;
-
 use lapin::options::QueueDeleteOptions;
 use support::*;
 use testkit::unique_name;
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// The `warn` line about `name`, if any.
 fn warn_of<'a>(out: &'a str, name: &str) -> Option<&'a str> {
     out.lines()
         .find(|l| l.starts_with("warn") && l[6..].starts_with(&format!("{name}: ")))
-}
-
-fn management_url() -> String {
-    std::env::var("OUTBOX_TEST_MANAGEMENT_URL").unwrap_or_else(|_| "http://127.0.0.1:15672".into())
 }
 
 /// A policy of the test's own on the `/` vhost, cleared on drop.
@@ -51,7 +37,7 @@ impl Policy {
             .unwrap();
         match out.status.success() {
             true => Ok(Policy(name.to_string())),
-            false => Err(text(&out)),
+            false => Err(output_text(&out)),
         }
     }
 }
@@ -105,7 +91,7 @@ async fn check_with_management(env: &Env, by_policy: &str) -> String {
     let mut out = String::new();
     for _ in 0..50 {
         let url = management_url();
-        out = text(&env.cli_env(
+        out = output_text(&env.cli_env(
             &["check"],
             &[("OUTBOX_RELAY_RABBITMQ_MANAGEMENT_URL", &url)],
         ));
@@ -133,7 +119,7 @@ async fn check_names_each_rabbitmq_4_hazard_with_its_fix() {
     env.create_slot();
 
     // [topology] alone, without the management API.
-    let out = text(&env.cli(&["check"]));
+    let out = output_text(&env.cli(&["check"]));
     let scratch_line = warn_of(&out, &format!("queue {scratch}")).expect(&out);
     assert!(
         scratch_line.contains("transient non-exclusive") && scratch_line.contains("durable = true"),
@@ -164,7 +150,7 @@ async fn check_names_each_rabbitmq_4_hazard_with_its_fix() {
     // Declared on the broker (the transient queue is then a deprecated feature in use
     // on 4.x), and a policy that gives one quorum queue a dead-letter exchange.
     let declared = env.cli(&["check", "--declare"]);
-    assert!(declared.status.success(), "{}", text(&declared));
+    assert!(declared.status.success(), "{}", output_text(&declared));
     let dlx_policy = Policy::set(
         &unique_name("r4_dlxpol"),
         &format!("^{by_policy}$"),

@@ -21,10 +21,6 @@ fn service_var(name: &str) -> String {
     })
 }
 
-fn management_url() -> String {
-    std::env::var("OUTBOX_TEST_MANAGEMENT_URL").unwrap_or_else(|_| "http://127.0.0.1:15672".into())
-}
-
 /// The report's row of `aggregate/event`: its table line.
 fn row<'a>(text: &'a str, aggregate: &str, event: &str) -> &'a str {
     text.lines()

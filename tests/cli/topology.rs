@@ -6,7 +6,6 @@
 //! test's own (`unique_name`); the queues are deleted at the end.
 #![allow(clippy::unwrap_used)]
 
-use std::process::Output;
 use std::time::Duration;
 
 use lapin::options::{
@@ -18,14 +17,6 @@ use support::*;
 use testkit::unique_name;
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// The line of `check`'s output about `name` (`queue q`, `exchange x`).
 fn line_of<'a>(out: &'a str, name: &str) -> &'a str {
@@ -162,7 +153,7 @@ async fn check_declare_declares_the_topology_and_check_names_each_difference() {
     env.extra = topology(&env.exchange, &x, &q, "classic", 60_000);
 
     let out = env.cli(&["check"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(
         line_of(&t, &format!("exchange {x}")).starts_with("FAIL"),
@@ -176,7 +167,7 @@ async fn check_declare_declares_the_topology_and_check_names_each_difference() {
     assert!(!exists(&env, &q).await, "check created the queue");
 
     let out = env.cli(&["check", "--declare"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     assert!(line_of(&t, &format!("queue {q}")).starts_with("ok"), "{t}");
     // As configured: another client declaring it so is answered declare-ok.
@@ -191,7 +182,7 @@ async fn check_declare_declares_the_topology_and_check_names_each_difference() {
     assert!(!routes(&env, &env.exchange, "invoice.sent", &q).await);
 
     let out = env.cli(&["check"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     assert_eq!(
         line_of(&t, &format!("queue {q}")),
@@ -205,7 +196,7 @@ async fn check_declare_declares_the_topology_and_check_names_each_difference() {
     // Another TTL: the broker's 406 names it.
     env.extra = topology(&env.exchange, &x, &q, "classic", 1_000);
     let out = env.cli(&["check"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     let different = line_of(&t, &format!("queue {q}"));
     assert!(
@@ -225,7 +216,7 @@ async fn check_declare_declares_the_topology_and_check_names_each_difference() {
     // Another type: a quorum queue where a classic one is.
     env.extra = topology(&env.exchange, &x, &q, "quorum", 60_000);
     let out = env.cli(&["check"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     let different = line_of(&t, &format!("queue {q}"));
     assert!(
@@ -235,7 +226,7 @@ async fn check_declare_declares_the_topology_and_check_names_each_difference() {
     );
     // `check --declare` refuses it the same way, exit 2, and changes nothing.
     let out = env.cli(&["check", "--declare"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(
         t.contains(&format!("queue \"{q}\" cannot be declared: (406)"))
@@ -276,7 +267,7 @@ async fn run_declares_the_topology_and_declares_it_again_after_a_reconnect() {
     let vars = [("OUTBOX_RELAY_RABBITMQ_DECLARE_TOPOLOGY", "true")];
 
     let out = env.cli_env(&["check"], &vars);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     assert!(
         line_of(&t, &format!("queue {q}"))
@@ -357,7 +348,7 @@ bindings = [{{ exchange = "{exchange}", routing_key = "#" }}]
         exchange = env.exchange
     );
     let out = env.cli(&["check", "--declare"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     let policy = unique_name("tpol");
     let set = testkit::rabbitmqctl_command()
@@ -372,9 +363,9 @@ bindings = [{{ exchange = "{exchange}", routing_key = "#" }}]
         ])
         .output()
         .unwrap();
-    assert!(set.status.success(), "{}", text(&set));
+    assert!(set.status.success(), "{}", output_text(&set));
     let out = env.cli(&["check"]);
-    let t = text(&out);
+    let t = output_text(&out);
     let _ = testkit::rabbitmqctl_command()
         .args(["-q", "clear_policy", &policy])
         .output();
@@ -497,7 +488,7 @@ async fn without_configure_check_looks_up_and_says_what_it_cannot_compare() {
     let q = unique_name("tq");
     env.extra = topology(&env.exchange, &x, &q, "classic", 60_000);
     let out = env.cli(&["check", "--declare"]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert!(out.status.success(), "{}", output_text(&out));
 
     let password = "Vt4pQ9wz";
     let user = testkit::hostile::BrokerUser::new("topo", password);
@@ -521,7 +512,7 @@ async fn without_configure_check_looks_up_and_says_what_it_cannot_compare() {
         ("OUTBOX_RELAY_RABBITMQ_DECLARE_EXCHANGE", "false"),
     ];
     let out = env.cli_env(&["check"], &vars);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(out.status.success(), "{t}");
     for name in [format!("queue {q}"), format!("exchange {x}")] {
         let l = line_of(&t, &name);
@@ -533,7 +524,7 @@ async fn without_configure_check_looks_up_and_says_what_it_cannot_compare() {
         );
     }
     let out = env.cli_env(&["check", "--declare"], &vars);
-    let t = text(&out);
+    let t = output_text(&out);
     assert_eq!(out.status.code(), Some(2), "{t}");
     assert!(
         t.contains("cannot be declared: (403)") && t.contains("`configure`"),

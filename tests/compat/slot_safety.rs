@@ -8,22 +8,12 @@
 //! - Postgres 18's `idle_replication_slot_timeout = 1d`: `status` gives the time left
 //!   before an idle slot is invalidated, and `check` warns about the timeout.
 
-use std::process::Output;
-
 use support::clusters::Fresh;
 use support::*;
 
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn status_json(env: &Env) -> serde_json::Value {
     let out = env.cli(&["status", "--json"]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)))
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", output_text(&out)))
 }
 
 /// Sets `name` on the cluster and reloads.
@@ -48,7 +38,7 @@ async fn a_slot_left_behind_is_lost_with_its_reason(major: u32) {
     c.psql("CHECKPOINT");
     // Every command that needs the slot stops on it, naming Postgres's reason.
     let out = env.cli(&["status"]);
-    let t = text(&out);
+    let t = output_text(&out);
     assert!(!out.status.success(), "{t}");
     assert!(
         t.contains(
@@ -58,7 +48,7 @@ async fn a_slot_left_behind_is_lost_with_its_reason(major: u32) {
     );
     // The bound, weighed against the WAL this server wrote since its statistics began.
     let out = env.cli(&["check"]);
-    let t = text(&out);
+    let t = output_text(&out);
     let keep = t
         .lines()
         .find(|l| l.contains("max_slot_wal_keep_size: "))
@@ -97,13 +87,13 @@ async fn postgres_18_gives_the_time_left_before_an_idle_slot_is_dropped() {
         .as_i64()
         .unwrap_or_else(|| panic!("{v}"));
     assert!((86_000..=86_400).contains(&left), "{v}");
-    let t = text(&env.cli(&["status"]));
+    let t = output_text(&env.cli(&["status"]));
     assert!(
         t.contains("is invalidated by idle_replication_slot_timeout in 2"),
         "{t}"
     );
     assert!(t.contains("idle_timeout_left:   2"), "{t}");
-    let t = text(&env.cli(&["check"]));
+    let t = output_text(&env.cli(&["check"]));
     assert!(
         t.contains("warn  idle_replication_slot_timeout: 1 d: Postgres invalidates"),
         "{t}"

@@ -127,6 +127,11 @@ fn base64_decode(text: &str) -> String {
 /// `check --routes` with a configuration whose AMQP URL carries [`AMQP_PASSWORD`],
 /// and `vars`.
 fn check_routes(dir: &TempDir, vars: &[(&str, &str)]) -> (Option<i32>, String) {
+    check(dir, &["check", "--routes"], vars)
+}
+
+/// `args` (a `check`) with a config whose servers are unreachable.
+fn check(dir: &TempDir, args: &[&str], vars: &[(&str, &str)]) -> (Option<i32>, String) {
     let cfg = dir.file(
         "relay.toml",
         &format!(
@@ -139,7 +144,7 @@ fn check_routes(dir: &TempDir, vars: &[(&str, &str)]) -> (Option<i32>, String) {
     let out: Output = Command::new(bin())
         .arg("--config")
         .arg(&cfg)
-        .args(["check", "--routes"])
+        .args(args)
         .envs(vars.iter().copied())
         .env("RUST_LOG", "warn")
         .current_dir(&dir.0)
@@ -227,7 +232,7 @@ async fn the_amqp_password_never_goes_with_another_management_user() {
 }
 
 /// `[rabbitmq] url` over amqps:// with a management URL over plain http:// (here
-/// on loopback, so allowed): `check --routes` warns that the management
+/// on loopback, so allowed): `check --routes` and `check` warn that the management
 /// credentials are not encrypted where the AMQP ones are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn amqps_with_a_plain_http_management_url_is_warned_about() {
@@ -239,13 +244,16 @@ async fn amqps_with_a_plain_http_management_url_is_warned_about() {
         ("OUTBOX_RELAY_RABBITMQ_MANAGEMENT_URL", url.as_str()),
         ("OUTBOX_RELAY_RABBITMQ_URL", amqps.as_str()),
     ];
-    let (_, text) = check_routes(&dir, &vars);
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("warn") && l.contains("amqps://") && l.contains("http://")),
-        "{text}"
-    );
-    assert!(!text.contains(AMQP_PASSWORD), "{text}");
+    // `check --routes`, and plain `check`, which asks the same API about RabbitMQ 4.
+    for args in [&["check", "--routes"][..], &["check"][..]] {
+        let (_, text) = check(&dir, args, &vars);
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("warn") && l.contains("amqps://") && l.contains("http://")),
+            "{args:?}: {text}"
+        );
+        assert!(!text.contains(AMQP_PASSWORD), "{text}");
+    }
 }
 
 /// `run` with `cfg` and `vars`, which must stop by itself (a relay that started

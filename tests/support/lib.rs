@@ -457,6 +457,16 @@ impl Drop for Relay {
 }
 
 /// A command's stderr as text.
+/// The test broker's management API (`OUTBOX_TEST_MANAGEMENT_URL`).
+pub fn management_url() -> String {
+    std::env::var("OUTBOX_TEST_MANAGEMENT_URL").unwrap_or_else(|_| "http://127.0.0.1:15672".into())
+}
+
+/// A command's stdout, then its stderr, as one text (for assertions and their messages).
+pub fn output_text(out: &Output) -> String {
+    format!("{}{}", stdout(out), stderr(out))
+}
+
 pub fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -16,8 +16,9 @@ use crate::state::Stored;
 
 mod health;
 
+pub(crate) use health::human_bytes;
 pub use health::warnings;
-use health::{anchor_warning, human_bytes, human_secs};
+use health::{anchor_warning, human_secs};
 
 /// `println!` of one line of the text form, escaped: slot, database and stuck-message
 /// fields come from the database and the broker (docs/security.md).

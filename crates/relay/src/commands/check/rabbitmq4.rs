@@ -167,6 +167,10 @@ pub(crate) async fn lines(cfg: &Config) {
     let mut dead_lettered = Vec::new();
     let mut notes = Vec::new();
     if let Some(m) = &management {
+        // What `check --routes` says about these credentials, said here too.
+        for w in &m.warnings {
+            line(Status::Warn, "management API", w);
+        }
         let ca = cfg.ca_file();
         let vhost = encode(m.vhost());
         let version = m

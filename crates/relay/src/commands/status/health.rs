@@ -64,7 +64,7 @@ pub fn warnings(s: &SlotState) -> Vec<String> {
     w
 }
 
-pub(super) fn human_bytes(b: i64) -> String {
+pub(crate) fn human_bytes(b: i64) -> String {
     let units = ["B", "kB", "MB", "GB", "TB"];
     let mut v = b as f64;
     let mut i = 0;
